@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Sets up everything cmq needs on a fresh machine: a virtual environment in
+# .venv with the package and its extras, and, when run as root on Debian, the
+# few system tools the lab and tests use (iptables for packet loss, redis-server
+# for Redis Cluster tests). Safe to run again: it only does what is missing.
+set -euo pipefail
+cd "$(dirname "$0")"
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    echo "bootstrap: creating .venv" >&2
+    "$PY" -m venv .venv
+    .venv/bin/pip install -q --upgrade pip
+fi
+stamp=.venv/.cmq-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    echo "bootstrap: installing pycmq[test] into .venv (first time: a few minutes)" >&2
+    .venv/bin/pip install -q -e '.[test]'
+    touch "$stamp"
+fi
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    missing=()
+    command -v iptables >/dev/null || missing+=(iptables)
+    command -v redis-server >/dev/null || missing+=(redis-server)
+    command -v ip >/dev/null || missing+=(iproute2)
+    if [ ${#missing[@]} -gt 0 ]; then
+        echo "bootstrap: apt-get install ${missing[*]}" >&2
+        apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null \
+            || echo "bootstrap: could not install ${missing[*]}; tests that need them will skip" >&2
+    fi
+fi

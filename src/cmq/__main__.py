@@ -1,0 +1,5 @@
+import sys
+
+from cmq.cli import main
+
+sys.exit(main())

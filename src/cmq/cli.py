@@ -1,0 +1,97 @@
+"""The ``cmq`` command.
+
+Each subcommand is one module in :mod:`cmq.commands` that defines
+``configure(parser)`` and ``run(args) -> int``; its docstring's first line is
+the one-line help. Modules are imported only when their command runs, so
+``cmq send`` never pays for importing PySpark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+from types import ModuleType
+
+import cmq.commands
+from cmq._errors import CmqError
+
+__all__ = ["main"]
+
+_PROG = "cmq"
+
+
+def _command_names() -> list[str]:
+    return sorted(
+        m.name.replace("_", "-")
+        for m in pkgutil.iter_modules(cmq.commands.__path__)
+        if not m.name.startswith("_")
+    )
+
+
+def _load(name: str) -> ModuleType:
+    return importlib.import_module(f"cmq.commands.{name.replace('-', '_')}")
+
+
+def _summary(name: str) -> str:
+    # Read the first docstring line without importing the module (which may
+    # import heavy packages).
+    spec = importlib.util.find_spec(f"cmq.commands.{name.replace('-', '_')}")
+    if spec is None or spec.origin is None:
+        return ""
+    import ast
+
+    with open(spec.origin, encoding="utf-8") as f:
+        doc = ast.get_docstring(ast.parse(f.read())) or ""
+    return doc.strip().splitlines()[0] if doc.strip() else ""
+
+
+def _top_help() -> str:
+    names = _command_names()
+    width = max((len(n) for n in names), default=0)
+    lines = [
+        f"usage: {_PROG} COMMAND [options]",
+        "",
+        "cmq: a lightweight, inherently asynchronous UDP message queue.",
+        "",
+        "commands:",
+    ]
+    lines += [f"  {n.ljust(width)}  {_summary(n)}" for n in names]
+    lines += ["", f"Run '{_PROG} COMMAND --help' for the options of one command."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``cmq`` command; returns the process exit code."""
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help"):
+        print(_top_help())
+        return 0 if args else 2
+    if args[0] == "--version":
+        print(f"{_PROG} {cmq.__version__}")
+        return 0
+    name = args[0]
+    if name not in _command_names():
+        print(f"{_PROG}: unknown command {name!r}\n\n{_top_help()}", file=sys.stderr)
+        return 2
+    module = _load(name)
+    doc = (module.__doc__ or "").strip()
+    parser = argparse.ArgumentParser(
+        prog=f"{_PROG} {name}",
+        description=doc,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    module.configure(parser)
+    ns = parser.parse_args(args[1:])
+    try:
+        return int(module.run(ns) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except CmqError as exc:
+        print(f"{_PROG} {name}: error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

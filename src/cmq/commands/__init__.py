@@ -1,0 +1,1 @@
+"""Subcommands of the ``cmq`` command, one module each (see :mod:`cmq.cli`)."""
