@@ -1,0 +1,1 @@
+"""AMQP-style routing on cmq: exchanges, a broker, and its client."""

@@ -1,0 +1,775 @@
+"""The broker as a sans-IO object: declarations, routing, queues, consumers.
+
+Theory of operation
+-------------------
+:class:`BrokerCore` is the whole broker with no socket and no clock. A driver
+feeds it every received payload with ``receive(payload, sender, now)``, sends
+what ``messages_to_send()`` returns, and calls ``handle_timer(now)`` when the
+time from ``next_deadline()`` has come. Tests drive it with a virtual clock.
+
+Entities. *Exchanges* (:mod:`cmq.routing.exchanges`) route a published
+message to a set of *queues*; the default exchange ``""`` is a direct
+exchange to which every queue is bound under its own name (AMQP 0-9-1). A
+queue holds *ready* messages (FIFO) and hands them round-robin to its
+*consumers*. A consumer is ``(client address, tag)``.
+
+Requests. Each request is one row of ``_HANDLERS``. A request that cannot be
+done is answered with an ``err`` reply carrying an :class:`ErrorCode`, never
+half-done. Declarations are idempotent: redeclaring with the same arguments
+answers ``ok`` with ``created: False``; with different arguments it answers
+``precondition-failed`` and changes nothing. Replies are remembered by
+``(sender, rid)`` (``BrokerConfig.reply_cache``) so a resent request is
+answered again without being done twice.
+
+Bounded queues. Every queue is bounded: ``max_length`` (at least 1) bounds the ready messages (as RabbitMQ's
+``x-max-length``: messages out with a consumer are not counted, and messages
+requeued after a consumer is lost are always taken back). When a message
+arrives at a full queue, the queue's overflow policy decides (table
+``_OVERFLOW``), and every message not taken is counted.
+
+Consumers and delivery guarantees. A consumer with ``no_ack`` gets messages as
+fast as they come, at most once (a lost datagram is a lost message). Other
+consumers get at most ``prefetch`` unacknowledged messages (0 = no limit);
+a message stays with the broker until acknowledged, and is requeued at the
+front, marked ``redelivered``, when its consumer is lost or when it has waited
+``ack_timeout`` for its acknowledgement (which covers a delivery datagram lost
+on the way): at least once. A consumer not heard from (heartbeat, ack or
+request) for ``consumer_timeout`` is detached: its queue stops sending to it
+and keeps its messages. Heartbeats carry the consumer's spec, so a consumer
+that comes back after being detached is re-attached by its next heartbeat.
+
+Delivery batching. Deliveries are collected per consumer while a batch of
+received messages is processed and leave as one ``d`` message per consumer of
+up to ``batch_count`` deliveries when the driver asks for
+``messages_to_send()``: the busier the broker, the bigger the batches.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from cmq._errors import ConfigError, ProtocolError
+from cmq.routing._protocol import (
+    DELIVERY_MAILBOX,
+    REPLY_MAILBOX,
+    Ack,
+    Bind,
+    Cancel,
+    Cancelled,
+    Consume,
+    ConsumerSpec,
+    DeclareExchange,
+    DeclareQueue,
+    DeleteExchange,
+    DeleteQueue,
+    ErrorCode,
+    ErrorReply,
+    GetStats,
+    Heartbeat,
+    OkReply,
+    Publish,
+    PurgeQueue,
+    Unbind,
+    decode,
+    encode,
+)
+from cmq.routing.exchanges import Exchange, ExchangeType, make_exchange
+
+__all__ = [
+    "DEFAULT_ACK_TIMEOUT",
+    "DEFAULT_BATCH_COUNT",
+    "DEFAULT_CONSUMER_TIMEOUT",
+    "Address",
+    "BrokerConfig",
+    "BrokerCore",
+    "BrokerStats",
+    "Outgoing",
+    "Overflow",
+    "QueueStats",
+]
+
+Address = tuple[str, int]
+
+# A consumer process that is busy (a GC pause, a slow handler) must not be
+# dropped at once; 5 s is long against a 90 us round trip and short enough
+# that a dead consumer's messages soon go to the others.
+DEFAULT_CONSUMER_TIMEOUT: Final = 5.0
+# Long, because a redelivery to a live but slow consumer is a duplicate; it
+# only has to catch delivery datagrams that were lost, which is rare.
+DEFAULT_ACK_TIMEOUT: Final = 30.0
+# Deliveries per message to a consumer: enough to amortise per-message cost,
+# small enough (with small bodies) to fit a few datagrams.
+DEFAULT_BATCH_COUNT: Final = 256
+DEFAULT_REPLY_CACHE: Final = 4096
+# AMQP 0-9-1 short strings: names and keys are at most 255 bytes.
+MAX_NAME: Final = 255
+
+
+class Overflow(enum.StrEnum):
+    """What a full queue does with one more message."""
+
+    DROP_NEW = "drop-new"  # keep the queue, drop the newcomer (counted)
+    DROP_OLD = "drop-old"  # drop the oldest ready message, take the newcomer (counted)
+    REJECT = "reject"  # refuse the newcomer, tell the publisher (counted)
+
+
+@dataclass(frozen=True, slots=True)
+class _OverflowRule:
+    admit: bool  # the new message goes into the queue
+    evict_oldest: bool  # ... after the oldest ready message is dropped
+    tell_publisher: bool  # the publisher gets a queue-full error
+    counter: str  # what is counted, per queue and in total
+
+
+_OVERFLOW: Final[dict[Overflow, _OverflowRule]] = {
+    Overflow.DROP_NEW: _OverflowRule(False, False, False, "dropped_new"),
+    Overflow.DROP_OLD: _OverflowRule(True, True, False, "dropped_old"),
+    Overflow.REJECT: _OverflowRule(False, False, True, "rejected"),
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BrokerConfig:
+    """Options of one broker; validated on construction.
+
+    Raises:
+        ConfigError: an option is out of range.
+    """
+
+    consumer_timeout: float = DEFAULT_CONSUMER_TIMEOUT
+    """Seconds without a word from a consumer before it is detached."""
+
+    ack_timeout: float = DEFAULT_ACK_TIMEOUT
+    """Seconds an unacknowledged delivery waits before it is requeued."""
+
+    batch_count: int = DEFAULT_BATCH_COUNT
+    """Most deliveries carried by one message to a consumer."""
+
+    reply_cache: int = DEFAULT_REPLY_CACHE
+    """Replies remembered by (sender, rid) to answer resent requests."""
+
+    def __post_init__(self) -> None:
+        if not self.consumer_timeout > 0:
+            raise ConfigError(f"consumer_timeout must be > 0, got {self.consumer_timeout!r}")
+        if not self.ack_timeout > 0:
+            raise ConfigError(f"ack_timeout must be > 0, got {self.ack_timeout!r}")
+        if self.batch_count < 1:
+            raise ConfigError(f"batch_count must be >= 1, got {self.batch_count!r}")
+        if self.reply_cache < 0:
+            raise ConfigError(f"reply_cache must be >= 0, got {self.reply_cache!r}")
+
+    @property
+    def heartbeat_interval(self) -> float:
+        """How often consumers are asked to send a heartbeat."""
+        # Four chances per timeout: one or two lost heartbeats do not detach.
+        return self.consumer_timeout / 4
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Outgoing:
+    """A message the driver must push: ``payload`` to ``dest``'s ``mailbox``."""
+
+    dest: Address
+    mailbox: int
+    payload: Any
+
+
+_COUNTERS: Final = (
+    "enqueued",
+    "delivered",
+    "acked",
+    "redelivered",
+    "dropped_new",
+    "dropped_old",
+    "rejected",
+    "purged",
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueueStats:
+    """A snapshot of one queue."""
+
+    name: str
+    max_length: int
+    overflow: str
+    ready: int
+    unacked: int
+    consumers: int
+    enqueued: int
+    delivered: int
+    acked: int
+    redelivered: int
+    dropped_new: int
+    dropped_old: int
+    rejected: int
+    purged: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BrokerStats:
+    """A snapshot of the broker's counters (totals include deleted queues)."""
+
+    exchanges: int
+    queues: int
+    consumers: int
+    published: int
+    unroutable: int
+    enqueued: int
+    delivered: int
+    acked: int
+    redelivered: int
+    dropped_new: int
+    dropped_old: int
+    rejected: int
+    purged: int
+    consumers_expired: int
+    consumers_reattached: int
+    malformed: int
+    resent_requests: int
+    stale_acks: int
+    per_queue: tuple[QueueStats, ...] = field(default=())
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain values, for the wire and for JSON."""
+        out: dict[str, Any] = {
+            name: getattr(self, name) for name in self.__dataclass_fields__ if name != "per_queue"
+        }
+        out["per_queue"] = [
+            {name: getattr(q, name) for name in q.__dataclass_fields__} for q in self.per_queue
+        ]
+        return out
+
+
+# A queued message: (exchange, routing_key, body, redelivered).
+_Msg = tuple[str, str, Any, bool]
+
+
+class _Refused(Exception):
+    """A request that cannot be done; becomes an ``err`` reply."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class _Queue:
+    __slots__ = ("bindings", "consumers", "counts", "max_length", "name", "overflow", "ready", "rr")
+
+    def __init__(self, name: str, max_length: int, overflow: Overflow) -> None:
+        self.name = name
+        self.max_length = max_length
+        self.overflow = overflow
+        self.ready: deque[_Msg] = deque()
+        self.consumers: list[_Consumer] = []
+        self.rr = 0  # round-robin position in consumers
+        self.bindings: set[tuple[str, str]] = set()  # (exchange, key)
+        self.counts: Counter[str] = Counter()
+
+
+class _Consumer:
+    __slots__ = (
+        "addr",
+        "last_seen",
+        "next_dtag",
+        "no_ack",
+        "pending",
+        "prefetch",
+        "queue",
+        "tag",
+        "unacked",
+    )
+
+    def __init__(self, addr: Address, spec: ConsumerSpec, queue: _Queue, now: float) -> None:
+        self.addr = addr
+        self.tag = spec.tag
+        self.queue = queue
+        self.prefetch = spec.prefetch  # 0: no limit
+        self.no_ack = spec.no_ack
+        self.last_seen = now
+        self.next_dtag = 1
+        # delivery tag -> (message, sent at); insertion order is send order,
+        # so the first entry is always the oldest unacknowledged.
+        self.unacked: dict[int, tuple[_Msg, float]] = {}
+        self.pending: list[list[Any]] = []  # deliveries not yet handed to the driver
+
+    def has_credit(self) -> bool:
+        return self.no_ack or not self.prefetch or len(self.unacked) < self.prefetch
+
+
+def _check_name(what: str, name: str) -> None:
+    if len(name) > MAX_NAME and len(name.encode()) > MAX_NAME:
+        raise _Refused(ErrorCode.BAD_REQUEST, f"{what} is longer than {MAX_NAME} bytes")
+
+
+def _reserved(name: str) -> bool:
+    return name == "" or name.startswith("amq.")
+
+
+class BrokerCore:
+    """The broker's state and rules, driven by received payloads and ``now``.
+
+    Raises:
+        ConfigError: (constructor) ``config`` is not a :class:`BrokerConfig`.
+    """
+
+    def __init__(self, config: BrokerConfig | None = None) -> None:
+        if config is None:
+            config = BrokerConfig()
+        if not isinstance(config, BrokerConfig):
+            raise ConfigError("config must be a BrokerConfig")
+        self.config = config
+        self._exchanges: dict[str, Exchange] = {"": make_exchange(ExchangeType.DIRECT)}
+        self._queues: dict[str, _Queue] = {}
+        self._consumers: dict[tuple[Address, str], _Consumer] = {}
+        self._with_pending: dict[tuple[Address, str], _Consumer] = {}
+        self._out: list[Outgoing] = []
+        self._replies: dict[tuple[Address, int], Any] = {}
+        self._totals: Counter[str] = Counter()
+
+    # -- driver interface ----------------------------------------------------
+
+    def receive(self, payload: Any, sender: Address, now: float) -> None:
+        """Take one received payload from ``sender``; never raises for bad input.
+
+        A payload that is not a broker message is counted as ``malformed``
+        (and answered with ``bad-request`` when it carries a request id).
+        """
+        try:
+            event = decode(payload)
+        except ProtocolError as exc:
+            self._totals["malformed"] += 1
+            rid = payload[1] if isinstance(payload, list | tuple) and len(payload) > 1 else 0
+            if type(rid) is int and rid > 0:
+                self._reply(
+                    sender, ErrorReply(rid=rid, code=ErrorCode.BAD_REQUEST, message=str(exc))
+                )
+            return
+        self.handle(event, sender, now)
+
+    def handle(self, event: object, sender: Address, now: float) -> None:
+        """Act on one decoded request from ``sender`` (see ``_HANDLERS``)."""
+        handler = _HANDLERS.get(type(event))
+        if handler is None:
+            self._totals["malformed"] += 1
+            return
+        rid: int = getattr(event, "rid", 0)
+        if rid:
+            cached = self._replies.get((sender, rid))
+            if cached is not None:
+                self._totals["resent_requests"] += 1
+                self._out.append(Outgoing(dest=sender, mailbox=REPLY_MAILBOX, payload=cached))
+                return
+        try:
+            result = handler(self, event, sender, now)
+        except _Refused as exc:
+            if rid:
+                self._reply(sender, ErrorReply(rid=rid, code=exc.code, message=str(exc)))
+            elif isinstance(event, Publish):
+                # Nobody waits for this answer, but the publisher can act on
+                # it (stop, slow down, declare), so it is told anyway.
+                self._reply(sender, ErrorReply(rid=0, code=exc.code, message=str(exc)))
+            return
+        if rid:
+            self._reply(sender, OkReply(rid=rid, result=result))
+
+    def messages_to_send(self) -> list[Outgoing]:
+        """Return (and forget) everything to push, delivery batches included."""
+        out, self._out = self._out, []
+        batch = self.config.batch_count
+        for c in self._with_pending.values():
+            pending, c.pending = c.pending, []
+            for i in range(0, len(pending), batch):
+                out.append(
+                    Outgoing(
+                        dest=c.addr,
+                        mailbox=DELIVERY_MAILBOX,
+                        payload=["d", c.tag, pending[i : i + batch]],
+                    )
+                )
+        self._with_pending.clear()
+        return out
+
+    def next_deadline(self) -> float | None:
+        """The earliest time ``handle_timer`` has work to do, or None."""
+        best: float | None = None
+        timeout, ack_timeout = self.config.consumer_timeout, self.config.ack_timeout
+        for c in self._consumers.values():
+            t = c.last_seen + timeout
+            if c.unacked:
+                t = min(t, next(iter(c.unacked.values()))[1] + ack_timeout)
+            if best is None or t < best:
+                best = t
+        return best
+
+    def handle_timer(self, now: float) -> None:
+        """Detach consumers gone silent and requeue overdue deliveries."""
+        timeout, ack_timeout = self.config.consumer_timeout, self.config.ack_timeout
+        for key, c in list(self._consumers.items()):
+            if c.last_seen + timeout <= now:
+                self._detach(key, c, now)
+                self._totals["consumers_expired"] += 1
+                continue
+            overdue: list[int] = []
+            for dtag, (_, sent) in c.unacked.items():
+                if sent + ack_timeout > now:
+                    break
+                overdue.append(dtag)
+            if overdue:
+                self._requeue(c.queue, [c.unacked.pop(d)[0] for d in overdue])
+                self._dispatch(c.queue, now)
+
+    def stats(self) -> BrokerStats:
+        """A frozen snapshot of the counters and of every queue."""
+        per_queue = tuple(self._queue_stats(q) for q in self._queues.values())
+        t = self._totals
+        return BrokerStats(
+            exchanges=len(self._exchanges),
+            queues=len(self._queues),
+            consumers=len(self._consumers),
+            per_queue=per_queue,
+            **{
+                name: t[name]
+                for name in (
+                    "published",
+                    "unroutable",
+                    *_COUNTERS,
+                    "consumers_expired",
+                    "consumers_reattached",
+                    "malformed",
+                    "resent_requests",
+                    "stale_acks",
+                )
+            },
+        )
+
+    # -- helpers ---------------------------------------------------------------
+
+    def _reply(self, dest: Address, reply: OkReply | ErrorReply) -> None:
+        payload = encode(reply)
+        if reply.rid and self.config.reply_cache:
+            cache = self._replies
+            cache[(dest, reply.rid)] = payload
+            if len(cache) > self.config.reply_cache:
+                del cache[next(iter(cache))]  # oldest first: dicts keep order
+        self._out.append(Outgoing(dest=dest, mailbox=REPLY_MAILBOX, payload=payload))
+
+    def _count(self, q: _Queue, name: str, n: int = 1) -> None:
+        q.counts[name] += n
+        self._totals[name] += n
+
+    def _queue_stats(self, q: _Queue) -> QueueStats:
+        return QueueStats(
+            name=q.name,
+            max_length=q.max_length,
+            overflow=q.overflow.value,
+            ready=len(q.ready),
+            unacked=sum(len(c.unacked) for c in q.consumers),
+            consumers=len(q.consumers),
+            **{name: q.counts[name] for name in _COUNTERS},
+        )
+
+    def _queue(self, name: str) -> _Queue:
+        q = self._queues.get(name)
+        if q is None:
+            raise _Refused(ErrorCode.NOT_FOUND, f"no queue {name!r}")
+        return q
+
+    def _exchange(self, name: str) -> Exchange:
+        ex = self._exchanges.get(name)
+        if ex is None:
+            raise _Refused(ErrorCode.NOT_FOUND, f"no exchange {name!r}")
+        return ex
+
+    def _enqueue(self, q: _Queue, msg: _Msg, now: float) -> bool:
+        """Put ``msg`` in ``q`` under its overflow policy; False if it was refused."""
+        if len(q.ready) >= q.max_length:
+            rule = _OVERFLOW[q.overflow]
+            self._count(q, rule.counter)
+            if not rule.admit:
+                return not rule.tell_publisher
+            if rule.evict_oldest:
+                q.ready.popleft()
+        q.ready.append(msg)
+        self._count(q, "enqueued")
+        if q.consumers:
+            self._dispatch(q, now)
+        return True
+
+    def _requeue(self, q: _Queue, msgs: list[_Msg]) -> None:
+        # Back to the front in their original order, marked redelivered, and
+        # never dropped: the queue had already taken them.
+        for ex, key, body, _ in reversed(msgs):
+            q.ready.appendleft((ex, key, body, True))
+        self._count(q, "redelivered", len(msgs))
+
+    def _dispatch(self, q: _Queue, now: float) -> None:
+        consumers, ready = q.consumers, q.ready
+        n = len(consumers)
+        i, idle = q.rr, 0
+        while ready and n and idle < n:
+            c = consumers[i % n]
+            i += 1
+            if not c.has_credit():
+                idle += 1
+                continue
+            idle = 0
+            msg = ready.popleft()
+            dtag = c.next_dtag
+            c.next_dtag = dtag + 1
+            if not c.no_ack:
+                c.unacked[dtag] = (msg, now)
+            c.pending.append([dtag, msg[0], msg[1], msg[2], msg[3]])
+            self._with_pending[(c.addr, c.tag)] = c
+            self._count(q, "delivered")
+        q.rr = i % n if n else 0
+
+    def _attach(self, sender: Address, spec: ConsumerSpec, now: float) -> _Consumer:
+        q = self._queue(spec.queue)
+        key = (sender, spec.tag)
+        c = self._consumers.get(key)
+        if c is not None:
+            if c.queue is not q:
+                raise _Refused(
+                    ErrorCode.IN_USE, f"consumer tag {spec.tag!r} is consuming {c.queue.name!r}"
+                )
+            c.last_seen = now
+            c.prefetch, c.no_ack = spec.prefetch, spec.no_ack
+        else:
+            c = self._consumers[key] = _Consumer(sender, spec, q, now)
+            q.consumers.append(c)
+        self._dispatch(q, now)
+        return c
+
+    def _detach(self, key: tuple[Address, str], c: _Consumer, now: float) -> None:
+        del self._consumers[key]
+        self._with_pending.pop(key, None)
+        q = c.queue
+        q.consumers.remove(c)
+        # Deliveries computed but not yet handed to the driver never left:
+        # they go back too, as do the unacknowledged ones (no_ack consumers'
+        # in-flight messages are gone: that is what no_ack means).
+        back = [msg for msg, _ in c.unacked.values()]
+        if c.no_ack:
+            back += [(d[1], d[2], d[3], d[4]) for d in c.pending]
+            self._count(q, "delivered", -len(c.pending))
+        c.unacked.clear()
+        c.pending.clear()
+        if back and self._queues.get(q.name) is q:
+            self._requeue(q, back)
+            self._dispatch(q, now)
+
+    # -- request handlers (one per row of _HANDLERS) ---------------------------
+
+    def _declare_exchange(self, ev: DeclareExchange, sender: Address, now: float) -> Any:
+        _check_name("exchange name", ev.name)
+        if _reserved(ev.name):
+            raise _Refused(ErrorCode.ACCESS_REFUSED, f"exchange name {ev.name!r} is reserved")
+        try:
+            kind = ExchangeType(ev.type)
+        except ValueError:
+            known = ", ".join(t.value for t in ExchangeType)
+            raise _Refused(
+                ErrorCode.BAD_REQUEST, f"unknown exchange type {ev.type!r} (known: {known})"
+            ) from None
+        have = self._exchanges.get(ev.name)
+        if have is not None:
+            if have.type != kind:
+                raise _Refused(
+                    ErrorCode.PRECONDITION_FAILED,
+                    f"exchange {ev.name!r} exists with type {have.type.value!r}, not {kind.value!r}",
+                )
+            return {"created": False}
+        self._exchanges[ev.name] = make_exchange(kind)
+        return {"created": True}
+
+    def _delete_exchange(self, ev: DeleteExchange, sender: Address, now: float) -> Any:
+        if ev.name == "":
+            raise _Refused(ErrorCode.ACCESS_REFUSED, "the default exchange cannot be deleted")
+        ex = self._exchanges.pop(ev.name, None)
+        if ex is None:
+            return {"deleted": False}
+        for b in ex.bindings():
+            q = self._queues.get(b.queue)
+            if q is not None:
+                q.bindings.discard((ev.name, b.key))
+        return {"deleted": True}
+
+    def _declare_queue(self, ev: DeclareQueue, sender: Address, now: float) -> Any:
+        _check_name("queue name", ev.name)
+        if _reserved(ev.name):
+            raise _Refused(ErrorCode.ACCESS_REFUSED, f"queue name {ev.name!r} is reserved")
+        try:
+            overflow = Overflow(ev.overflow)
+        except ValueError:
+            known = ", ".join(o.value for o in Overflow)
+            raise _Refused(
+                ErrorCode.BAD_REQUEST, f"unknown overflow policy {ev.overflow!r} (known: {known})"
+            ) from None
+        if ev.max_length < 1:
+            raise _Refused(ErrorCode.BAD_REQUEST, f"max_length must be >= 1, got {ev.max_length}")
+        q = self._queues.get(ev.name)
+        if q is not None:
+            if (q.max_length, q.overflow) != (ev.max_length, overflow):
+                raise _Refused(
+                    ErrorCode.PRECONDITION_FAILED,
+                    f"queue {ev.name!r} exists with max_length={q.max_length} overflow={q.overflow.value!r},"
+                    f" not max_length={ev.max_length} overflow={overflow.value!r}",
+                )
+            return {"created": False, "messages": len(q.ready), "consumers": len(q.consumers)}
+        q = self._queues[ev.name] = _Queue(ev.name, ev.max_length, overflow)
+        self._exchanges[""].bind(ev.name, ev.name)
+        q.bindings.add(("", ev.name))
+        return {"created": True, "messages": 0, "consumers": 0}
+
+    def _delete_queue(self, ev: DeleteQueue, sender: Address, now: float) -> Any:
+        q = self._queues.pop(ev.name, None)
+        if q is None:
+            return {"deleted": False, "messages": 0}
+        for ex_name, key in q.bindings:
+            ex = self._exchanges.get(ex_name)
+            if ex is not None:
+                ex.unbind(ev.name, key)
+        lost = len(q.ready)
+        for c in list(q.consumers):
+            lost += len(c.unacked) + (len(c.pending) if c.no_ack else 0)
+            c.unacked.clear()
+            self._detach((c.addr, c.tag), c, now)
+            self._out.append(
+                Outgoing(
+                    dest=c.addr,
+                    mailbox=DELIVERY_MAILBOX,
+                    payload=encode(
+                        Cancelled(
+                            tag=c.tag,
+                            code=ErrorCode.NOT_FOUND,
+                            message=f"queue {ev.name!r} deleted",
+                        )
+                    ),
+                )
+            )
+        q.ready.clear()
+        self._count(q, "purged", lost)
+        return {"deleted": True, "messages": lost}
+
+    def _purge_queue(self, ev: PurgeQueue, sender: Address, now: float) -> Any:
+        q = self._queue(ev.name)
+        n = len(q.ready)
+        q.ready.clear()
+        self._count(q, "purged", n)
+        return {"messages": n}
+
+    def _binding(self, ev: Bind | Unbind) -> tuple[Exchange, _Queue]:
+        _check_name("binding key", ev.key)
+        if ev.exchange == "":
+            raise _Refused(ErrorCode.ACCESS_REFUSED, "the default exchange's bindings are fixed")
+        return self._exchange(ev.exchange), self._queue(ev.queue)
+
+    def _bind(self, ev: Bind, sender: Address, now: float) -> Any:
+        ex, q = self._binding(ev)
+        q.bindings.add((ev.exchange, ev.key))
+        return {"created": ex.bind(ev.queue, ev.key)}
+
+    def _unbind(self, ev: Unbind, sender: Address, now: float) -> Any:
+        ex, q = self._binding(ev)
+        q.bindings.discard((ev.exchange, ev.key))
+        return {"deleted": ex.unbind(ev.queue, ev.key)}
+
+    def _publish(self, ev: Publish, sender: Address, now: float) -> Any:
+        self._totals["published"] += 1
+        ex = self._exchanges.get(ev.exchange)
+        if ex is None:
+            self._totals["unroutable"] += 1
+            raise _Refused(ErrorCode.NOT_FOUND, f"no exchange {ev.exchange!r}")
+        names = ex.route(ev.routing_key)
+        if not names:
+            self._totals["unroutable"] += 1
+            return {"routed": 0}
+        msg: _Msg = (ev.exchange, ev.routing_key, ev.body, False)
+        refused = [name for name in names if not self._enqueue(self._queues[name], msg, now)]
+        if refused:
+            raise _Refused(
+                ErrorCode.QUEUE_FULL, f"queue full, message refused by {sorted(refused)}"
+            )
+        return {"routed": len(names)}
+
+    def _consume(self, ev: Consume, sender: Address, now: float) -> Any:
+        _check_name("consumer tag", ev.tag)
+        spec = ConsumerSpec(tag=ev.tag, queue=ev.queue, prefetch=ev.prefetch, no_ack=ev.no_ack)
+        self._attach(sender, spec, now)
+        cfg = self.config
+        return {"heartbeat": cfg.heartbeat_interval, "timeout": cfg.consumer_timeout}
+
+    def _heartbeat(self, ev: Heartbeat, sender: Address, now: float) -> Any:
+        for spec in ev.consumers:
+            c = self._consumers.get((sender, spec.tag))
+            if c is not None:
+                c.last_seen = now
+                continue
+            try:
+                self._attach(sender, spec, now)
+            except _Refused as exc:
+                self._out.append(
+                    Outgoing(
+                        dest=sender,
+                        mailbox=DELIVERY_MAILBOX,
+                        payload=encode(Cancelled(tag=spec.tag, code=exc.code, message=str(exc))),
+                    )
+                )
+            else:
+                self._totals["consumers_reattached"] += 1
+        return None
+
+    def _ack(self, ev: Ack, sender: Address, now: float) -> Any:
+        c = self._consumers.get((sender, ev.tag))
+        if c is None:
+            # Its consumer was detached and these messages requeued already.
+            self._totals["stale_acks"] += len(ev.delivery_tags)
+            return None
+        c.last_seen = now
+        acked = 0
+        for dtag in ev.delivery_tags:
+            if c.unacked.pop(dtag, None) is not None:
+                acked += 1
+        stale = len(ev.delivery_tags) - acked
+        if stale:
+            self._totals["stale_acks"] += stale
+        self._count(c.queue, "acked", acked)
+        self._dispatch(c.queue, now)
+        return None
+
+    def _cancel(self, ev: Cancel, sender: Address, now: float) -> Any:
+        key = (sender, ev.tag)
+        c = self._consumers.get(key)
+        if c is None:
+            return {"cancelled": False}
+        self._detach(key, c, now)
+        return {"cancelled": True}
+
+    def _get_stats(self, ev: GetStats, sender: Address, now: float) -> Any:
+        return self.stats().as_dict()
+
+
+_Handler = Callable[[BrokerCore, Any, Address, float], Any]
+
+# Request type -> handler. A handler returns the ``ok`` result or raises
+# _Refused; handle() turns either into the reply when the request has a rid.
+_HANDLERS: Final[dict[type[Any], _Handler]] = {
+    DeclareExchange: BrokerCore._declare_exchange,
+    DeleteExchange: BrokerCore._delete_exchange,
+    DeclareQueue: BrokerCore._declare_queue,
+    DeleteQueue: BrokerCore._delete_queue,
+    PurgeQueue: BrokerCore._purge_queue,
+    Bind: BrokerCore._bind,
+    Unbind: BrokerCore._unbind,
+    Publish: BrokerCore._publish,
+    Consume: BrokerCore._consume,
+    Heartbeat: BrokerCore._heartbeat,
+    Ack: BrokerCore._ack,
+    Cancel: BrokerCore._cancel,
+    GetStats: BrokerCore._get_stats,
+}

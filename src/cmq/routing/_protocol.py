@@ -1,0 +1,423 @@
+"""The broker protocol: what clients and the broker say to each other over cmq.
+
+Theory of operation
+-------------------
+Every broker message is one cmq message with the ``msgpack`` codec: a list
+whose first item names the operation. Mailboxes keep the three flows apart so
+that a client waiting for a reply never has to step over deliveries:
+
+=================  ======================  ====================================
+mailbox            on                      carries
+=================  ======================  ====================================
+``BROKER_MAILBOX`` the broker              requests, publishes, acks, heartbeats
+``REPLY_MAILBOX``  a client                ``ok`` / ``err`` replies to requests
+``DELIVERY_MAILBOX`` a client              deliveries, broker-side cancels
+=================  ======================  ====================================
+
+A request carries ``rid``, a number the client picks; the reply carries the
+same ``rid``. ``rid == 0`` means "no reply wanted" (an unconfirmed publish, an
+ack, a heartbeat), and an ``err`` with ``rid == 0`` is unsolicited (a publish
+rejected by a full queue whose publisher did not ask for a confirm). The
+broker remembers recent replies by ``(sender, rid)``, so a client may resend a
+request whose reply was lost and get the same answer without the operation
+happening twice.
+
+The wire layout of each message is the table ``_LAYOUT`` below: the op name,
+then the fields of its event class in order. Decoding is table-driven and
+either returns an event or raises :class:`~cmq.ProtocolError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any, Final
+
+from cmq._errors import ProtocolError
+
+__all__ = [
+    "BROKER_MAILBOX",
+    "DELIVERY_MAILBOX",
+    "REPLY_MAILBOX",
+    "Ack",
+    "Bind",
+    "Cancel",
+    "Cancelled",
+    "Consume",
+    "ConsumerSpec",
+    "DeclareExchange",
+    "DeclareQueue",
+    "DeleteExchange",
+    "DeleteQueue",
+    "Deliver",
+    "Delivery",
+    "ErrorCode",
+    "ErrorReply",
+    "Event",
+    "GetStats",
+    "Heartbeat",
+    "OkReply",
+    "Publish",
+    "PurgeQueue",
+    "Request",
+    "Unbind",
+    "decode",
+    "encode",
+]
+
+BROKER_MAILBOX: Final = 0
+REPLY_MAILBOX: Final = 1
+DELIVERY_MAILBOX: Final = 2
+
+
+class ErrorCode:
+    """Error codes carried by ``err`` replies (``RemoteError.code``)."""
+
+    NOT_FOUND: Final = "not-found"  # exchange, queue or consumer does not exist
+    PRECONDITION_FAILED: Final = "precondition-failed"  # redeclared with other arguments
+    ACCESS_REFUSED: Final = "access-refused"  # reserved name ("" or "amq.*")
+    BAD_REQUEST: Final = "bad-request"  # unknown type, bad argument, malformed message
+    QUEUE_FULL: Final = "queue-full"  # publish rejected by a queue with overflow=reject
+    IN_USE: Final = "in-use"  # consumer tag already used for another queue
+
+
+# -- client -> broker ---------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeclareExchange:
+    """Create exchange ``name`` of ``type``, or check that it exists as such."""
+
+    rid: int
+    name: str
+    type: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeleteExchange:
+    """Delete exchange ``name`` and its bindings (no error if absent)."""
+
+    rid: int
+    name: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeclareQueue:
+    """Create queue ``name`` holding at most ``max_length`` ready messages, or check it."""
+
+    rid: int
+    name: str
+    max_length: int
+    overflow: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeleteQueue:
+    """Delete queue ``name``, its bindings and messages (counted as purged)."""
+
+    rid: int
+    name: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PurgeQueue:
+    """Drop the ready messages of queue ``name`` (counted as purged)."""
+
+    rid: int
+    name: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Bind:
+    """Bind ``queue`` to ``exchange`` with binding key ``key``."""
+
+    rid: int
+    queue: str
+    exchange: str
+    key: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Unbind:
+    """Remove a binding (no error if it did not exist)."""
+
+    rid: int
+    queue: str
+    exchange: str
+    key: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Publish:
+    """Route ``body`` through ``exchange`` with ``routing_key``; rid 0: no confirm."""
+
+    rid: int
+    exchange: str
+    routing_key: str
+    body: Any
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Consume:
+    """Attach consumer ``tag`` of the sender to ``queue``."""
+
+    rid: int
+    tag: str
+    queue: str
+    prefetch: int
+    no_ack: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConsumerSpec:
+    """What a heartbeat says about one consumer: enough to re-attach it."""
+
+    tag: str
+    queue: str
+    prefetch: int
+    no_ack: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Heartbeat:
+    """The sender's consumers are alive (and are re-attached if the broker forgot them)."""
+
+    consumers: tuple[ConsumerSpec, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ack:
+    """Consumer ``tag`` is done with ``delivery_tags``."""
+
+    tag: str
+    delivery_tags: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cancel:
+    """Detach consumer ``tag``; its unacknowledged messages go back to the queue."""
+
+    rid: int
+    tag: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GetStats:
+    """Ask for the broker's counters."""
+
+    rid: int
+
+
+Request = (
+    DeclareExchange
+    | DeleteExchange
+    | DeclareQueue
+    | DeleteQueue
+    | PurgeQueue
+    | Bind
+    | Unbind
+    | Publish
+    | Consume
+    | Heartbeat
+    | Ack
+    | Cancel
+    | GetStats
+)
+
+# -- broker -> client ---------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OkReply:
+    """Request ``rid`` succeeded with ``result`` (a msgpack value)."""
+
+    rid: int
+    result: Any
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ErrorReply:
+    """Request ``rid`` failed (``rid`` 0: unsolicited, e.g. a rejected publish)."""
+
+    rid: int
+    code: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Delivery:
+    """One message handed to a consumer.
+
+    ``delivery_tag`` identifies it for ``ack`` (unique per consumer);
+    ``redelivered`` is True when an earlier delivery of it was not acknowledged.
+    """
+
+    delivery_tag: int
+    exchange: str
+    routing_key: str
+    body: Any
+    redelivered: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Deliver:
+    """A batch of deliveries for consumer ``tag``."""
+
+    tag: str
+    deliveries: tuple[Delivery, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cancelled:
+    """The broker detached consumer ``tag`` (its queue was deleted)."""
+
+    tag: str
+    code: str
+    message: str
+
+
+Event = Request | OkReply | ErrorReply | Deliver | Cancelled
+
+# -- wire layout --------------------------------------------------------------
+
+
+def _int(v: Any) -> int:
+    if type(v) is not int or v < 0:
+        raise ProtocolError(f"expected a non-negative int, got {v!r}")
+    return v
+
+
+def _str(v: Any) -> str:
+    if type(v) is not str:
+        raise ProtocolError(f"expected a str, got {type(v).__name__}")
+    return v
+
+
+def _bool(v: Any) -> bool:
+    if type(v) is not bool:
+        raise ProtocolError(f"expected a bool, got {type(v).__name__}")
+    return v
+
+
+def _any(v: Any) -> Any:
+    return v
+
+
+def _ints(v: Any) -> tuple[int, ...]:
+    if not isinstance(v, list | tuple):
+        raise ProtocolError("expected a list of ints")
+    return tuple(_int(x) for x in v)
+
+
+def _specs(v: Any) -> tuple[ConsumerSpec, ...]:
+    if not isinstance(v, list | tuple):
+        raise ProtocolError("expected a list of consumers")
+    out = []
+    for item in v:
+        if not isinstance(item, list | tuple) or len(item) != 4:
+            raise ProtocolError("a consumer is [tag, queue, prefetch, no_ack]")
+        out.append(
+            ConsumerSpec(
+                tag=_str(item[0]),
+                queue=_str(item[1]),
+                prefetch=_int(item[2]),
+                no_ack=_bool(item[3]),
+            )
+        )
+    return tuple(out)
+
+
+def _deliveries(v: Any) -> tuple[Delivery, ...]:
+    if not isinstance(v, list | tuple):
+        raise ProtocolError("expected a list of deliveries")
+    out = []
+    for item in v:
+        if not isinstance(item, list | tuple) or len(item) != 5:
+            raise ProtocolError("a delivery is [tag, exchange, key, body, redelivered]")
+        out.append(
+            Delivery(
+                delivery_tag=_int(item[0]),
+                exchange=_str(item[1]),
+                routing_key=_str(item[2]),
+                body=item[3],
+                redelivered=_bool(item[4]),
+            )
+        )
+    return tuple(out)
+
+
+def _spec_out(specs: tuple[ConsumerSpec, ...]) -> list[list[Any]]:
+    return [[s.tag, s.queue, s.prefetch, s.no_ack] for s in specs]
+
+
+def _deliveries_out(ds: tuple[Delivery, ...]) -> list[list[Any]]:
+    return [[d.delivery_tag, d.exchange, d.routing_key, d.body, d.redelivered] for d in ds]
+
+
+_Check = Callable[[Any], Any]
+
+# op name on the wire -> (event class, a checker per field in field order).
+# The hot ops (publish, ack, heartbeat, deliver) get one-letter names: the
+# paper's stock-exchange messages are about 9 bytes, so the op name matters.
+_LAYOUT: dict[str, tuple[type[Any], tuple[_Check, ...]]] = {
+    "exchange.declare": (DeclareExchange, (_int, _str, _str)),
+    "exchange.delete": (DeleteExchange, (_int, _str)),
+    "queue.declare": (DeclareQueue, (_int, _str, _int, _str)),
+    "queue.delete": (DeleteQueue, (_int, _str)),
+    "queue.purge": (PurgeQueue, (_int, _str)),
+    "bind": (Bind, (_int, _str, _str, _str)),
+    "unbind": (Unbind, (_int, _str, _str, _str)),
+    "p": (Publish, (_int, _str, _str, _any)),
+    "consume": (Consume, (_int, _str, _str, _int, _bool)),
+    "h": (Heartbeat, (_specs,)),
+    "a": (Ack, (_str, _ints)),
+    "cancel": (Cancel, (_int, _str)),
+    "stats": (GetStats, (_int,)),
+    "ok": (OkReply, (_int, _any)),
+    "err": (ErrorReply, (_int, _str, _str)),
+    "d": (Deliver, (_str, _deliveries)),
+    "x": (Cancelled, (_str, _str, _str)),
+}
+_OP_OF: dict[type[Any], str] = {cls: op for op, (cls, _) in _LAYOUT.items()}
+_NAMES: dict[type[Any], tuple[str, ...]] = {
+    cls: tuple(f.name for f in fields(cls)) for cls, _ in _LAYOUT.values()
+}
+# Fields whose wire form is not the attribute itself.
+_OUT: dict[str, Callable[[Any], Any]] = {
+    "consumers": _spec_out,
+    "deliveries": _deliveries_out,
+    "delivery_tags": list,
+}
+
+
+def encode(event: Event) -> list[Any]:
+    """Return the msgpack-ready list for ``event``."""
+    cls = type(event)
+    out: list[Any] = [_OP_OF[cls]]
+    for name in _NAMES[cls]:
+        value = getattr(event, name)
+        conv = _OUT.get(name)
+        out.append(conv(value) if conv is not None else value)
+    return out
+
+
+def decode(payload: Any) -> Event:
+    """Return the event a received payload carries.
+
+    Raises:
+        ProtocolError: the payload is not a well-formed broker message.
+    """
+    if not isinstance(payload, list | tuple) or not payload:
+        raise ProtocolError("a broker message is a non-empty list")
+    op = payload[0]
+    entry = _LAYOUT.get(op) if type(op) is str else None
+    if entry is None:
+        raise ProtocolError(f"unknown broker operation {op!r}")
+    cls, checks = entry
+    if len(payload) != len(checks) + 1:
+        raise ProtocolError(f"{op!r} takes {len(checks)} fields, got {len(payload) - 1}")
+    values = {
+        name: check(v) for name, check, v in zip(_NAMES[cls], checks, payload[1:], strict=True)
+    }
+    event: Event = cls(**values)
+    return event
