@@ -1,0 +1,141 @@
+"""The pipeline's aggregates on small records whose answers are known."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cmq.lab.records import RecordWriter, RunInfo
+
+pytestmark = pytest.mark.spark
+
+# Epoch nanoseconds are above 2**53: a float64 anywhere would lose the units.
+BASE = 1_700_000_000_000_000_123
+
+
+def write_known(out: Path) -> None:
+    # A: ping-pong, 10 round trips of 100..900 ns, the last one lost.
+    with RecordWriter(out, RunInfo(experiment="e", system="cmq", run_id="a1"), flush_rows=4) as w:
+        for i in range(10):
+            send = BASE + 1000 * i
+            w.record(
+                scenario="pingpong",
+                size=64,
+                seq=i,
+                send_ns=send,
+                recv_ns=None if i == 9 else send + 100 * (i + 1),
+                round_trip=True,
+            )
+    # B: one stream to two receivers; r1 gets 0 1 3 2 4 2 5 (2 late, then 2 again).
+    with RecordWriter(out, RunInfo(experiment="e", system="udp", run_id="b1")) as w:
+        order = [0, 1, 3, 2, 4, 2, 5]
+        w.record_many(
+            scenario="stream",
+            size=16,
+            params={"receivers": 2},
+            seq=order,
+            send_ns=[BASE + 10 * s for s in order],
+            recv_ns=[BASE + 1000 + k for k in range(len(order))],
+            stream="s",
+            receiver="r1",
+        )
+        w.record_many(
+            scenario="stream",
+            size=16,
+            params={"receivers": 2},
+            seq=[0, 1, 2],
+            send_ns=[BASE, BASE + 10, BASE + 20],
+            recv_ns=[BASE + 500, BASE + 501, BASE + 502],
+            stream="s",
+            receiver="r2",
+        )
+    # C: throughput known only as totals, over two runs.
+    for run_id, delivered in (("c1", 990), ("c2", 1000)):
+        with RecordWriter(out, RunInfo(experiment="e", system="zmq", run_id=run_id)) as w:
+            w.totals(
+                scenario="throughput",
+                size=1000,
+                sent=1000,
+                delivered=delivered,
+                duration_ns=500_000_000,
+            )
+
+
+def by_system(rows: list[Any]) -> dict[str, dict[str, Any]]:
+    return {r["system"]: r.asDict() for r in rows}
+
+
+def test_summary_gives_the_known_answers(spark: Any, tmp_path: Path) -> None:
+    from cmq.pipeline.jobs import load_tables, summary
+
+    write_known(tmp_path)
+    tables = load_tables(spark, tmp_path)
+    rows = by_system(summary(tables.records, tables.totals).collect())
+    assert set(rows) == {"cmq", "udp", "zmq"}
+
+    a = rows["cmq"]
+    assert (a["messages"], a["delivered"], a["lost"]) == (10, 9, 1)
+    assert a["loss_rate"] == pytest.approx(0.1)
+    assert a["round_trip"] is True
+    assert a["mean_ns"] == pytest.approx(500.0)
+    assert a["stddev_ns"] == pytest.approx(100 * math.sqrt(7.5))
+    assert (a["p50_ns"], a["p99_ns"], a["min_ns"], a["max_ns"]) == (500, 900, 100, 900)
+    assert (a["duplicates"], a["out_of_order"]) == (0, 0)
+    # 9 delivered between the first send and the last reply, 8900 ns apart.
+    assert a["rate_source"] == "records"
+    assert a["msgs_per_s"] == pytest.approx(9 / 8900e-9)
+    assert a["mb_per_s"] == pytest.approx(9 / 8900e-9 * 64 / 1e6)
+
+    b = rows["udp"]
+    assert b["params"] == '{"receivers":2}'
+    assert (b["delivered"], b["lost"], b["duplicates"], b["out_of_order"]) == (9, 0, 1, 1)
+    assert b["dup_rate"] == pytest.approx(1 / 9)
+    assert b["ooo_rate"] == pytest.approx(1 / 9)
+    assert b["round_trip"] is False
+
+    c = rows["zmq"]
+    assert (c["runs"], c["messages"], c["delivered"], c["lost"]) == (0, 2000, 1990, 10)
+    assert c["loss_rate"] == pytest.approx(0.005)
+    assert c["rate_source"] == "totals"
+    assert c["msgs_per_s"] == pytest.approx(1990.0)
+    assert c["mb_per_s"] == pytest.approx(1.99)
+    assert c["mean_ns"] is None
+
+
+def test_flags_keep_nanoseconds_exact(spark: Any, tmp_path: Path) -> None:
+    from cmq.pipeline.jobs import flag_deliveries, load_tables
+
+    write_known(tmp_path)
+    records = load_tables(spark, tmp_path).records
+    row = flag_deliveries(records.where("system = 'cmq' AND seq = 3")).collect()[0]
+    assert row["send_ns"] == BASE + 3000
+    assert row["recv_ns"] == BASE + 3400
+    assert row["latency_ns"] == 400
+
+
+def test_an_empty_directory_gives_empty_tables(spark: Any, tmp_path: Path) -> None:
+    from cmq.pipeline.jobs import load_tables, summary
+
+    tables = load_tables(spark, tmp_path)
+    assert summary(tables.records, tables.totals).count() == 0
+    assert tables.runs.count() == 0
+
+
+def test_samples_stats_and_series(spark: Any, tmp_path: Path) -> None:
+    from cmq.pipeline.jobs import load_tables, sample_series, sample_stats
+
+    with RecordWriter(tmp_path, RunInfo(experiment="scalability", system="cmq", run_id="s1")) as w:
+        for k, value in enumerate([10.0, 20.0, 30.0]):
+            w.sample(metric="rss_bytes", t_ns=BASE + k * 2_000_000_000, value=value)
+        for dests, cost in ((1, 100.0), (1, 300.0), (1000, 250.0)):
+            w.sample(metric="push_ns", x=dests, value=cost)
+    samples = load_tables(spark, tmp_path).samples
+    stats = {r["x"]: r for r in sample_stats(samples.where("metric = 'push_ns'")).collect()}
+    assert stats[1.0]["mean"] == pytest.approx(200.0)
+    assert stats[1.0]["stddev"] == pytest.approx(math.sqrt(2) * 100)
+    assert stats[1000.0]["n"] == 1
+    series = [(r["t_s"], r["value"]) for r in sample_series(samples, "rss_bytes").collect()]
+    assert series == [(0.0, 10.0), (2.0, 20.0), (4.0, 30.0)]
