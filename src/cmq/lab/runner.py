@@ -1,0 +1,640 @@
+"""Run system adapters in pairs of processes and collect what they measured.
+
+Theory of operation
+-------------------
+
+A run is one (system, size): the runner starts the receiving side (receiver
+or echo server) in its own process, waits for its ``READY`` line (its
+address), starts the sending side (sender or client) in another process with
+that address, and reads one ``RESULT`` JSON line from each. Both processes
+run the adapter module of :mod:`cmq.lab.systems`; nothing of a system is ever
+loaded into the runner's process, so systems cannot disturb each other.
+
+Pinning (``pin``): ``"same"`` puts both processes on one CPU, ``"spread"`` on
+two different CPUs (receiver on the first, sender on the second), ``"none"``
+leaves them to the scheduler. A broker (nats-server, RabbitMQ) is not pinned:
+it is not ours.
+
+Fairness: runs are interleaved. For every size, each system runs once before
+any system runs again, and the order of systems rotates from size to size and
+round to round, so that no system always runs first (on a cold machine) or
+last (after the others warmed the caches, or while a neighbour is busy).
+
+Counting rules:
+
+- Throughput: ``sent`` is what the sender handed to the system;
+  ``delivered`` is what the receiver got; ``seconds`` runs from the first to
+  the last delivered message, stamped by the receiver, so process start-up,
+  connection set-up and the receiver's idle wait at the end are outside it.
+  ``msgs_per_s`` is ``(delivered - 1) / seconds`` (the first delivery starts
+  the clock, each later one ends an interval): delivered messages only, a
+  message the network dropped never counts. ``mb_per_s`` is ``msgs_per_s *
+  size / 1e6`` (payload bytes, decimal megabytes).
+- Round trips (ping-pong and ping-ping): ``sent`` round trips were started,
+  ``round_trips`` of them got their reply within the timeout, ``lost`` did
+  not. Latency statistics are over the completed round trips; the raw
+  ``send_ns`` / ``recv_ns`` per message (``recv_ns`` -1 when lost) are kept
+  for the lab's per-message records.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import queue
+import statistics
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import IO, Any, Literal
+
+import cmq
+from cmq._errors import ConfigError
+from cmq.lab import systems as _systems
+
+__all__ = [
+    "PINS",
+    "Failed",
+    "Progress",
+    "Result",
+    "RoundTripResult",
+    "Skipped",
+    "ThroughputResult",
+    "cpus_for",
+    "run_pingping",
+    "run_pingpong",
+    "run_throughput",
+]
+
+Pin = Literal["same", "spread", "none"]
+PINS: tuple[str, ...] = ("same", "spread", "none")
+
+Progress = Callable[[int, int, str], None]
+"""Called as ``progress(done, total, label)`` before each run and at the end."""
+
+# How long a receiving side may take to start and listen: importing pika or
+# the cmq core on a loaded 2-core machine can take a few seconds.
+_READY_TIMEOUT = 30.0
+# How long the receiving side waits for the first message once it listens.
+_STARTUP = 15.0
+# Idle gap after which a receiver concludes the sender is done. Datagram
+# systems need it (the end marker may be dropped); stream systems always get
+# the end marker, so theirs is only a safety net against a stuck sender.
+_IDLE_DATAGRAM = 1.0
+_IDLE_STREAM = 10.0
+# Beyond its own deadline, what a worker gets before the runner kills it.
+_GRACE = 10.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Skipped:
+    """A system (or one size of it) that was not run, and why."""
+
+    system: str
+    reason: str
+    size: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object ``cmq bench --json`` prints for this skip."""
+        out: dict[str, Any] = {"system": self.system, "skipped": self.reason}
+        if self.size is not None:
+            out["size"] = self.size
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class Failed:
+    """A run that started but broke (a worker crashed or hung)."""
+
+    system: str
+    size: int
+    error: str
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object ``cmq bench --json`` prints for this failure."""
+        return {"system": self.system, "size": self.size, "error": self.error}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ThroughputResult:
+    """One throughput run: what was sent, what was delivered, how fast."""
+
+    system: str
+    size: int
+    sent: int
+    delivered: int
+    seconds: float
+    pin: str
+    sender: dict[str, Any] = field(default_factory=dict)
+    receiver: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def msgs_per_s(self) -> float:
+        """Delivered messages per second, first to last delivery."""
+        if self.delivered < 2 or self.seconds <= 0:
+            return 0.0
+        return (self.delivered - 1) / self.seconds
+
+    @property
+    def mb_per_s(self) -> float:
+        """Delivered payload in decimal megabytes per second."""
+        return self.msgs_per_s * self.size / 1e6
+
+    @property
+    def delivered_fraction(self) -> float:
+        """Delivered over sent (0 when nothing was sent)."""
+        return self.delivered / self.sent if self.sent else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        """The issue's JSON shape, plus ``delivered_fraction`` and memory."""
+        return {
+            "system": self.system,
+            "size": self.size,
+            "sent": self.sent,
+            "delivered": self.delivered,
+            "seconds": round(self.seconds, 6),
+            "msgs_per_s": round(self.msgs_per_s, 1),
+            "mb_per_s": round(self.mb_per_s, 3),
+            "delivered_fraction": round(self.delivered_fraction, 6),
+            "receiver_maxrss_kb": self.receiver.get("maxrss_kb"),
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoundTripResult:
+    """One ping-pong or ping-ping run, with every message's raw stamps."""
+
+    system: str
+    size: int
+    mode: str
+    pin: str
+    send_ns: tuple[int, ...]
+    recv_ns: tuple[int, ...]
+    """Reply time per message (``time.monotonic_ns``), -1 when lost."""
+    stale: int = 0
+    late: int = 0
+
+    @property
+    def sent(self) -> int:
+        """Round trips started."""
+        return len(self.send_ns)
+
+    @property
+    def latencies_ns(self) -> list[int]:
+        """Round-trip times of the completed round trips, in send order."""
+        return [r - s for s, r in zip(self.send_ns, self.recv_ns, strict=True) if r >= 0]
+
+    @property
+    def round_trips(self) -> int:
+        """Round trips that got their reply in time."""
+        return sum(1 for r in self.recv_ns if r >= 0)
+
+    @property
+    def lost(self) -> int:
+        """Round trips whose reply did not come in time."""
+        return self.sent - self.round_trips
+
+    def stats_us(self) -> dict[str, float]:
+        """Mean, p50, p99 and standard deviation of the latencies, in µs."""
+        lat = sorted(self.latencies_ns)
+        if not lat:
+            return {"mean_us": 0.0, "p50_us": 0.0, "p99_us": 0.0, "stdev_us": 0.0}
+        return {
+            "mean_us": statistics.fmean(lat) / 1e3,
+            "p50_us": _percentile(lat, 50) / 1e3,
+            "p99_us": _percentile(lat, 99) / 1e3,
+            "stdev_us": (statistics.stdev(lat) if len(lat) > 1 else 0.0) / 1e3,
+        }
+
+    def to_json(self, *, raw: bool = False) -> dict[str, Any]:
+        """The issue's JSON shape; ``raw`` adds the per-message stamps."""
+        out: dict[str, Any] = {
+            "system": self.system,
+            "size": self.size,
+            "round_trips": self.round_trips,
+            "lost": self.lost,
+            **{k: round(v, 3) for k, v in self.stats_us().items()},
+            "sent": self.sent,
+            "stale": self.stale,
+            "late": self.late,
+        }
+        if raw:
+            out["send_ns"] = list(self.send_ns)
+            out["recv_ns"] = list(self.recv_ns)
+        return out
+
+
+Result = ThroughputResult | RoundTripResult | Skipped | Failed
+
+
+def _percentile(sorted_values: Sequence[int], pct: float) -> float:
+    # Nearest rank: an observed value, the usual definition for latency tails.
+    rank = max(1, math.ceil(pct / 100 * len(sorted_values)))
+    return float(sorted_values[rank - 1])
+
+
+def cpus_for(pin: str) -> tuple[int | None, int | None]:
+    """The CPUs of (receiving side, sending side) for a pinning mode.
+
+    Raises :class:`~cmq.ConfigError` for an unknown mode, or ``"spread"``
+    when this process may use only one CPU.
+    """
+    if pin not in PINS:
+        raise ConfigError(f"unknown pinning {pin!r}; use one of {', '.join(PINS)}")
+    if pin == "none":
+        return None, None
+    allowed = sorted(os.sched_getaffinity(0))
+    if pin == "same":
+        return allowed[0], allowed[0]
+    if len(allowed) < 2:
+        raise ConfigError(
+            f"--pin spread needs two CPUs; this process may use only CPU {allowed[0]}"
+        )
+    return allowed[0], allowed[1]
+
+
+class _RunError(Exception):
+    """A worker failed; the message says which and why."""
+
+
+class _Worker:
+    """One adapter role in a child process, its stdout read by a thread."""
+
+    def __init__(self, argv: list[str], label: str) -> None:
+        env = dict(os.environ)
+        # The workers import cmq from the same tree as this process, whether
+        # or not the package is installed in the interpreter.
+        src = str(Path(cmq.__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+        self.label = label
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        self._stderr: list[str] = []
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        threading.Thread(target=self._pump, args=(self.proc.stdout,), daemon=True).start()
+        self._err = threading.Thread(target=self._drain, args=(self.proc.stderr,), daemon=True)
+        self._err.start()
+
+    def _pump(self, stream: IO[str]) -> None:
+        for line in stream:
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def _drain(self, stream: IO[str]) -> None:
+        self._stderr.extend(stream)
+
+    def expect(self, tag: str, timeout: float) -> dict[str, Any]:
+        """The JSON of the next ``TAG {json}`` line, within ``timeout`` s."""
+        end = time.monotonic() + timeout
+        while True:
+            left = end - time.monotonic()
+            try:
+                if left <= 0:
+                    raise queue.Empty
+                line = self._lines.get(timeout=left)
+            except queue.Empty:
+                raise _RunError(
+                    f"{self.label}: no {tag} within {timeout:.0f} s{self._tail()}"
+                ) from None
+            if line is None:  # end of stdout: the process is exiting
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.proc.wait(timeout=5)
+                raise _RunError(
+                    f"{self.label}: exited (code {self.proc.returncode}) before {tag}{self._tail()}"
+                )
+            if line.startswith(tag + " "):
+                value: dict[str, Any] = json.loads(line[len(tag) + 1 :])
+                return value
+
+    def _tail(self) -> str:
+        self._err.join(timeout=1)
+        lines = [ln.rstrip() for ln in self._stderr if ln.strip()]
+        return (": " + " | ".join(lines[-3:])) if lines else ""
+
+    def stop(self) -> None:
+        """Kill the process if it still runs, and reap it."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def _argv(mod: ModuleType, role: str, params: dict[str, Any], prefix: Sequence[str]) -> list[str]:
+    cmd: list[str] = mod.command()
+    return [*prefix, *cmd, role, json.dumps(params)]
+
+
+def _pair(
+    mod: ModuleType,
+    *,
+    server_role: str,
+    server_params: dict[str, Any],
+    client_role: str,
+    client_params: dict[str, Any],
+    server_deadline: float,
+    client_timeout: float,
+    prefix: Sequence[str],
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Run a receiving and a sending role; both results, or ``_RunError``."""
+    name = mod.NAME
+    server = _Worker(_argv(mod, server_role, server_params, prefix), f"{name} {server_role}")
+    client: _Worker | None = None
+    try:
+        peer = server.expect("READY", _READY_TIMEOUT)
+        client_params = {**client_params, "peer": peer}
+        client = _Worker(_argv(mod, client_role, client_params, prefix), f"{name} {client_role}")
+        client_result = client.expect("RESULT", client_timeout)
+        server_result = server.expect("RESULT", server_deadline + _GRACE)
+        return server_result, client_result
+    finally:
+        for w in (client, server):
+            if w is not None:
+                w.stop()
+
+
+def _validate(
+    system_names: Iterable[str], sizes: Iterable[int]
+) -> tuple[list[tuple[str, ModuleType]], list[int]]:
+    names = list(system_names)
+    if not names:
+        raise ConfigError("no systems given")
+    mods = [(n, _systems.load(n)) for n in dict.fromkeys(names)]
+    size_list = list(dict.fromkeys(sizes))
+    if not size_list:
+        raise ConfigError("no sizes given")
+    for s in size_list:
+        if not isinstance(s, int) or isinstance(s, bool) or s < 1:
+            raise ConfigError(f"bad size {s!r}: sizes are whole numbers of bytes, at least 1")
+    return mods, size_list
+
+
+def _plan(
+    mods: list[tuple[str, ModuleType]], sizes: list[int], rounds: int, min_size: int = 1
+) -> tuple[list[Skipped], list[tuple[ModuleType, int]]]:
+    """Skips, and the interleaved order of runs (see the module docstring)."""
+    skipped: list[Skipped] = []
+    usable: list[ModuleType] = []
+    for name, mod in mods:
+        reason = mod.available()
+        if reason is None:
+            usable.append(mod)
+        else:
+            skipped.append(Skipped(system=name, reason=reason))
+    order: list[tuple[ModuleType, int]] = []
+    step = 0
+    for _ in range(rounds):
+        for size in sizes:
+            k = step % len(usable) if usable else 0
+            for mod in usable[k:] + usable[:k]:
+                order.append((mod, size))
+            step += 1
+    runs: list[tuple[ModuleType, int]] = []
+    for mod, size in order:
+        if size > mod.MAX_SIZE:
+            skip = Skipped(
+                system=mod.NAME,
+                size=size,
+                reason=f"larger than {mod.NAME}'s limit of {mod.MAX_SIZE} bytes",
+            )
+            if skip not in skipped:
+                skipped.append(skip)
+        elif size < min_size:
+            skip = Skipped(system=mod.NAME, size=size, reason=f"needs at least {min_size} bytes")
+            if skip not in skipped:
+                skipped.append(skip)
+        else:
+            runs.append((mod, size))
+    return skipped, runs
+
+
+def _check_rounds(rounds: int) -> None:
+    if rounds < 1:
+        raise ConfigError(f"rounds must be at least 1, not {rounds}")
+
+
+def run_throughput(
+    systems: Iterable[str],
+    sizes: Iterable[int],
+    *,
+    count: int | None = None,
+    duration: float | None = None,
+    pin: str = "none",
+    rounds: int = 1,
+    progress: Progress | None = None,
+    prefix: Sequence[str] = (),
+) -> list[Result]:
+    """Throughput of each system at each size, sender and receiver in two processes.
+
+    The sender sends as fast as it can, ``count`` messages or for
+    ``duration`` seconds (with both, whichever ends first). ``prefix`` is
+    put before each worker's argv (the lab runs workers in a network
+    namespace with ``["ip", "netns", "exec", NAME]``).
+
+    Returns skips first, then one result per run in the order they ran.
+    Raises :class:`~cmq.ConfigError` on a bad argument (unknown system or
+    pinning, size below 1, no count and no duration).
+    """
+    mods, size_list = _validate(systems, sizes)
+    if count is None and duration is None:
+        raise ConfigError("give a message count or a duration")
+    if count is not None and count < 1:
+        raise ConfigError(f"count must be at least 1, not {count}")
+    if duration is not None and not duration > 0:
+        raise ConfigError(f"duration must be above 0 seconds, not {duration}")
+    _check_rounds(rounds)
+    rcpu, scpu = cpus_for(pin)
+    skipped, runs = _plan(mods, size_list, rounds)
+    results: list[Result] = list(skipped)
+    # Count mode has no time bound of its own: allow 20 s plus 10 µs a message.
+    send_time = duration if duration is not None else 20.0 + 1e-5 * (count or 0)
+    for i, (mod, size) in enumerate(runs):
+        if progress is not None:
+            progress(i, len(runs), f"throughput {mod.NAME} {size} B")
+        idle = _IDLE_DATAGRAM if mod.DATAGRAM else _IDLE_STREAM
+        deadline = _STARTUP + send_time + idle + 5.0
+        try:
+            recv, send = _pair(
+                mod,
+                server_role="throughput_receiver",
+                server_params={
+                    "size": size,
+                    "startup": _STARTUP,
+                    "idle": idle,
+                    "deadline": deadline,
+                    "cpu": rcpu,
+                },
+                client_role="throughput_sender",
+                client_params={"size": size, "count": count, "duration": duration, "cpu": scpu},
+                server_deadline=deadline,
+                client_timeout=_READY_TIMEOUT + send_time + _GRACE,
+                prefix=prefix,
+            )
+        except _RunError as exc:
+            results.append(Failed(system=mod.NAME, size=size, error=str(exc)))
+            continue
+        results.append(
+            ThroughputResult(
+                system=mod.NAME,
+                size=size,
+                sent=int(send["sent"]),
+                delivered=int(recv["delivered"]),
+                seconds=(int(recv["last_ns"]) - int(recv["first_ns"])) / 1e9,
+                pin=pin,
+                sender=send,
+                receiver=recv,
+            )
+        )
+    if progress is not None:
+        progress(len(runs), len(runs), "done")
+    return results
+
+
+def _run_round_trips(
+    mode: str,
+    systems: Iterable[str],
+    sizes: Iterable[int],
+    *,
+    count: int,
+    pin: str,
+    timeout: float,
+    window: int,
+    rounds: int,
+    progress: Progress | None,
+    prefix: Sequence[str],
+) -> list[Result]:
+    mods, size_list = _validate(systems, sizes)
+    if count < 1:
+        raise ConfigError(f"count must be at least 1, not {count}")
+    if not timeout > 0:
+        raise ConfigError(f"timeout must be above 0 seconds, not {timeout}")
+    if window < 1:
+        raise ConfigError(f"window must be at least 1, not {window}")
+    _check_rounds(rounds)
+    rcpu, scpu = cpus_for(pin)
+    # Ping-ping numbers its messages in their first 4 bytes.
+    skipped, runs = _plan(mods, size_list, rounds, min_size=4 if mode == "pingping" else 1)
+    results: list[Result] = list(skipped)
+    # The worst case: every round trip lost, each waited out.
+    client_time = count * timeout + 20.0
+    client_params: dict[str, Any] = {"count": count, "timeout": timeout, "cpu": scpu}
+    if mode == "pingping":
+        client_params["window"] = window
+    for i, (mod, size) in enumerate(runs):
+        if progress is not None:
+            progress(i, len(runs), f"{mode} {mod.NAME} {size} B")
+        # The server must outwait the client's longest gap between messages.
+        idle = max(5.0, 4 * timeout)
+        deadline = _STARTUP + client_time + idle
+        try:
+            _, client = _pair(
+                mod,
+                server_role=f"{mode}_server",
+                server_params={
+                    "size": size,
+                    "startup": _STARTUP,
+                    "idle": idle,
+                    "deadline": deadline,
+                    "cpu": rcpu,
+                },
+                client_role=f"{mode}_client",
+                client_params={**client_params, "size": size},
+                server_deadline=deadline,
+                client_timeout=_READY_TIMEOUT + client_time,
+                prefix=prefix,
+            )
+        except _RunError as exc:
+            results.append(Failed(system=mod.NAME, size=size, error=str(exc)))
+            continue
+        results.append(
+            RoundTripResult(
+                system=mod.NAME,
+                size=size,
+                mode=mode,
+                pin=pin,
+                send_ns=tuple(client["send_ns"]),
+                recv_ns=tuple(client["recv_ns"]),
+                stale=int(client.get("stale", 0)),
+                late=int(client.get("late", 0)),
+            )
+        )
+    if progress is not None:
+        progress(len(runs), len(runs), "done")
+    return results
+
+
+def run_pingpong(
+    systems: Iterable[str],
+    sizes: Iterable[int],
+    *,
+    count: int,
+    pin: str = "none",
+    timeout: float = 0.2,
+    rounds: int = 1,
+    progress: Progress | None = None,
+    prefix: Sequence[str] = (),
+) -> list[Result]:
+    """Ping-pong (the next message after the reply) of ``count`` messages.
+
+    A round trip without its reply after ``timeout`` seconds is lost and
+    counted, and the next one starts. Returns skips first, then one
+    :class:`RoundTripResult` (or :class:`Failed`) per run.
+    Raises :class:`~cmq.ConfigError` on a bad argument.
+    """
+    return _run_round_trips(
+        "pingpong",
+        systems,
+        sizes,
+        count=count,
+        pin=pin,
+        timeout=timeout,
+        window=1,
+        rounds=rounds,
+        progress=progress,
+        prefix=prefix,
+    )
+
+
+def run_pingping(
+    systems: Iterable[str],
+    sizes: Iterable[int],
+    *,
+    count: int,
+    pin: str = "none",
+    timeout: float = 0.2,
+    window: int = 16,
+    rounds: int = 1,
+    progress: Progress | None = None,
+    prefix: Sequence[str] = (),
+) -> list[Result]:
+    """Ping-ping (asynchronous: up to ``window`` messages in flight).
+
+    Each message's latency is its own send-to-reply time; sizes must be at
+    least 4 bytes (the sequence number). Otherwise as :func:`run_pingpong`.
+    """
+    return _run_round_trips(
+        "pingping",
+        systems,
+        sizes,
+        count=count,
+        pin=pin,
+        timeout=timeout,
+        window=window,
+        rounds=rounds,
+        progress=progress,
+        prefix=prefix,
+    )
