@@ -1,0 +1,158 @@
+"""The HTTP edge: an ASGI application served by uvicorn.
+
+``POST /`` speaks the SQS JSON protocol (:mod:`cmq.service.protocol`),
+``GET /metrics`` the Prometheus text format, ``GET /health`` answers ``ok``.
+This is the only place where errors become HTTP responses: an
+:class:`~cmq.service.errors.SqsError` becomes its SQS error shape, anything
+else a 500 ``InternalError`` (logged), and the node keeps serving.
+
+The app is a bare ASGI callable rather than a Starlette router: one route
+carries all the load and a router's per-request objects cost a measurable
+share of a cycle on two cores.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from cmq.service import errors
+from cmq.service.metrics import Metrics
+from cmq.service.model import QueueCounts
+from cmq.service.operations import QueueService
+from cmq.service.protocol import decode_request, encode_error, encode_result
+from cmq.service.store.base import Store
+
+__all__ = ["SqsApp"]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+_log = logging.getLogger("cmq.service")
+#: Queues whose depths one /metrics scrape reports at most.
+MAX_METRIC_QUEUES = 1000
+
+
+class SqsApp:
+    """ASGI app of one node over ``store``."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        region: str = "us-east-1",
+        account_id: str = "000000000000",
+        max_request_bytes: int = 2 * 1024 * 1024,
+    ) -> None:
+        self.store = store
+        self.service = QueueService(store, region=region, account_id=account_id)
+        self.metrics = Metrics()
+        self.max_request_bytes = max_request_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+        elif scope["type"] == "http":
+            await self._http(scope, receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self.store.open()
+                except Exception as exc:
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.store.close()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        method, path = scope["method"], scope["path"]
+        if path == "/" and method == "POST":
+            status, headers, body = await self._sqs(scope, receive)
+        elif path == "/metrics" and method == "GET":
+            body = (await self._render_metrics()).encode()
+            status, headers = 200, [(b"content-type", b"text/plain; version=0.0.4")]
+        elif path == "/health" and method == "GET":
+            status, headers, body = 200, [(b"content-type", b"text/plain")], b"ok\n"
+        else:
+            status, headers, body = encode_error(
+                errors.InvalidAction(f"No route {method} {path[:100]}; SQS requests are POST /.")
+            )
+            status = 404
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _sqs(self, scope: Scope, receive: Receive) -> tuple[int, list[Any], bytes]:
+        start = time.perf_counter()
+        target = host = None
+        length = 0
+        for key, value in scope["headers"]:
+            if key == b"x-amz-target":
+                target = value.decode("latin-1")
+            elif key == b"host":
+                host = value.decode("latin-1")
+            elif key == b"content-length":
+                length = int(value) if value.isdigit() else 0
+        action = "unknown"
+        try:
+            if length > self.max_request_bytes:
+                raise errors.RequestTooLarge(
+                    f"The request body has {length} bytes; the limit is "
+                    f"{self.max_request_bytes}."
+                )
+            body = await self._read_body(receive)
+            request = decode_request(target, body)
+            action = request.action
+            result = await self.service.handle(
+                request.action, request.params, host or f"{scope['server'][0]}:{scope['server'][1]}"
+            )
+            reply = encode_result(result)
+            code = None
+        except errors.SqsError as exc:
+            reply = encode_error(exc)
+            code = exc.type_name
+        except Exception:
+            _log.exception("internal error in %s", action)
+            reply = encode_error(errors.SqsError("The service met an internal error."))
+            code = "InternalError"
+        self.metrics.observe(action, time.perf_counter() - start, code)
+        return reply
+
+    async def _read_body(self, receive: Receive) -> bytes:
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                raise errors.SerializationError("The client went away mid-request.")
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_request_bytes:
+                raise errors.RequestTooLarge(
+                    f"The request body is over the limit of {self.max_request_bytes} bytes."
+                )
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    async def _render_metrics(self) -> str:
+        queues: dict[str, QueueCounts] = {}
+        now = time.time_ns() // 1_000_000
+        try:
+            for name in (await self.store.list_queues(""))[:MAX_METRIC_QUEUES]:
+                try:
+                    queues[name] = await self.store.counts(name, now)
+                except errors.QueueDoesNotExist:
+                    continue  # deleted between list and count
+        except errors.StoreUnavailable:
+            _log.warning("store unavailable while scraping queue depths")
+        return self.metrics.render(queues)

@@ -1,0 +1,936 @@
+"""The queue operations: SQS semantics over a :class:`~cmq.service.store.base.Store`.
+
+Theory of operation
+-------------------
+:class:`QueueService` takes one decoded action (name and JSON parameters)
+and returns the JSON result or raises an :class:`~cmq.service.errors.SqsError`.
+It knows nothing of HTTP. It validates every parameter (types, ranges,
+names, sizes) and turns SQS syntax into store records; the store makes each
+state change atomic. Time comes from an injected clock (integer ms) and
+randomness from an injected ``random.Random``, so tests can drive both.
+
+Delivery is at least once: a received message stays in the store, invisible
+until its visibility deadline, and comes back if not deleted by then. Order
+is best effort, tuned by the queue attribute ``ConsistencyK`` (see
+:mod:`cmq.service.ordering`). A message received more often than its queue's
+``RedrivePolicy.maxReceiveCount`` is copied to the dead-letter queue and then
+deleted from its queue (copy first: a crash in between gives a duplicate,
+never a loss).
+
+Queue attributes are cached per node for :data:`ATTRIBUTE_CACHE_MS`: SQS
+itself documents that attribute changes take up to 60 s to propagate, and
+reading them from the store on every send would double the store's load.
+Existence is never taken from the cache: the store checks it on every call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hashlib
+import json
+import random
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cmq.service import errors
+from cmq.service.model import ChangeResult, NewMessage, QueueRecord, Received, ReceiveSpec
+from cmq.service.protocol import md5_of_body, md5_of_message_attributes
+from cmq.service.store.base import Store
+
+__all__ = ["ATTRIBUTE_CACHE_MS", "Notifier", "QueueService", "queue_url"]
+
+#: How long a node trusts its copy of a queue's attributes (see module doc).
+ATTRIBUTE_CACHE_MS = 1000
+#: SQS limits.
+MAX_BATCH = 10
+MAX_MESSAGE_BYTES = 262_144
+MAX_WAIT_SECONDS = 20
+MAX_VISIBILITY_SECONDS = 43_200
+MAX_DELAY_SECONDS = 900
+DEDUP_WINDOW_MS = 5 * 60 * 1000
+MAX_MESSAGE_ATTRIBUTES = 10
+
+_QUEUE_NAME = re.compile(r"[A-Za-z0-9_-]{1,80}")
+_FIFO_NAME = re.compile(r"[A-Za-z0-9_-]{1,75}\.fifo")
+_BATCH_ID = re.compile(r"[A-Za-z0-9_-]{1,80}")
+_DEDUP_ID = re.compile(r"[!-~]{1,128}")
+_ATTR_NAME = re.compile(r"[A-Za-z0-9_.-]{1,256}")
+_DATA_TYPE = re.compile(r"(String|Number|Binary)(\.[!-~]{1,250})?")
+# Characters SQS allows in a body (XML 1.0 characters).
+_BAD_BODY_CHAR = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+_NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
+
+_DEFAULTS = {
+    "DelaySeconds": "0",
+    "MaximumMessageSize": str(MAX_MESSAGE_BYTES),
+    "MessageRetentionPeriod": "345600",
+    "ReceiveMessageWaitTimeSeconds": "0",
+    "VisibilityTimeout": "30",
+    "ConsistencyK": "1",
+}
+_FIFO_DEFAULTS = {
+    "FifoQueue": "true",
+    "ContentBasedDeduplication": "false",
+    "DeduplicationScope": "queue",
+    "FifoThroughputLimit": "perQueue",
+}
+_INT_ATTRIBUTES = {
+    "DelaySeconds": (0, MAX_DELAY_SECONDS),
+    "MaximumMessageSize": (1024, MAX_MESSAGE_BYTES),
+    "MessageRetentionPeriod": (60, 1_209_600),
+    "ReceiveMessageWaitTimeSeconds": (0, MAX_WAIT_SECONDS),
+    "VisibilityTimeout": (0, MAX_VISIBILITY_SECONDS),
+    "KmsDataKeyReusePeriodSeconds": (60, 86_400),
+    # The BDQS consistency hint; any value >= the queue's depth is no order.
+    "ConsistencyK": (1, 2**31 - 1),
+}
+_BOOL_ATTRIBUTES = {"FifoQueue", "ContentBasedDeduplication", "SqsManagedSseEnabled"}
+_FREE_ATTRIBUTES = {
+    "Policy",
+    "KmsMasterKeyId",
+    "RedriveAllowPolicy",
+    "DeduplicationScope",
+    "FifoThroughputLimit",
+}
+_COMPUTED_ATTRIBUTES = (
+    "ApproximateNumberOfMessages",
+    "ApproximateNumberOfMessagesNotVisible",
+    "ApproximateNumberOfMessagesDelayed",
+    "CreatedTimestamp",
+    "LastModifiedTimestamp",
+    "QueueArn",
+)
+_SETTABLE = set(_INT_ATTRIBUTES) | _BOOL_ATTRIBUTES | _FREE_ATTRIBUTES | {"RedrivePolicy"}
+_SYSTEM_ATTRIBUTES = (
+    "SenderId",
+    "SentTimestamp",
+    "ApproximateReceiveCount",
+    "ApproximateFirstReceiveTimestamp",
+    "SequenceNumber",
+    "MessageDeduplicationId",
+    "MessageGroupId",
+    "AWSTraceHeader",
+)
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def queue_url(host: str, account_id: str, name: str) -> str:
+    """The URL of queue ``name`` as seen by a client that used ``host``."""
+    return f"http://{host}/{account_id}/{name}"
+
+
+class Notifier:
+    """Wakes long-polling receivers of this node when a queue gets messages.
+
+    Receivers on other nodes find new messages by re-checking the store every
+    ``Store.poll_interval`` seconds.
+    """
+
+    def __init__(self) -> None:
+        self._waiters: dict[str, set[asyncio.Future[None]]] = {}
+
+    def notify(self, name: str) -> None:
+        """Wake every receiver waiting on ``name``."""
+        for fut in self._waiters.pop(name, ()):
+            if not fut.done():
+                fut.set_result(None)
+
+    async def wait(self, name: str, timeout: float) -> None:
+        """Return on a notify of ``name`` or after ``timeout`` seconds."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiters = self._waiters.setdefault(name, set())
+        waiters.add(fut)
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except TimeoutError:
+            pass
+        finally:
+            waiters.discard(fut)
+
+
+@dataclass(frozen=True, slots=True)
+class _Queue:
+    """A queue's attributes, interpreted."""
+
+    name: str
+    attributes: Mapping[str, str]
+    fifo: bool
+    delay_ms: int
+    max_size: int
+    visibility_ms: int
+    wait_seconds: int
+    k: int
+    content_dedup: bool
+    dead_letter: str | None
+    max_receive_count: int
+
+    @classmethod
+    def from_record(cls, record: QueueRecord) -> _Queue:
+        a = record.attributes
+        dead_letter, max_receives = None, 0
+        if "RedrivePolicy" in a:
+            policy = json.loads(a["RedrivePolicy"])
+            dead_letter = str(policy["deadLetterTargetArn"]).rsplit(":", 1)[-1]
+            max_receives = int(policy["maxReceiveCount"])
+        return cls(
+            name=record.name,
+            attributes=a,
+            fifo=a.get("FifoQueue") == "true",
+            delay_ms=int(a.get("DelaySeconds", "0")) * 1000,
+            max_size=int(a.get("MaximumMessageSize", str(MAX_MESSAGE_BYTES))),
+            visibility_ms=int(a.get("VisibilityTimeout", "30")) * 1000,
+            wait_seconds=int(a.get("ReceiveMessageWaitTimeSeconds", "0")),
+            k=int(a.get("ConsistencyK", "1")),
+            content_dedup=a.get("ContentBasedDeduplication") == "true",
+            dead_letter=dead_letter,
+            max_receive_count=max_receives,
+        )
+
+
+Handler = Callable[[Mapping[str, Any], str], Awaitable[dict[str, Any]]]
+
+
+class QueueService:
+    """SQS actions over a store. One instance per node (process)."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        region: str = "us-east-1",
+        account_id: str = "000000000000",
+        clock: Callable[[], int] = _now_ms,
+        rng: random.Random | None = None,
+        notifier: Notifier | None = None,
+    ) -> None:
+        self.store = store
+        self.region = region
+        self.account_id = account_id
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self.notifier = notifier or Notifier()
+        self._cache: dict[str, tuple[int, _Queue]] = {}
+        self._handlers: dict[str, Handler] = {
+            "CreateQueue": self.create_queue,
+            "GetQueueUrl": self.get_queue_url,
+            "ListQueues": self.list_queues,
+            "DeleteQueue": self.delete_queue,
+            "GetQueueAttributes": self.get_queue_attributes,
+            "SetQueueAttributes": self.set_queue_attributes,
+            "SendMessage": self.send_message,
+            "SendMessageBatch": self.send_message_batch,
+            "ReceiveMessage": self.receive_message,
+            "DeleteMessage": self.delete_message,
+            "DeleteMessageBatch": self.delete_message_batch,
+            "ChangeMessageVisibility": self.change_message_visibility,
+            "ChangeMessageVisibilityBatch": self.change_message_visibility_batch,
+            "PurgeQueue": self.purge_queue,
+        }
+
+    async def handle(self, action: str, params: Mapping[str, Any], host: str) -> dict[str, Any]:
+        """Run one action; ``host`` is the request's Host header (for URLs).
+
+        Raises SqsError (UnsupportedOperation for SQS actions not built here).
+        """
+        handler = self._handlers.get(action)
+        if handler is None:
+            raise errors.UnsupportedOperation(f"{action} is not supported by cmq serve.")
+        return await handler(params, host)
+
+    # -- queues ------------------------------------------------------------
+
+    async def create_queue(self, p: Mapping[str, Any], host: str) -> dict[str, Any]:
+        """CreateQueue: idempotent for equal attributes, else QueueNameExists."""
+        name = _str(p, "QueueName")
+        given = _str_map(p, "Attributes")
+        fifo = name.endswith(".fifo")
+        if not (_FIFO_NAME if fifo else _QUEUE_NAME).fullmatch(name):
+            raise errors.InvalidParameterValue(
+                "Can only include alphanumeric characters, hyphens, or underscores. "
+                "1 to 80 in length (a FIFO queue's name ends in .fifo)."
+            )
+        if given.get("FifoQueue", "true" if fifo else "false").lower() != (
+            "true" if fifo else "false"
+        ):
+            raise errors.InvalidAttributeValue(
+                "Invalid value for the parameter FifoQueue: a FIFO queue's name must end "
+                "in .fifo and only FIFO queues' names may."
+            )
+        attrs = await self._validate_attributes(given, fifo=fifo, create=True)
+        now = self._clock()
+        full = {**_DEFAULTS, **(_FIFO_DEFAULTS if fifo else {}), **attrs}
+        record, created = await self.store.create_queue(
+            QueueRecord(name=name, attributes=full, created_at=now, modified_at=now)
+        )
+        if not created:
+            # The name existed before: SQS answers with its URL if the given
+            # attributes agree, else QueueNameExists.
+            for key, value in attrs.items():
+                if record.attributes.get(key, _DEFAULTS.get(key)) != value:
+                    raise errors.QueueNameExists(
+                        f"A queue already exists with the same name and a different value "
+                        f"for attribute {key}."
+                    )
+        return {"QueueUrl": queue_url(host, self.account_id, name)}
+
+    async def get_queue_url(self, p: Mapping[str, Any], host: str) -> dict[str, Any]:
+        """GetQueueUrl. Raises QueueDoesNotExist."""
+        name = _str(p, "QueueName")
+        _opt_str(p, "QueueOwnerAWSAccountId")
+        await self.store.get_queue(name)
+        return {"QueueUrl": queue_url(host, self.account_id, name)}
+
+    async def list_queues(self, p: Mapping[str, Any], host: str) -> dict[str, Any]:
+        """ListQueues with QueueNamePrefix, MaxResults (1-1000) and NextToken."""
+        prefix = _opt_str(p, "QueueNamePrefix") or ""
+        max_results = _opt_int(p, "MaxResults", 1, 1000)
+        after = _opt_str(p, "NextToken") or ""
+        names = [n for n in await self.store.list_queues(prefix) if n > after]
+        result: dict[str, Any] = {}
+        if max_results is not None and len(names) > max_results:
+            names = names[:max_results]
+            result["NextToken"] = names[-1]
+        if names:
+            result["QueueUrls"] = [queue_url(host, self.account_id, n) for n in names]
+        return result
+
+    async def delete_queue(self, p: Mapping[str, Any], host: str) -> dict[str, Any]:
+        """DeleteQueue. Raises QueueDoesNotExist."""
+        name = self._name(p)
+        await self.store.delete_queue(name)
+        self._cache.pop(name, None)
+        return {}
+
+    async def get_queue_attributes(self, p: Mapping[str, Any], host: str) -> dict[str, Any]:
+        """GetQueueAttributes: stored, computed (counts, ARN, times) or All."""
+        name = self._name(p)
+        wanted = set(_str_list(p, "AttributeNames") or [])
+        record = await self.store.get_queue(name)
+        everything = "All" in wanted
+        for attr in wanted - {"All"}:
+            if attr not in _SETTABLE and attr not in _COMPUTED_ATTRIBUTES:
+                raise errors.InvalidAttributeName(f"Unknown Attribute {attr}.")
+        out = {
+            k: v for k, v in record.attributes.items() if everything or k in wanted
+        }
+        if everything or wanted & set(_COMPUTED_ATTRIBUTES[:3]):
+            counts = await self.store.counts(name, self._clock())
+            computed = {
+                "ApproximateNumberOfMessages": counts.visible,
+                "ApproximateNumberOfMessagesNotVisible": counts.in_flight,
+                "ApproximateNumberOfMessagesDelayed": counts.delayed,
+            }
+            out.update({k: str(v) for k, v in computed.items() if everything or k in wanted})
+        extra = {
+            "CreatedTimestamp": str(record.created_at // 1000),
+            "LastModifiedTimestamp": str(record.modified_at // 1000),
+            "QueueArn": self._arn(name),
+        }
+        out.update({k: v for k, v in extra.items() if everything or k in wanted})
+        return {"Attributes": out} if out else {}
+
+    async def set_queue_attributes(self, p: Mapping[str, Any], host: str) -> dict[str, Any]:
+        """SetQueueAttributes. Raises InvalidAttributeName/Value, QueueDoesNotExist."""
+        name = self._name(p)
+        queue = await self._queue(name, fresh=True)
+        attrs = await self._validate_attributes(
+            _str_map(p, "Attributes"), fifo=queue.fifo, create=False
+        )
+        await self.store.set_attributes(name, attrs, self._clock())
+        self._cache.pop(name, None)
+        return {}
+
+    async def purge_queue(self, p: Mapping[str, Any], host: str) -> dict[str, Any]:
+        """PurgeQueue. Raises QueueDoesNotExist."""
+        await self.store.purge(self._name(p))
+        return {}
+
+    # -- messages ----------------------------------------------------------
+
+    async def send_message(self, p: Mapping[str, Any], host: str) -> dict[str, Any]:
+        """SendMessage; answers only once the store has the message durably."""
+        queue = await self._queue(self._name(p))
+        now = self._clock()
+        new, reply = self._new_message(queue, p, now)
+        [result] = await self.store.send(queue.name, [new], now)
+        self.notifier.notify(queue.name)
+        reply["MessageId"] = result.message_id
+        if queue.fifo:
+            reply["SequenceNumber"] = _fifo_seq(result.seq)
+        return reply
+
+    async def send_message_batch(self, p: Mapping[str, Any], host: str) -> dict[str, Any]:
+        """SendMessageBatch: valid entries go to the store in one atomic call."""
+        queue = await self._queue(self._name(p))
+        entries = _entries(p)
+        total = sum(len(str(e.get("MessageBody", "")).encode()) for e in entries)
+        if total > MAX_MESSAGE_BYTES:
+            raise errors.BatchRequestTooLong(
+                f"Batch requests cannot be longer than {MAX_MESSAGE_BYTES} bytes; this one "
+                f"has {total} bytes of bodies."
+            )
+        now = self._clock()
+        failed: list[dict[str, Any]] = []
+        accepted: list[tuple[str, NewMessage, dict[str, Any]]] = []
+        for entry in entries:
+            try:
+                new, reply = self._new_message(queue, entry, now)
+            except errors.SqsError as exc:
+                failed.append(_failure(entry["Id"], exc))
+            else:
+                accepted.append((entry["Id"], new, reply))
+        successful = []
+        if accepted:
+            results = await self.store.send(queue.name, [a[1] for a in accepted], now)
+            self.notifier.notify(queue.name)
+            for (entry_id, _, reply), result in zip(accepted, results, strict=True):
+                reply = {"Id": entry_id, **reply, "MessageId": result.message_id}
+                if queue.fifo:
+                    reply["SequenceNumber"] = _fifo_seq(result.seq)
+                successful.append(reply)
+        return {"Successful": successful, "Failed": failed}
+
+    async def receive_message(self, p: Mapping[str, Any], host: str) -> dict[str, Any]:
+        """ReceiveMessage with long polling (WaitTimeSeconds <= 20)."""
+        name = self._name(p)
+        max_messages = _opt_int(p, "MaxNumberOfMessages", 1, MAX_BATCH) or 1
+        visibility = _opt_int(p, "VisibilityTimeout", 0, MAX_VISIBILITY_SECONDS)
+        wait = _opt_int(p, "WaitTimeSeconds", 0, MAX_WAIT_SECONDS)
+        system = set(_str_list(p, "AttributeNames") or []) | set(
+            _str_list(p, "MessageSystemAttributeNames") or []
+        )
+        wanted_attrs = _str_list(p, "MessageAttributeNames") or []
+        _opt_str(p, "ReceiveRequestAttemptId")
+        queue = await self._queue(name)
+        if wait is None:
+            wait = queue.wait_seconds
+        vis_ms = queue.visibility_ms if visibility is None else visibility * 1000
+        deadline = self._clock() + wait * 1000
+        while True:
+            got = await self._receive_once(queue, max_messages, vis_ms)
+            remaining = deadline - self._clock()
+            if got or remaining <= 0:
+                break
+            await self.notifier.wait(name, min(self.store.poll_interval, remaining / 1000))
+        messages = [self._render(queue, r, system, wanted_attrs) for r in got]
+        return {"Messages": messages} if messages else {}
+
+    async def _receive_once(self, queue: _Queue, n: int, vis_ms: int) -> list[Received]:
+        now = self._clock()
+        spec = ReceiveSpec(
+            now=now,
+            max_messages=n,
+            visibility_ms=vis_ms,
+            k=queue.k,
+            fifo=queue.fifo,
+            token=f"{self._rng.getrandbits(64):016x}",
+            rand=tuple(self._rng.random() for _ in range(n)),
+        )
+        got = await self.store.receive(queue.name, spec)
+        if not queue.dead_letter or not got:
+            return got
+        keep, dead = [], []
+        for r in got:
+            (dead if r.receive_count > queue.max_receive_count else keep).append(r)
+        if dead:
+            await self._redrive(queue, dead, now)
+        return keep
+
+    async def _redrive(self, queue: _Queue, dead: list[Received], now: int) -> None:
+        assert queue.dead_letter is not None
+        moved = []
+        for r in dead:
+            data = json.loads(r.payload)
+            moved.append(
+                NewMessage(
+                    message_id=data["i"],
+                    payload=r.payload,
+                    visible_at=now,
+                    group_id=data.get("g"),
+                )
+            )
+        try:
+            await self.store.send(queue.dead_letter, moved, now)
+        except errors.QueueDoesNotExist:
+            # No dead-letter queue (deleted since): keep the messages where
+            # they are; they stay in flight and come back as usual.
+            return
+        self.notifier.notify(queue.dead_letter)
+        await self.store.delete(queue.name, [r.seq for r in dead])
+
+    def _render(
+        self, queue: _Queue, r: Received, system: set[str], wanted: Sequence[str]
+    ) -> dict[str, Any]:
+        data = json.loads(r.payload)
+        body: str = data["b"]
+        msg: dict[str, Any] = {
+            "MessageId": data["i"],
+            "ReceiptHandle": _handle(queue.name, r.seq, r.token),
+            "MD5OfBody": md5_of_body(body),
+            "Body": body,
+        }
+        everything = "All" in system
+        sysattrs = {
+            "SenderId": self.account_id,
+            "SentTimestamp": str(data["t"]),
+            "ApproximateReceiveCount": str(r.receive_count),
+            "ApproximateFirstReceiveTimestamp": str(r.first_receive_at),
+        }
+        if queue.fifo:
+            sysattrs["SequenceNumber"] = _fifo_seq(r.seq)
+            sysattrs["MessageGroupId"] = data.get("g") or ""
+            sysattrs["MessageDeduplicationId"] = data.get("d") or ""
+        if "s" in data:
+            sysattrs["AWSTraceHeader"] = data["s"]
+        picked = {k: v for k, v in sysattrs.items() if everything or k in system}
+        if picked:
+            msg["Attributes"] = picked
+        attrs: dict[str, Any] = data.get("a") or {}
+        if attrs and wanted:
+            chosen = {k: v for k, v in attrs.items() if _attr_wanted(k, wanted)}
+            if chosen:
+                msg["MessageAttributes"] = chosen
+                msg["MD5OfMessageAttributes"] = md5_of_message_attributes(chosen)
+        return msg
+
+    async def delete_message(self, p: Mapping[str, Any], host: str) -> dict[str, Any]:
+        """DeleteMessage. Raises ReceiptHandleIsInvalid, QueueDoesNotExist."""
+        name = self._name(p)
+        seq, _ = _parse_handle(name, _str(p, "ReceiptHandle"))
+        await self.store.delete(name, [seq])
+        return {}
+
+    async def delete_message_batch(self, p: Mapping[str, Any], host: str) -> dict[str, Any]:
+        """DeleteMessageBatch: valid handles are deleted in one store call."""
+        name = self._name(p)
+        failed, ok, seqs = [], [], []
+        for entry in _entries(p):
+            try:
+                seq, _ = _parse_handle(name, _str(entry, "ReceiptHandle"))
+            except errors.SqsError as exc:
+                failed.append(_failure(entry["Id"], exc))
+            else:
+                seqs.append(seq)
+                ok.append({"Id": entry["Id"]})
+        if seqs:
+            await self.store.delete(name, seqs)
+        else:
+            await self.store.get_queue(name)
+        return {"Successful": ok, "Failed": failed}
+
+    async def change_message_visibility(self, p: Mapping[str, Any], host: str) -> dict[str, Any]:
+        """ChangeMessageVisibility. Raises MessageNotInflight, ReceiptHandleIsInvalid."""
+        name = self._name(p)
+        await self._change(name, p)
+        return {}
+
+    async def change_message_visibility_batch(
+        self, p: Mapping[str, Any], host: str
+    ) -> dict[str, Any]:
+        """ChangeMessageVisibilityBatch; entries fail one by one."""
+        name = self._name(p)
+        entries = _entries(p)
+        await self.store.get_queue(name)
+        ok, failed = [], []
+        for entry in entries:
+            try:
+                await self._change(name, entry)
+            except errors.QueueDoesNotExist:
+                raise
+            except errors.SqsError as exc:
+                failed.append(_failure(entry["Id"], exc))
+            else:
+                ok.append({"Id": entry["Id"]})
+        return {"Successful": ok, "Failed": failed}
+
+    async def _change(self, name: str, p: Mapping[str, Any]) -> None:
+        seq, token = _parse_handle(name, _str(p, "ReceiptHandle"))
+        timeout = _int(p, "VisibilityTimeout", 0, MAX_VISIBILITY_SECONDS)
+        now = self._clock()
+        result = await self.store.change_visibility(name, seq, token, now + timeout * 1000, now)
+        if result is ChangeResult.NOT_FOUND:
+            raise errors.InvalidParameterValue(
+                "Value for parameter ReceiptHandle is invalid. Reason: Message does not exist "
+                "or is not available for visibility timeout change."
+            )
+        if result is ChangeResult.NOT_IN_FLIGHT:
+            raise errors.MessageNotInflight(
+                "The message is not in flight under this receipt handle."
+            )
+
+    # -- helpers -----------------------------------------------------------
+
+    def _name(self, p: Mapping[str, Any]) -> str:
+        url = _str(p, "QueueUrl")
+        name = url.rstrip("/").rsplit("/", 1)[-1]
+        if not (_QUEUE_NAME.fullmatch(name) or _FIFO_NAME.fullmatch(name)):
+            raise errors.QueueDoesNotExist(f"The specified queue {url[:200]!r} does not exist.")
+        return name
+
+    def _arn(self, name: str) -> str:
+        return f"arn:aws:sqs:{self.region}:{self.account_id}:{name}"
+
+    async def _queue(self, name: str, *, fresh: bool = False) -> _Queue:
+        now = self._clock()
+        hit = self._cache.get(name)
+        if hit is not None and not fresh and now - hit[0] < ATTRIBUTE_CACHE_MS:
+            return hit[1]
+        queue = _Queue.from_record(await self.store.get_queue(name))
+        self._cache[name] = (now, queue)
+        return queue
+
+    async def _validate_attributes(
+        self, given: Mapping[str, str], *, fifo: bool, create: bool
+    ) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for key, value in given.items():
+            if key not in _SETTABLE:
+                raise errors.InvalidAttributeName(f"Unknown Attribute {key}.")
+            if key in _INT_ATTRIBUTES:
+                lo, hi = _INT_ATTRIBUTES[key]
+                if not (value.strip().lstrip("-").isdigit() and lo <= int(value) <= hi):
+                    raise errors.InvalidAttributeValue(
+                        f"Invalid value for the parameter {key}: must be an integer from "
+                        f"{lo} to {hi}."
+                    )
+                out[key] = str(int(value))
+            elif key in _BOOL_ATTRIBUTES:
+                if value.lower() not in ("true", "false"):
+                    raise errors.InvalidAttributeValue(
+                        f"Invalid value for the parameter {key}: must be true or false."
+                    )
+                out[key] = value.lower()
+            elif key == "RedrivePolicy":
+                out[key] = await self._validate_redrive(value, fifo)
+            else:
+                out[key] = value
+        if "FifoQueue" in out and not create:
+            raise errors.InvalidAttributeName("FifoQueue can only be set at creation.")
+        if not fifo and out.get("ContentBasedDeduplication") == "true":
+            raise errors.InvalidAttributeName(
+                "ContentBasedDeduplication is only valid for FIFO queues."
+            )
+        return out
+
+    async def _validate_redrive(self, value: str, fifo: bool) -> str:
+        try:
+            policy = json.loads(value)
+            arn = str(policy["deadLetterTargetArn"])
+            max_receives = int(policy["maxReceiveCount"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise errors.InvalidAttributeValue(
+                "Invalid value for the parameter RedrivePolicy: expected JSON with "
+                "deadLetterTargetArn and maxReceiveCount."
+            ) from exc
+        if not 1 <= max_receives <= 1000:
+            raise errors.InvalidAttributeValue(
+                "Invalid value for the parameter RedrivePolicy: maxReceiveCount must be "
+                "from 1 to 1000."
+            )
+        target = arn.rsplit(":", 1)[-1]
+        try:
+            dlq = _Queue.from_record(await self.store.get_queue(target))
+        except errors.QueueDoesNotExist as exc:
+            raise errors.InvalidAttributeValue(
+                f"Invalid value for the parameter RedrivePolicy: dead-letter target {arn!r} "
+                "does not exist."
+            ) from exc
+        if dlq.fifo != fifo:
+            raise errors.InvalidAttributeValue(
+                "Invalid value for the parameter RedrivePolicy: a queue and its dead-letter "
+                "queue must both be FIFO or both standard."
+            )
+        return json.dumps({"deadLetterTargetArn": arn, "maxReceiveCount": max_receives})
+
+    def _new_message(
+        self, queue: _Queue, p: Mapping[str, Any], now: int
+    ) -> tuple[NewMessage, dict[str, Any]]:
+        body = _str(p, "MessageBody")
+        if not body:
+            raise errors.MissingParameter("The request must contain the parameter MessageBody.")
+        bad = _BAD_BODY_CHAR.search(body)
+        if bad:
+            raise errors.InvalidMessageContents(
+                f"Invalid binary character '#x{ord(bad.group()):x}' was found in the message "
+                "body; the set of allowed characters is #x9 | #xA | #xD | #x20 to #xD7FF | "
+                "#xE000 to #xFFFD | #x10000 to #x10FFFF."
+            )
+        attrs = _message_attributes(p, "MessageAttributes")
+        system = _message_attributes(p, "MessageSystemAttributes")
+        if set(system) - {"AWSTraceHeader"}:
+            raise errors.InvalidParameterValue(
+                "Only AWSTraceHeader may be given as a message system attribute."
+            )
+        size = len(body.encode()) + _attributes_size(attrs)
+        if size > queue.max_size:
+            raise errors.InvalidParameterValue(
+                f"One or more parameters are invalid. Reason: Message must be shorter than "
+                f"{queue.max_size} bytes (this one is {size} bytes with its attributes)."
+            )
+        delay = _opt_int(p, "DelaySeconds", 0, MAX_DELAY_SECONDS)
+        group = _opt_str(p, "MessageGroupId")
+        dedup = _opt_str(p, "MessageDeduplicationId")
+        if queue.fifo:
+            if delay is not None:
+                raise errors.InvalidParameterValue(
+                    "Value for parameter DelaySeconds is invalid. Reason: The request include "
+                    "parameter that is not valid for this queue type (per-message delay on a "
+                    "FIFO queue)."
+                )
+            if group is None:
+                raise errors.MissingParameter(
+                    "The request must contain the parameter MessageGroupId."
+                )
+            if dedup is None:
+                if not queue.content_dedup:
+                    raise errors.InvalidParameterValue(
+                        "The queue should either have ContentBasedDeduplication enabled or "
+                        "MessageDeduplicationId provided explicitly."
+                    )
+                dedup = hashlib.sha256(body.encode()).hexdigest()
+            for label, value in (("MessageGroupId", group), ("MessageDeduplicationId", dedup)):
+                if not _DEDUP_ID.fullmatch(value):
+                    raise errors.InvalidParameterValue(
+                        f"Value for parameter {label} is invalid: 1 to 128 printable ASCII "
+                        "characters."
+                    )
+        elif dedup is not None:
+            raise errors.InvalidParameterValue(
+                "MessageDeduplicationId is only valid for FIFO queues."
+            )
+        else:
+            # A standard queue ignores MessageGroupId (SQS fair queues use it
+            # only for scheduling).
+            group = None
+        visible_at = now + (queue.delay_ms if delay is None else delay * 1000)
+        message_id = str(uuid.UUID(int=self._rng.getrandbits(128), version=4))
+        data: dict[str, Any] = {"i": message_id, "b": body, "t": now}
+        if attrs:
+            data["a"] = attrs
+        if system:
+            data["s"] = system["AWSTraceHeader"].get("StringValue", "")
+        if group is not None:
+            data["g"] = group
+        if dedup is not None:
+            data["d"] = dedup
+        reply: dict[str, Any] = {"MD5OfMessageBody": md5_of_body(body)}
+        if attrs:
+            reply["MD5OfMessageAttributes"] = md5_of_message_attributes(attrs)
+        if system:
+            reply["MD5OfMessageSystemAttributes"] = md5_of_message_attributes(system)
+        new = NewMessage(
+            message_id=message_id,
+            payload=json.dumps(data, separators=(",", ":")),
+            visible_at=visible_at,
+            group_id=group,
+            dedup_id=dedup,
+            dedup_until=now + DEDUP_WINDOW_MS,
+        )
+        return new, reply
+
+
+# -- parameter parsing (each raises an SqsError that says what was wrong) -----
+
+
+def _str(p: Mapping[str, Any], key: str) -> str:
+    value = p.get(key)
+    if value is None:
+        raise errors.MissingParameter(f"The request must contain the parameter {key}.")
+    if not isinstance(value, str):
+        raise errors.InvalidParameterValue(f"Value for parameter {key} must be a string.")
+    return value
+
+
+def _opt_str(p: Mapping[str, Any], key: str) -> str | None:
+    return None if p.get(key) is None else _str(p, key)
+
+
+def _int(p: Mapping[str, Any], key: str, lo: int, hi: int) -> int:
+    value = p.get(key)
+    if value is None:
+        raise errors.MissingParameter(f"The request must contain the parameter {key}.")
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise errors.InvalidParameterValue(f"Value for parameter {key} must be an integer.")
+    if not lo <= value <= hi:
+        raise errors.InvalidParameterValue(
+            f"Value {value} for parameter {key} is invalid. Reason: must be between {lo} "
+            f"and {hi}."
+        )
+    return value
+
+
+def _opt_int(p: Mapping[str, Any], key: str, lo: int, hi: int) -> int | None:
+    return None if p.get(key) is None else _int(p, key, lo, hi)
+
+
+def _str_list(p: Mapping[str, Any], key: str) -> list[str] | None:
+    value = p.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise errors.InvalidParameterValue(f"Value for parameter {key} must be a list of strings.")
+    return value
+
+
+def _str_map(p: Mapping[str, Any], key: str) -> dict[str, str]:
+    value = p.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise errors.InvalidParameterValue(
+            f"Value for parameter {key} must be a map of strings to strings."
+        )
+    return value
+
+
+def _entries(p: Mapping[str, Any]) -> list[dict[str, Any]]:
+    entries = p.get("Entries")
+    if entries is None or entries == []:
+        raise errors.EmptyBatchRequest("There should be at least one entry in the request.")
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise errors.InvalidParameterValue("Value for parameter Entries must be a list of objects.")
+    if len(entries) > MAX_BATCH:
+        raise errors.TooManyEntriesInBatchRequest(
+            f"Maximum number of entries per request are {MAX_BATCH}. You have sent "
+            f"{len(entries)}."
+        )
+    ids = []
+    for e in entries:
+        entry_id = e.get("Id")
+        if not isinstance(entry_id, str) or not _BATCH_ID.fullmatch(entry_id):
+            raise errors.InvalidBatchEntryId(
+                "A batch entry id can only contain alphanumeric characters, hyphens and "
+                "underscores. It can be at most 80 letters long."
+            )
+        ids.append(entry_id)
+    if len(set(ids)) != len(ids):
+        raise errors.BatchEntryIdsNotDistinct("Two or more batch entries have the same Id.")
+    return entries
+
+
+def _failure(entry_id: str, exc: errors.SqsError) -> dict[str, Any]:
+    return {
+        "Id": entry_id,
+        "SenderFault": exc.sender_fault,
+        "Code": exc.query_code,
+        "Message": exc.message,
+    }
+
+
+def _message_attributes(p: Mapping[str, Any], key: str) -> dict[str, dict[str, str]]:
+    value = p.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise errors.InvalidParameterValue(f"Value for parameter {key} must be a map.")
+    if len(value) > MAX_MESSAGE_ATTRIBUTES:
+        raise errors.InvalidParameterValue(
+            f"Number of message attributes [{len(value)}] exceeds the allowed maximum "
+            f"[{MAX_MESSAGE_ATTRIBUTES}]."
+        )
+    out: dict[str, dict[str, str]] = {}
+    for name, attr in value.items():
+        if (
+            not _ATTR_NAME.fullmatch(name)
+            or ".." in name
+            or name.startswith(".")
+            or name.endswith(".")
+            or name.lower().startswith(("aws.", "amazon."))
+        ):
+            raise errors.InvalidParameterValue(f"Message attribute name {name[:300]!r} is invalid.")
+        if not isinstance(attr, dict):
+            raise errors.InvalidParameterValue(f"Message attribute {name!r} must be an object.")
+        data_type = attr.get("DataType")
+        if not isinstance(data_type, str) or not _DATA_TYPE.fullmatch(data_type):
+            raise errors.InvalidParameterValue(
+                f"The message attribute {name!r} has an invalid DataType; use String, Number "
+                "or Binary, optionally with a .custom suffix."
+            )
+        if data_type.startswith("Binary"):
+            raw = attr.get("BinaryValue")
+            if not isinstance(raw, str):
+                raise errors.InvalidParameterValue(
+                    f"The message attribute {name!r} of type Binary needs a BinaryValue."
+                )
+            try:
+                base64.b64decode(raw, validate=True)
+            except (binascii.Error, ValueError) as exc:
+                raise errors.InvalidParameterValue(
+                    f"The BinaryValue of message attribute {name!r} is not base64."
+                ) from exc
+            out[name] = {"DataType": data_type, "BinaryValue": raw}
+        else:
+            text = attr.get("StringValue")
+            if not isinstance(text, str) or not text:
+                raise errors.InvalidParameterValue(
+                    f"The message attribute {name!r} of type {data_type} needs a non-empty "
+                    "StringValue."
+                )
+            if _BAD_BODY_CHAR.search(text):
+                raise errors.InvalidParameterValue(
+                    f"The message attribute {name!r} has characters SQS does not allow."
+                )
+            if data_type.startswith("Number") and not (
+                _NUMBER.fullmatch(text) and len(text.lstrip("+-")) <= 40
+            ):
+                raise errors.InvalidParameterValue(
+                    f"The message attribute {name!r} of type Number has the non-numeric "
+                    f"value {text[:50]!r}."
+                )
+            out[name] = {"DataType": data_type, "StringValue": text}
+    return out
+
+
+def _attributes_size(attrs: Mapping[str, Mapping[str, str]]) -> int:
+    size = 0
+    for name, attr in attrs.items():
+        size += len(name.encode()) + len(attr["DataType"].encode())
+        if "BinaryValue" in attr:
+            size += len(base64.b64decode(attr["BinaryValue"]))
+        else:
+            size += len(attr["StringValue"].encode())
+    return size
+
+
+def _attr_wanted(name: str, wanted: Sequence[str]) -> bool:
+    for w in wanted:
+        if w in ("All", ".*") or w == name:
+            return True
+        if w.endswith(".*") and name.startswith(w[:-1]):
+            return True
+    return False
+
+
+def _fifo_seq(seq: int) -> str:
+    return f"{seq:020d}"
+
+
+def _handle(name: str, seq: int, token: str) -> str:
+    raw = f"{name}\n{seq}\n{token}".encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _parse_handle(name: str, handle: str) -> tuple[int, str]:
+    """Sequence number and token of a receipt handle. Raises ReceiptHandleIsInvalid."""
+    try:
+        raw = base64.urlsafe_b64decode(handle + "=" * (-len(handle) % 4)).decode()
+        queue, seq, token = raw.split("\n")
+        if queue != name or not token:
+            raise ValueError("handle of another queue")
+        return int(seq), token
+    except (ValueError, binascii.Error) as exc:
+        raise errors.ReceiptHandleIsInvalid(
+            f"The input receipt handle {handle[:100]!r} is not a valid receipt handle for "
+            "this queue."
+        ) from exc

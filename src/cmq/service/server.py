@@ -1,0 +1,79 @@
+"""Running nodes: build the app from a config and serve it with uvicorn.
+
+With ``workers > 1`` uvicorn's supervisor starts that many processes on one
+listening socket; each rebuilds the app from the config passed in the
+environment (:data:`CONFIG_ENV`), since the processes are spawned.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+
+import uvicorn
+from uvicorn.supervisors import Multiprocess
+
+from cmq.service.app import SqsApp
+from cmq.service.config import ServiceConfig, StoreConfig
+from cmq.service.store import open_store
+
+__all__ = ["CONFIG_ENV", "app_from_env", "build_app", "serve"]
+
+CONFIG_ENV = "CMQ_SERVE_CONFIG"
+
+
+def build_app(config: ServiceConfig) -> SqsApp:
+    """The ASGI app of one node."""
+    return SqsApp(
+        open_store(config.store),
+        region=config.region,
+        account_id=config.account_id,
+        max_request_bytes=config.max_request_bytes,
+    )
+
+
+def app_from_env() -> SqsApp:
+    """App factory for worker processes: the config comes from CMQ_SERVE_CONFIG."""
+    raw = json.loads(os.environ[CONFIG_ENV])
+    store = StoreConfig(**{**raw.pop("store"), "nodes": ()})
+    nodes = tuple(tuple(n) for n in raw.pop("nodes"))
+    store = dataclasses.replace(store, nodes=nodes)  # type: ignore[arg-type]
+    return build_app(ServiceConfig(store=store, **raw))
+
+
+def serve(config: ServiceConfig) -> None:
+    """Serve until interrupted. Prints ``listening on http://HOST:PORT`` once bound.
+
+    Raises OSError when the address cannot be bound.
+    """
+    common: dict[str, object] = {
+        "host": config.host,
+        "port": config.port,
+        "log_level": "warning",
+        "access_log": False,
+        "lifespan": "on",
+        # Idle keep-alive connections of load generators stay open.
+        "timeout_keep_alive": 60,
+    }
+    if config.workers == 1:
+        uv = uvicorn.Config(build_app(config), **common)  # type: ignore[arg-type]
+    else:
+        raw = dataclasses.asdict(config)
+        raw["nodes"] = raw["store"].pop("nodes")
+        os.environ[CONFIG_ENV] = json.dumps(raw)
+        uv = uvicorn.Config(
+            "cmq.service.server:app_from_env",
+            factory=True,
+            workers=config.workers,
+            **common,  # type: ignore[arg-type]
+        )
+    sock = uv.bind_socket()
+    host, port = sock.getsockname()[:2]
+    print(f"listening on http://{host}:{port}", flush=True)
+    sys.stdout.flush()
+    if config.workers == 1:
+        uvicorn.Server(uv).run(sockets=[sock])
+    else:
+        Multiprocess(uv, target=uvicorn.Server(uv).run, sockets=[sock]).run()

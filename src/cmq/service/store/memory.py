@@ -1,0 +1,165 @@
+"""The in-memory store: the reference semantics and the test fake.
+
+Single process only (``cmq serve --store memory:`` with one worker). Every
+method runs without awaiting, so each is atomic under asyncio.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from cmq.service.errors import QueueDoesNotExist
+from cmq.service.model import (
+    ChangeResult,
+    NewMessage,
+    QueueCounts,
+    QueueRecord,
+    Received,
+    ReceiveSpec,
+    SendResult,
+)
+from cmq.service.ordering import fifo_picks, standard_picks
+from cmq.service.store.base import Store
+
+__all__ = ["MemoryStore"]
+
+
+@dataclass(slots=True)
+class _Message:
+    payload: str
+    group_id: str | None
+    visible_at: int
+    receive_count: int = 0
+    first_receive_at: int = 0
+    token: str = ""
+
+
+@dataclass(slots=True)
+class _Queue:
+    record: QueueRecord
+    next_seq: int = 1
+    # Insertion order is sequence order (dicts keep it), which is the
+    # queue's sequence index.
+    messages: dict[int, _Message] = dataclasses.field(default_factory=dict)
+    dedup: dict[str, tuple[str, int, int]] = dataclasses.field(default_factory=dict)
+
+
+class MemoryStore(Store):
+    """Queues in a dict; lost when the process ends."""
+
+    def __init__(self) -> None:
+        self._queues: dict[str, _Queue] = {}
+
+    def _queue(self, name: str) -> _Queue:
+        try:
+            return self._queues[name]
+        except KeyError:
+            raise QueueDoesNotExist(f"The specified queue {name} does not exist.") from None
+
+    async def create_queue(self, record: QueueRecord) -> tuple[QueueRecord, bool]:
+        existing = self._queues.get(record.name)
+        if existing is not None:
+            return existing.record, False
+        self._queues[record.name] = _Queue(record)
+        return record, True
+
+    async def get_queue(self, name: str) -> QueueRecord:
+        return self._queue(name).record
+
+    async def list_queues(self, prefix: str) -> list[str]:
+        return sorted(n for n in self._queues if n.startswith(prefix))
+
+    async def delete_queue(self, name: str) -> None:
+        self._queue(name)
+        del self._queues[name]
+
+    async def set_attributes(self, name: str, attributes: Mapping[str, str], now: int) -> None:
+        q = self._queue(name)
+        q.record = dataclasses.replace(
+            q.record, attributes={**q.record.attributes, **attributes}, modified_at=now
+        )
+
+    async def counts(self, name: str, now: int) -> QueueCounts:
+        visible = in_flight = delayed = 0
+        for m in self._queue(name).messages.values():
+            if m.visible_at <= now:
+                visible += 1
+            elif m.receive_count:
+                in_flight += 1
+            else:
+                delayed += 1
+        return QueueCounts(visible=visible, in_flight=in_flight, delayed=delayed)
+
+    async def send(self, name: str, messages: Sequence[NewMessage], now: int) -> list[SendResult]:
+        q = self._queue(name)
+        results = []
+        for new in messages:
+            if new.dedup_id is not None:
+                seen = q.dedup.get(new.dedup_id)
+                if seen is not None and seen[2] > now:
+                    results.append(SendResult(message_id=seen[0], seq=seen[1], duplicate=True))
+                    continue
+            seq = q.next_seq
+            q.next_seq += 1
+            q.messages[seq] = _Message(new.payload, new.group_id, new.visible_at)
+            if new.dedup_id is not None:
+                q.dedup[new.dedup_id] = (new.message_id, seq, new.dedup_until)
+            results.append(SendResult(message_id=new.message_id, seq=seq))
+        return results
+
+    async def receive(self, name: str, spec: ReceiveSpec) -> list[Received]:
+        q = self._queue(name)
+        now = spec.now
+        if spec.fifo:
+            picks = fifo_picks(
+                ((s, m.group_id, m.visible_at <= now) for s, m in q.messages.items()),
+                spec.max_messages,
+            )
+        else:
+            want = spec.k + spec.max_messages - 1
+            visible: list[int] = []
+            for s, m in q.messages.items():
+                if m.visible_at <= now:
+                    visible.append(s)
+                    if len(visible) >= want:
+                        break
+            picks = standard_picks(visible, spec.k, spec.max_messages, spec.rand)
+        out = []
+        for seq in picks:
+            m = q.messages[seq]
+            m.receive_count += 1
+            if m.receive_count == 1:
+                m.first_receive_at = now
+            m.visible_at = now + spec.visibility_ms
+            m.token = spec.token
+            out.append(
+                Received(
+                    seq=seq,
+                    payload=m.payload,
+                    receive_count=m.receive_count,
+                    first_receive_at=m.first_receive_at,
+                    token=spec.token,
+                )
+            )
+        return out
+
+    async def delete(self, name: str, seqs: Sequence[int]) -> None:
+        q = self._queue(name)
+        for seq in seqs:
+            q.messages.pop(seq, None)
+
+    async def change_visibility(
+        self, name: str, seq: int, token: str, visible_at: int, now: int
+    ) -> ChangeResult:
+        m = self._queue(name).messages.get(seq)
+        if m is None:
+            return ChangeResult.NOT_FOUND
+        if m.token != token or m.visible_at <= now:
+            return ChangeResult.NOT_IN_FLIGHT
+        m.visible_at = visible_at
+        return ChangeResult.OK
+
+    async def purge(self, name: str) -> None:
+        self._queue(name).messages.clear()
