@@ -1,0 +1,480 @@
+"""The sans-IO broker: declarations, errors, overflow, consumers, all in virtual time."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+
+from cmq import ConfigError
+from cmq.routing._core import Address, BrokerConfig, BrokerCore, Outgoing
+from cmq.routing._protocol import (
+    DELIVERY_MAILBOX,
+    REPLY_MAILBOX,
+    Ack,
+    Bind,
+    Cancel,
+    Consume,
+    ConsumerSpec,
+    DeclareExchange,
+    DeclareQueue,
+    DeleteExchange,
+    DeleteQueue,
+    ErrorCode,
+    GetStats,
+    Heartbeat,
+    Publish,
+    PurgeQueue,
+    Unbind,
+    decode,
+    encode,
+)
+
+PUB: Address = ("127.0.0.1", 1000)
+C1: Address = ("127.0.0.1", 2001)
+C2: Address = ("127.0.0.1", 2002)
+
+
+class Harness:
+    """A broker core, a virtual clock and helpers that speak its protocol."""
+
+    def __init__(self, **config: Any) -> None:
+        self.core = BrokerCore(BrokerConfig(**config))
+        self.now = 0.0
+        self._rid = itertools.count(1)
+        self.deliveries: dict[tuple[Address, str], list[list[Any]]] = {}
+        self.cancelled: list[tuple[Address, list[Any]]] = []
+        self.unsolicited: list[list[Any]] = []
+
+    def advance(self, dt: float) -> None:
+        self.now += dt
+        deadline = self.core.next_deadline()
+        if deadline is not None and deadline <= self.now:
+            self.core.handle_timer(self.now)
+        self.collect()
+
+    def collect(self) -> list[Outgoing]:
+        out = self.core.messages_to_send()
+        for o in out:
+            if o.mailbox == DELIVERY_MAILBOX:
+                if o.payload[0] == "d":
+                    self.deliveries.setdefault((o.dest, o.payload[1]), []).extend(o.payload[2])
+                else:
+                    self.cancelled.append((o.dest, o.payload))
+            elif o.payload[1] == 0:
+                self.unsolicited.append(o.payload)
+        return out
+
+    def send(self, event: Any, sender: Address = PUB) -> list[Any] | None:
+        """Feed ``event`` through the wire encoding; return its reply, if any."""
+        self.core.receive(encode(event), sender, self.now)
+        replies = [o.payload for o in self.collect() if o.mailbox == REPLY_MAILBOX and o.payload[1]]
+        assert len(replies) <= 1
+        return replies[0] if replies else None
+
+    def ok(self, make: Any, sender: Address = PUB, **fields: Any) -> Any:
+        reply = self.send(make(rid=next(self._rid), **fields), sender)
+        assert reply is not None and reply[0] == "ok", reply
+        return reply[2]
+
+    def err(self, make: Any, sender: Address = PUB, **fields: Any) -> tuple[str, str]:
+        reply = self.send(make(rid=next(self._rid), **fields), sender)
+        assert reply is not None and reply[0] == "err", reply
+        return reply[2], reply[3]
+
+    def queue(self, name: str, max_length: int = 1000, overflow: str = "drop-new") -> Any:
+        return self.ok(DeclareQueue, name=name, max_length=max_length, overflow=overflow)
+
+    def publish(
+        self, exchange: str, key: str, body: Any, confirm: bool = False
+    ) -> list[Any] | None:
+        rid = next(self._rid) if confirm else 0
+        return self.send(Publish(rid=rid, exchange=exchange, routing_key=key, body=body))
+
+    def consume(
+        self,
+        queue: str,
+        tag: str = "t",
+        sender: Address = C1,
+        prefetch: int = 0,
+        no_ack: bool = False,
+    ) -> Any:
+        return self.ok(Consume, sender, tag=tag, queue=queue, prefetch=prefetch, no_ack=no_ack)
+
+    def got(self, sender: Address = C1, tag: str = "t") -> list[Any]:
+        return [d[3] for d in self.deliveries.get((sender, tag), [])]
+
+    def queue_stats(self, name: str) -> Any:
+        (q,) = [q for q in self.core.stats().per_queue if q.name == name]
+        return q
+
+
+# -- declarations ---------------------------------------------------------------
+
+
+def test_declarations_are_idempotent() -> None:
+    h = Harness()
+    assert h.ok(DeclareExchange, name="x", type="topic") == {"created": True}
+    assert h.ok(DeclareExchange, name="x", type="topic") == {"created": False}
+    assert h.queue("q")["created"] is True
+    assert h.queue("q")["created"] is False
+    assert h.ok(Bind, queue="q", exchange="x", key="a.*") == {"created": True}
+    assert h.ok(Bind, queue="q", exchange="x", key="a.*") == {"created": False}
+    assert h.ok(Unbind, queue="q", exchange="x", key="a.*") == {"deleted": True}
+    assert h.ok(Unbind, queue="q", exchange="x", key="a.*") == {"deleted": False}
+    assert h.core.stats().exchanges == 2  # x and the default exchange
+
+
+# (request, fields, expected error code, text in the message)
+ERROR_TABLE = [
+    (
+        DeclareExchange,
+        {"name": "x", "type": "headers"},
+        ErrorCode.BAD_REQUEST,
+        "unknown exchange type 'headers'",
+    ),
+    (
+        DeclareExchange,
+        {"name": "x", "type": "fanout"},
+        ErrorCode.PRECONDITION_FAILED,
+        "exists with type 'direct'",
+    ),
+    (DeclareExchange, {"name": "", "type": "direct"}, ErrorCode.ACCESS_REFUSED, "reserved"),
+    (DeclareExchange, {"name": "amq.topic", "type": "topic"}, ErrorCode.ACCESS_REFUSED, "reserved"),
+    (
+        DeclareExchange,
+        {"name": "y" * 256, "type": "topic"},
+        ErrorCode.BAD_REQUEST,
+        "longer than 255",
+    ),
+    (
+        DeclareQueue,
+        {"name": "q", "max_length": 5, "overflow": "drop-new"},
+        ErrorCode.PRECONDITION_FAILED,
+        "max_length=10",
+    ),
+    (
+        DeclareQueue,
+        {"name": "q", "max_length": 10, "overflow": "reject"},
+        ErrorCode.PRECONDITION_FAILED,
+        "overflow='drop-new'",
+    ),
+    (
+        DeclareQueue,
+        {"name": "r", "max_length": 10, "overflow": "drop-everything"},
+        ErrorCode.BAD_REQUEST,
+        "unknown overflow policy",
+    ),
+    (
+        DeclareQueue,
+        {"name": "r", "max_length": 0, "overflow": "drop-new"},
+        ErrorCode.BAD_REQUEST,
+        "max_length must be >= 1",
+    ),
+    (
+        DeclareQueue,
+        {"name": "", "max_length": 10, "overflow": "drop-new"},
+        ErrorCode.ACCESS_REFUSED,
+        "reserved",
+    ),
+    (
+        Bind,
+        {"queue": "q", "exchange": "nope", "key": ""},
+        ErrorCode.NOT_FOUND,
+        "no exchange 'nope'",
+    ),
+    (Bind, {"queue": "nope", "exchange": "x", "key": ""}, ErrorCode.NOT_FOUND, "no queue 'nope'"),
+    (
+        Bind,
+        {"queue": "q", "exchange": "", "key": "q"},
+        ErrorCode.ACCESS_REFUSED,
+        "default exchange",
+    ),
+    (Unbind, {"queue": "q", "exchange": "nope", "key": ""}, ErrorCode.NOT_FOUND, "no exchange"),
+    (DeleteExchange, {"name": ""}, ErrorCode.ACCESS_REFUSED, "default exchange"),
+    (PurgeQueue, {"name": "nope"}, ErrorCode.NOT_FOUND, "no queue"),
+    (
+        Consume,
+        {"tag": "t", "queue": "nope", "prefetch": 0, "no_ack": False},
+        ErrorCode.NOT_FOUND,
+        "no queue",
+    ),
+]
+
+
+@pytest.mark.parametrize(("make", "fields", "code", "text"), ERROR_TABLE)
+def test_bad_requests_get_clear_errors_and_change_nothing(
+    make: Any, fields: dict[str, Any], code: str, text: str
+) -> None:
+    h = Harness()
+    h.ok(DeclareExchange, name="x", type="direct")
+    h.queue("q", max_length=10)
+    before = h.core.stats()
+    got_code, message = h.err(make, **fields)
+    assert got_code == code
+    assert text in message
+    assert h.core.stats() == before
+
+
+def test_malformed_payloads_are_counted_and_answered_when_possible() -> None:
+    h = Harness()
+    for junk in (None, 5, [], ["nope"], ["p", 0, "x"], ["bind", 7, 1, 2, 3], b"\x00"):
+        h.core.receive(junk, PUB, 0.0)
+    out = h.core.messages_to_send()
+    assert h.core.stats().malformed == 7
+    # Only the one that carried a request id got an answer.
+    assert [decode(o.payload).code for o in out] == [ErrorCode.BAD_REQUEST]  # type: ignore[union-attr]
+
+
+def test_resent_request_is_answered_from_cache_not_redone() -> None:
+    h = Harness()
+    h.queue("q")
+    req = Publish(rid=99, exchange="", routing_key="q", body=b"once")
+    first = h.send(req)
+    again = h.send(req)
+    assert first == again == ["ok", 99, {"routed": 1}]
+    assert h.queue_stats("q").ready == 1
+    assert h.core.stats().resent_requests == 1
+
+
+# -- routing through the broker -------------------------------------------------
+
+
+def test_default_exchange_routes_by_queue_name() -> None:
+    h = Harness()
+    h.queue("orders")
+    assert h.publish("", "orders", b"1", confirm=True) == ["ok", 1 + 1, {"routed": 1}]
+    assert h.publish("", "nobody", b"2", confirm=True)[2] == {"routed": 0}  # type: ignore[index]
+    s = h.core.stats()
+    assert (s.published, s.unroutable, s.enqueued) == (2, 1, 1)
+
+
+def test_topic_message_reaches_each_queue_once() -> None:
+    h = Harness()
+    h.ok(DeclareExchange, name="t", type="topic")
+    for q in ("a", "b"):
+        h.queue(q)
+    for q, key in [("a", "stock.#"), ("a", "stock.ibm.*"), ("b", "*.ibm.nyse"), ("b", "bond.#")]:
+        h.ok(Bind, queue=q, exchange="t", key=key)
+    assert h.publish("t", "stock.ibm.nyse", b"m", confirm=True)[2] == {"routed": 2}  # type: ignore[index]
+    assert (h.queue_stats("a").ready, h.queue_stats("b").ready) == (1, 1)
+
+
+def test_publish_to_unknown_exchange_is_an_error_even_unconfirmed() -> None:
+    h = Harness()
+    code, _ = h.err(Publish, exchange="nope", routing_key="k", body=1)
+    assert code == ErrorCode.NOT_FOUND
+    h.publish("nope", "k", 2)
+    assert h.unsolicited[-1][2] == ErrorCode.NOT_FOUND
+    assert h.core.stats().unroutable == 2
+
+
+def test_delete_exchange_and_queue() -> None:
+    h = Harness()
+    h.ok(DeclareExchange, name="f", type="fanout")
+    h.queue("q")
+    h.ok(Bind, queue="q", exchange="f", key="")
+    for i in range(3):
+        h.publish("f", "", i)
+    h.consume("q", prefetch=1)
+    assert h.ok(DeleteQueue, name="q") == {"deleted": True, "messages": 3}
+    assert h.cancelled and h.cancelled[0][1][0] == "x"
+    assert h.core.stats().purged == 3
+    assert h.publish("f", "", 9, confirm=True)[2] == {"routed": 0}  # type: ignore[index]
+    assert h.ok(DeleteExchange, name="f") == {"deleted": True}
+    assert h.ok(DeleteExchange, name="f") == {"deleted": False}
+    assert h.ok(DeleteQueue, name="q") == {"deleted": False, "messages": 0}
+
+
+# -- bounded queues ------------------------------------------------------------
+
+
+def test_overflow_drop_new() -> None:
+    h = Harness()
+    h.queue("q", max_length=2, overflow="drop-new")
+    for i in range(5):
+        assert h.publish("", "q", i, confirm=True)[0] == "ok"  # type: ignore[index]
+    h.consume("q")
+    assert h.got() == [0, 1]
+    assert h.queue_stats("q").dropped_new == 3
+    assert h.unsolicited == []
+
+
+def test_overflow_drop_old() -> None:
+    h = Harness()
+    h.queue("q", max_length=2, overflow="drop-old")
+    for i in range(5):
+        h.publish("", "q", i)
+    h.consume("q")
+    assert h.got() == [3, 4]
+    assert h.core.stats().dropped_old == 3
+
+
+def test_overflow_reject_tells_the_publisher() -> None:
+    h = Harness()
+    h.ok(DeclareExchange, name="f", type="fanout")
+    h.queue("small", max_length=1, overflow="reject")
+    h.queue("big", max_length=100)
+    for q in ("small", "big"):
+        h.ok(Bind, queue=q, exchange="f", key="")
+    assert h.publish("f", "", 0, confirm=True)[0] == "ok"  # type: ignore[index]
+    reply = h.publish("f", "", 1, confirm=True)
+    assert reply is not None and reply[:3] == ["err", reply[1], ErrorCode.QUEUE_FULL]
+    assert "small" in reply[3]
+    h.publish("f", "", 2)  # unconfirmed: told anyway, with rid 0
+    assert h.unsolicited[-1][:3] == ["err", 0, ErrorCode.QUEUE_FULL]
+    assert h.queue_stats("small").rejected == 2
+    assert h.queue_stats("big").ready == 3  # other queues still take it
+
+
+def test_every_message_is_accounted_for() -> None:
+    h = Harness()
+    h.ok(DeclareExchange, name="f", type="fanout")
+    for name, policy in (("n", "drop-new"), ("o", "drop-old"), ("r", "reject")):
+        h.queue(name, max_length=3, overflow=policy)
+        h.ok(Bind, queue=name, exchange="f", key="")
+    for i in range(10):
+        h.publish("f", "", i)
+    for name in "nor":
+        q = h.queue_stats(name)
+        assert q.enqueued - q.dropped_old == q.ready == 3
+        assert q.enqueued + q.dropped_new + q.rejected == 10
+
+
+# -- consumers -------------------------------------------------------------------
+
+
+def test_round_robin_and_prefetch_window() -> None:
+    h = Harness()
+    h.queue("q")
+    h.consume("q", tag="a", prefetch=2)
+    h.consume("q", tag="b", prefetch=2)
+    for i in range(6):
+        h.publish("", "q", i)
+    assert h.got(tag="a") == [0, 2]
+    assert h.got(tag="b") == [1, 3]
+    assert h.queue_stats("q").ready == 2
+    first = h.deliveries[(C1, "a")][0][0]
+    h.send(Ack(tag="a", delivery_tags=(first,)), C1)
+    assert h.got(tag="a") == [0, 2, 4]
+
+
+def test_deliveries_are_batched_per_consumer() -> None:
+    h = Harness(batch_count=4)
+    h.queue("q")
+    h.consume("q", no_ack=True)
+    for i in range(10):
+        h.core.receive(encode(Publish(rid=0, exchange="", routing_key="q", body=i)), PUB, 0.0)
+    out = h.core.messages_to_send()
+    assert [len(o.payload[2]) for o in out] == [4, 4, 2]
+    assert [d[3] for o in out for d in o.payload[2]] == list(range(10))
+
+
+def test_vanished_consumer_stops_receiving_and_messages_wait() -> None:
+    h = Harness(consumer_timeout=5.0)
+    h.queue("q")
+    h.consume("q", tag="t", sender=C1, prefetch=10)
+    h.publish("", "q", "in-flight")
+    assert h.got() == ["in-flight"]
+    h.advance(4.9)
+    assert h.core.stats().consumers == 1
+    h.advance(0.2)  # 5.1 s of silence
+    s = h.core.stats()
+    assert (s.consumers, s.consumers_expired) == (0, 1)
+    h.publish("", "q", "later")
+    assert h.got() == ["in-flight"]  # nothing more to the vanished consumer
+    assert h.queue_stats("q").ready == 2  # kept, including the unacked one
+    # It comes back: its heartbeat re-attaches it and it gets everything.
+    h.send(Heartbeat(consumers=(ConsumerSpec(tag="t", queue="q", prefetch=10, no_ack=False),)), C1)
+    got = h.deliveries[(C1, "t")]
+    assert [d[3] for d in got] == ["in-flight", "in-flight", "later"]
+    assert [d[4] for d in got] == [False, True, False]  # the redelivered flag
+    assert h.core.stats().consumers_reattached == 1
+
+
+def test_heartbeats_keep_a_consumer() -> None:
+    h = Harness(consumer_timeout=1.0)
+    h.queue("q")
+    h.consume("q")
+    spec = ConsumerSpec(tag="t", queue="q", prefetch=0, no_ack=False)
+    for _ in range(100):
+        h.advance(0.5)
+        h.send(Heartbeat(consumers=(spec,)), C1)
+    assert h.core.stats().consumers_expired == 0
+
+
+def test_lost_consumer_messages_go_to_the_others() -> None:
+    h = Harness(consumer_timeout=1.0)
+    h.queue("q")
+    h.consume("q", tag="a", sender=C1, prefetch=1)
+    h.consume("q", tag="b", sender=C2, prefetch=1)
+    for i in range(2):
+        h.publish("", "q", i)
+    spec_b = ConsumerSpec(tag="b", queue="q", prefetch=1, no_ack=False)
+    h.advance(0.6)
+    h.send(Heartbeat(consumers=(spec_b,)), C2)
+    h.send(Ack(tag="b", delivery_tags=(1,)), C2)
+    h.advance(0.6)  # a is silent for 1.2 s: its message 0 moves to b
+    assert h.got(sender=C2, tag="b") == [1, 0]
+
+
+def test_unacked_delivery_is_redelivered_after_ack_timeout() -> None:
+    h = Harness(consumer_timeout=100.0, ack_timeout=2.0)
+    h.queue("q")
+    h.consume("q", prefetch=5)
+    h.publish("", "q", "lost on the wire")
+    h.advance(1.0)
+    assert h.got() == ["lost on the wire"]
+    h.advance(1.5)
+    assert h.got() == ["lost on the wire"] * 2
+    s = h.queue_stats("q")
+    assert (s.redelivered, s.unacked) == (1, 1)
+    h.send(Ack(tag="t", delivery_tags=(1, 2)), C1)  # the first tag is stale now
+    assert h.core.stats().stale_acks == 1
+    assert h.queue_stats("q").unacked == 0
+
+
+def test_cancel_requeues_and_is_idempotent() -> None:
+    h = Harness()
+    h.queue("q")
+    h.consume("q", prefetch=3)
+    for i in range(3):
+        h.publish("", "q", i)
+    assert h.ok(Cancel, C1, tag="t") == {"cancelled": True}
+    assert h.ok(Cancel, C1, tag="t") == {"cancelled": False}
+    assert h.queue_stats("q").ready == 3
+
+
+def test_consumer_tag_in_use_on_another_queue() -> None:
+    h = Harness()
+    h.queue("q")
+    h.queue("r")
+    h.consume("q")
+    h.consume("q")  # the same again is fine
+    code, _ = h.err(Consume, C1, tag="t", queue="r", prefetch=0, no_ack=False)
+    assert code == ErrorCode.IN_USE
+
+
+def test_heartbeat_for_deleted_queue_cancels_consumer() -> None:
+    h = Harness()
+    h.send(
+        Heartbeat(consumers=(ConsumerSpec(tag="t", queue="gone", prefetch=0, no_ack=False),)), C1
+    )
+    assert h.cancelled == [(C1, ["x", "t", ErrorCode.NOT_FOUND, "no queue 'gone'"])]
+
+
+def test_stats_reply_is_plain_values() -> None:
+    h = Harness()
+    h.queue("q")
+    result = h.ok(GetStats)
+    assert result["queues"] == 1 and result["per_queue"][0]["name"] == "q"
+
+
+@pytest.mark.parametrize(
+    "config",
+    [{"consumer_timeout": 0}, {"ack_timeout": -1}, {"batch_count": 0}, {"reply_cache": -1}],
+)
+def test_config_is_validated(config: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError):
+        BrokerConfig(**config)

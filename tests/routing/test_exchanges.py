@@ -1,0 +1,230 @@
+"""Routing semantics: tables for the rules and edge cases, properties against a reference."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cmq import ConfigError
+from cmq.routing.exchanges import (
+    DirectExchange,
+    ExchangeType,
+    FanoutExchange,
+    TopicExchange,
+    make_exchange,
+    split_key,
+    topic_matches,
+)
+
+# (binding key, routing key, matches?) -- AMQP 0-9-1 topic rules, RabbitMQ's
+# reading of the empty key (zero words) and of empty words.
+TOPIC_TABLE = [
+    ("a.b.c", "a.b.c", True),
+    ("a.b.c", "a.b", False),
+    ("a.b.c", "a.b.c.d", False),
+    ("*", "a", True),
+    ("*", "", False),  # "" has zero words; * needs exactly one
+    ("*", "a.b", False),
+    ("*.b", "a.b", True),
+    ("*.b", "b", False),
+    ("a.*", "a.", True),  # "a." is "a" and an empty word
+    ("*.*", ".", True),
+    ("*", ".", False),
+    ("#", "", True),
+    ("#", "a", True),
+    ("#", "a.b.c", True),
+    ("#", ".", True),
+    ("a.#", "a", True),  # # takes zero words
+    ("a.#", "a.b.c", True),
+    ("a.#", "b.a", False),
+    ("#.a", "a", True),
+    ("#.a", "x.y.a", True),
+    ("#.a", "a.x", False),
+    ("a.#.b", "a.b", True),
+    ("a.#.b", "a.x.b", True),
+    ("a.#.b", "a.x.y.b", True),
+    ("a.#.b", "a.b.b", True),
+    ("a.#.b", "a.x", False),
+    ("a.#.b", "b.a.b", False),
+    ("#.#", "", True),
+    ("#.#", "a.b", True),
+    ("a.*.#", "a", False),
+    ("a.*.#", "a.b", True),
+    ("a.*.#", "a.b.c", True),
+    ("#.*", "", False),
+    ("#.*", "a", True),
+    ("*.#.*", "a", False),
+    ("*.#.*", "a.b", True),
+    ("a..b", "a..b", True),
+    ("a.*.b", "a..b", True),
+    ("a..b", "a.b", False),
+    ("", "", True),
+    ("", "a", False),
+    ("a", "", False),
+    ("stock.*.nyse", "stock.ibm.nyse", True),
+    ("stock.#", "stock.ibm.nyse", True),
+    ("*.ibm.*", "stock.ibm.nyse", True),
+    ("*.ibm.*", "ibm.nyse", False),
+]
+
+
+@pytest.mark.parametrize(("pattern", "key", "expected"), TOPIC_TABLE)
+def test_topic_table_reference(pattern: str, key: str, expected: bool) -> None:
+    assert topic_matches(pattern, key) is expected
+
+
+@pytest.mark.parametrize(("pattern", "key", "expected"), TOPIC_TABLE)
+def test_topic_table_trie(pattern: str, key: str, expected: bool) -> None:
+    ex = TopicExchange()
+    ex.bind("q", pattern)
+    assert set(ex.route(key)) == ({"q"} if expected else set())
+
+
+@pytest.mark.parametrize(
+    ("key", "words"),
+    [("", ()), ("a", ("a",)), ("a.b", ("a", "b")), (".", ("", "")), ("a..", ("a", "", ""))],
+)
+def test_split_key(key: str, words: tuple[str, ...]) -> None:
+    assert split_key(key) == words
+
+
+def test_direct_is_exact_and_deduplicated() -> None:
+    ex = DirectExchange()
+    assert ex.bind("q1", "k")
+    assert not ex.bind("q1", "k")  # idempotent
+    ex.bind("q2", "k")
+    ex.bind("q3", "other")
+    assert set(ex.route("k")) == {"q1", "q2"}
+    assert set(ex.route("K")) == set()
+    assert set(ex.route("")) == set()
+    assert len(ex) == 3
+
+
+def test_fanout_ignores_key_and_delivers_once() -> None:
+    ex = FanoutExchange()
+    ex.bind("q1", "a")
+    ex.bind("q1", "b")  # two bindings, one destination
+    ex.bind("q2")
+    assert sorted(ex.route("anything")) == ["q1", "q2"]
+    assert ex.unbind("q1", "a")
+    assert sorted(ex.route("")) == ["q1", "q2"]  # still bound by "b"
+    assert ex.unbind("q1", "b")
+    assert sorted(ex.route("")) == ["q2"]
+    assert not ex.unbind("q1", "b")
+
+
+def test_topic_queue_once_when_several_bindings_match() -> None:
+    ex = TopicExchange()
+    for pattern in ("a.b", "a.*", "#", "a.#", "*.b"):
+        ex.bind("q", pattern)
+    ex.bind("other", "x.#")
+    assert sorted(ex.route("a.b")) == ["q"]
+
+
+def test_unbind_queue_and_prune() -> None:
+    ex = TopicExchange()
+    ex.bind("q", "a.#.b")
+    ex.bind("q", "a.*")
+    ex.bind("r", "a.*")
+    assert ex.unbind_queue("q") == 2
+    assert ex.bindings()[0].queue == "r"
+    ex.unbind("r", "a.*")
+    assert ex._root.empty()  # the trie does not keep dead branches
+
+
+def test_make_exchange() -> None:
+    for t in ExchangeType:
+        assert make_exchange(t.value).type is t
+    with pytest.raises(ConfigError, match="unknown exchange type 'headers'"):
+        make_exchange("headers")
+
+
+# -- properties ----------------------------------------------------------------
+
+# Small alphabets so that random patterns and keys actually meet.
+words = st.sampled_from(["a", "b", "c", ""])
+keys = st.lists(words, max_size=5).map(".".join)
+pattern_words = st.sampled_from(["a", "b", "", "*", "#"])
+patterns = st.lists(pattern_words, max_size=5).map(".".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    bindings=st.lists(st.tuples(st.sampled_from(["q1", "q2", "q3"]), patterns), max_size=8),
+    key=keys,
+)
+def test_topic_trie_equals_reference(bindings: list[tuple[str, str]], key: str) -> None:
+    ex = TopicExchange()
+    for queue, pattern in bindings:
+        ex.bind(queue, pattern)
+    expected = {q for q, p in bindings if topic_matches(p, key)}
+    assert set(ex.route(key)) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    bindings=st.lists(st.tuples(st.sampled_from(["q1", "q2"]), patterns), max_size=8),
+    removed=st.lists(st.integers(min_value=0, max_value=7), max_size=8),
+    key=keys,
+)
+def test_topic_unbind_equals_never_bound(
+    bindings: list[tuple[str, str]], removed: list[int], key: str
+) -> None:
+    ex = TopicExchange()
+    for queue, pattern in bindings:
+        ex.bind(queue, pattern)
+    gone = {bindings[i] for i in removed if i < len(bindings)}
+    for queue, pattern in gone:
+        ex.unbind(queue, pattern)
+    fresh = TopicExchange()
+    for b in bindings:
+        if b not in gone:
+            fresh.bind(*b)
+    assert set(ex.route(key)) == set(fresh.route(key))
+
+
+@given(key=keys)
+def test_hash_alone_matches_everything(key: str) -> None:
+    assert topic_matches("#", key)
+
+
+@given(key=keys)
+def test_star_matches_exactly_one_word(key: str) -> None:
+    assert topic_matches("*", key) is (len(split_key(key)) == 1)
+
+
+@given(key=keys)
+def test_literal_pattern_is_direct(key: str) -> None:
+    topic, direct = TopicExchange(), DirectExchange()
+    for k in ("a", "a.b", "", ".", "a..b"):
+        topic.bind(k, k)
+        direct.bind(k, k)
+    assert set(topic.route(key)) == set(direct.route(key))
+
+
+def test_topic_work_independent_of_non_matching_bindings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trie carries the same live nodes whether 1 or 1024 bindings miss."""
+    import cmq.routing.exchanges as mod
+
+    live: list[int] = []
+    closure = mod._closure
+
+    def counting(nodes: set[object]) -> set[object]:
+        out = closure(nodes)  # type: ignore[arg-type]
+        live.append(len(out))
+        return out  # type: ignore[return-value]
+
+    monkeypatch.setattr(mod, "_closure", counting)
+    per_n = []
+    for n in (1, 1024):
+        ex = TopicExchange()
+        ex.bind("hit", "stock.ibm.*")
+        ex.bind("hit", "#.nyse")
+        for i in range(n):
+            ex.bind(f"miss{i}", f"stock.other{i}.nyse")
+            ex.bind(f"miss{i}", f"bond.{i}.#")
+        live.clear()
+        assert set(ex.route("stock.ibm.nyse")) == {"hit"}
+        per_n.append(sum(live))
+    assert per_n[0] == per_n[1]
