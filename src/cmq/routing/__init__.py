@@ -1,1 +1,53 @@
-"""AMQP-style routing on cmq: exchanges, a broker, and its client."""
+"""AMQP-style routing on cmq: exchanges, a broker, and its client.
+
+- :mod:`cmq.routing.exchanges`: pure matching (direct, fanout, topic trie).
+- :class:`BrokerCore`: the whole broker as a sans-IO object (``now`` passed in).
+- :class:`Broker`: that core served on a cmq endpoint (``cmq broker --port P``).
+- :class:`BrokerClient`: ``declare_exchange``, ``declare_queue``, ``bind``,
+  ``unbind``, ``publish``, ``consume`` (a :class:`Consumer`, iterable sync or
+  async).
+
+Delivery guarantee: at least once for consumers that acknowledge (the
+default), at most once with ``no_ack``. See :mod:`cmq.routing._core`.
+"""
+
+from __future__ import annotations
+
+from cmq.routing._client import DEFAULT_MAX_LENGTH, DEFAULT_PREFETCH, BrokerClient, Consumer
+from cmq.routing._core import BrokerConfig, BrokerCore, BrokerStats, Outgoing, Overflow, QueueStats
+from cmq.routing._protocol import Delivery, ErrorCode
+from cmq.routing._server import Broker
+from cmq.routing.exchanges import (
+    Binding,
+    DirectExchange,
+    Exchange,
+    ExchangeType,
+    FanoutExchange,
+    TopicExchange,
+    make_exchange,
+    topic_matches,
+)
+
+__all__ = [
+    "DEFAULT_MAX_LENGTH",
+    "DEFAULT_PREFETCH",
+    "Binding",
+    "Broker",
+    "BrokerClient",
+    "BrokerConfig",
+    "BrokerCore",
+    "BrokerStats",
+    "Consumer",
+    "Delivery",
+    "DirectExchange",
+    "ErrorCode",
+    "Exchange",
+    "ExchangeType",
+    "FanoutExchange",
+    "Outgoing",
+    "Overflow",
+    "QueueStats",
+    "TopicExchange",
+    "make_exchange",
+    "topic_matches",
+]

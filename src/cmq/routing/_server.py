@@ -1,0 +1,141 @@
+"""The broker driver: :class:`BrokerCore` on a real cmq endpoint and clock.
+
+Theory of operation
+-------------------
+One loop, one thread: wait for a message on ``BROKER_MAILBOX`` (at most until
+the core's next deadline), take it and everything else already waiting (up
+to ``_DRAIN``), fire the core's timer if due, then push what the core wants
+sent and flush once. Taking many messages per turn is what makes deliveries
+leave in batches under load, while an idle broker answers each request at
+once. The core is guarded by a lock only so that :meth:`Broker.stats` may be
+called from another thread.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Final
+
+from cmq._errors import CmqError, Timeout
+from cmq.routing._client import Endpoint, check_codec
+from cmq.routing._core import Address, BrokerConfig, BrokerCore, BrokerStats
+from cmq.routing._protocol import BROKER_MAILBOX
+
+__all__ = ["Broker"]
+
+# Messages taken per turn before sending: large enough to batch, small enough
+# that deliveries and timers are not starved by a flood of publishes.
+_DRAIN: Final = 2048
+# Longest wait per turn, so that close() is noticed promptly.
+_MAX_WAIT: Final = 0.1
+
+
+class Broker:
+    """A broker serving on ``host:port`` (``port=0``: an ephemeral port).
+
+    ``serve_forever()`` runs it in this thread; ``start()`` in a daemon
+    thread. ``close()`` stops it and closes the endpoint if it is its own.
+
+    Raises:
+        ConfigError: a bad option.
+        TransportError: the port is in use.
+    """
+
+    def __init__(
+        self,
+        *,
+        port: int = 0,
+        host: str = "127.0.0.1",
+        config: BrokerConfig | None = None,
+        endpoint: Endpoint | None = None,
+    ) -> None:
+        self.core = BrokerCore(config)
+        if endpoint is None:
+            from cmq.net import Queue
+
+            endpoint = Queue(port=port, host=host, codec="msgpack")
+            self._owns_endpoint = True
+        else:
+            check_codec(endpoint)
+            self._owns_endpoint = False
+        self.endpoint: Endpoint = endpoint
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.send_errors = 0
+
+    @property
+    def address(self) -> Address:
+        """Where clients reach the broker (a wildcard host is given as 127.0.0.1)."""
+        host, port = self.endpoint.address[:2]
+        return ("127.0.0.1" if host in ("0.0.0.0", "::") else host, port)
+
+    def stats(self) -> BrokerStats:
+        """A snapshot of the broker's counters."""
+        with self._lock:
+            return self.core.stats()
+
+    def serve_forever(self) -> None:
+        """Serve until :meth:`close` is called (from another thread or a signal)."""
+        ep, core, stop = self.endpoint, self.core, self._stop
+        while not stop.is_set():
+            deadline = core.next_deadline()
+            now = time.monotonic()
+            wait = _MAX_WAIT if deadline is None else min(_MAX_WAIT, max(0.0, deadline - now))
+            try:
+                first = ep.get_message(timeout=wait, mailbox=BROKER_MAILBOX)
+            except Timeout:
+                first = None
+            except CmqError:
+                if stop.is_set():
+                    break  # closed under us
+                raise
+            with self._lock:
+                now = time.monotonic()
+                if first is not None:
+                    core.receive(first.payload, first.sender, now)
+                    for _ in range(_DRAIN):
+                        msg = ep.pop_message(BROKER_MAILBOX)
+                        if msg is None:
+                            break
+                        core.receive(msg.payload, msg.sender, now)
+                if deadline is not None and deadline <= now:
+                    core.handle_timer(now)
+                out = core.messages_to_send()
+            if out:
+                self._send(out)
+
+    def _send(self, out: list[Any]) -> None:
+        ep = self.endpoint
+        for o in out:
+            try:
+                ep.push(o.dest, o.payload, o.mailbox)
+            except CmqError:
+                # A client that went away must not stop the broker; its
+                # consumer expires and its messages are requeued.
+                self.send_errors += 1
+        try:
+            ep.flush()
+        except CmqError:
+            self.send_errors += 1
+
+    def start(self) -> Broker:
+        """Serve in a daemon thread; return self."""
+        self._thread = threading.Thread(target=self.serve_forever, name="cmq-broker", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop serving and close the endpoint if the broker opened it."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2 * _MAX_WAIT + 1)
+        if self._owns_endpoint:
+            self.endpoint.close()
+
+    def __enter__(self) -> Broker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
