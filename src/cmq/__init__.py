@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from cmq._config import QueueConfig
 from cmq._errors import (
     Closed,
     CmqError,
@@ -13,6 +14,8 @@ from cmq._errors import (
     TransportError,
     WouldBlock,
 )
+from cmq._types import Message, Stats
+from cmq.net.queue import Queue
 
 __version__ = "0.1.0"
 
@@ -20,9 +23,13 @@ __all__ = [
     "Closed",
     "CmqError",
     "ConfigError",
+    "Message",
     "MessageTooLarge",
     "ProtocolError",
+    "Queue",
+    "QueueConfig",
     "RemoteError",
+    "Stats",
     "Timeout",
     "TransportError",
     "WouldBlock",

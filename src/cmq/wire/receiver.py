@@ -1,0 +1,355 @@
+"""Receiving datagrams into mailboxes, without sockets or clocks.
+
+Theory of operation
+-------------------
+:meth:`Receiver.datagram_received` takes one datagram, the address it came
+from and the current time. It never raises: a datagram that is not valid
+wire format v1, fails its tag, or carries an undecodable MessagePack payload
+is dropped and counted in :attr:`Receiver.dropped` by reason, and the next
+datagram is handled as if nothing happened (the original CMQ's receiver
+thread died on the first bad datagram).
+
+Delivered messages are appended to the mailbox's deque as
+``(payload, meta)`` pairs; ``meta`` is ``(addr, sender, mailbox, seq,
+correlation)`` and is shared by all messages of one datagram, so delivery
+costs one tuple per message. All messages of a datagram are appended in one
+step, so messages of different datagrams are never interleaved.
+
+Mailboxes with :data:`ENVELOPE_BIT` set carry request/response traffic: each
+message starts with a kind byte and an 8-byte correlation id (the envelope;
+the user's payload is never touched). Requests are delivered to the mailbox
+without the bit, with the correlation id in ``meta``; replies are not
+delivered to any mailbox but appended to :attr:`Receiver.replies` for the
+driver to resolve its pending requests.
+
+Fragments are reassembled per (address, sender, mailbox, message id), in
+bounded memory (``max_reassembly`` bytes) and for at most
+``reassembly_timeout`` seconds (:meth:`Receiver.expire`).
+
+Per stream (address, sender, mailbox) the receiver remembers the next
+expected sequence number, to count datagrams that never arrived
+(``datagrams_missing``) and those that arrived late (``datagrams_late``).
+The table is bounded; the oldest streams are forgotten first.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import OrderedDict, deque
+from itertools import repeat
+from typing import Any, Final
+
+import msgpack
+
+from cmq._config import QueueConfig
+from cmq._errors import ProtocolError
+from cmq.wire.frames import (
+    FLAG_CONTROL,
+    FLAG_FRAGMENT,
+    FLAG_MSGPACK,
+    FLAG_TAG,
+    HEADER_SIZE,
+    MAGIC,
+    VERSION,
+    BadTag,
+    decode,
+    split_frames,
+)
+
+__all__ = [
+    "ENVELOPE_BIT",
+    "ENVELOPE_SIZE",
+    "KIND_REPLY",
+    "KIND_REQUEST",
+    "Meta",
+    "Receiver",
+]
+
+#: Mailbox bit marking request/response traffic (user mailboxes are below it).
+ENVELOPE_BIT: Final = 0x8000_0000
+KIND_REQUEST: Final = 1
+KIND_REPLY: Final = 2
+_ENVELOPE = struct.Struct(">BQ")
+ENVELOPE_SIZE: Final = _ENVELOPE.size
+
+#: Streams remembered for sequence accounting.
+MAX_STREAMS: Final = 65_536
+#: Mailboxes that may exist at once; empty ones are reclaimed past this.
+MAX_MAILBOXES: Final = 65_536
+
+_HEAD = struct.Struct(">2sBBIII")
+
+# (addr, sender id, mailbox, datagram seq, correlation id or None)
+Meta = tuple[Any, int, int, int, int | None]
+
+DROP_REASONS: Final = (
+    "malformed",  # not wire format v1: bad magic, version, flags, truncated frame
+    "bad_tag",  # tag missing or not verifying while a key is set
+    "undecodable",  # MessagePack payload that does not decode
+    "queue_full",  # mailbox held max_queued messages
+    "too_many_mailboxes",
+    "fragment_expired",  # incomplete message older than reassembly_timeout
+    "reassembly_full",  # no room in max_reassembly
+    "control",  # control datagrams (none defined yet) are not delivered
+    "bad_envelope",  # request/response message without a valid envelope
+)
+
+
+def _unpack(data: bytes) -> Any:
+    return msgpack.unpackb(data, raw=False, strict_map_key=False)
+
+
+class _Partial:
+    __slots__ = ("count", "deadline", "got", "meta", "pieces", "size")
+
+    def __init__(self, count: int, deadline: float, meta: Meta) -> None:
+        self.count = count
+        self.deadline = deadline
+        self.meta = meta
+        self.pieces: dict[int, bytes] = {}
+        self.got = 0
+        self.size = 0
+
+
+class Receiver:
+    """Decodes datagrams and delivers their messages to mailboxes."""
+
+    def __init__(self, config: QueueConfig) -> None:
+        self.config = config
+        self._key = config.key
+        self._max_queued = config.max_queued
+        self.mailboxes: dict[int, deque[tuple[Any, Meta]]] = {}
+        #: Replies to requests: (correlation id, payload, addr).
+        self.replies: deque[tuple[int, Any, Any]] = deque()
+        self.dropped: dict[str, int] = dict.fromkeys(DROP_REASONS, 0)
+        self.messages_received = 0
+        self.datagrams_received = 0
+        self.bytes_received = 0
+        self.datagrams_missing = 0
+        self.datagrams_late = 0
+        self._expected: OrderedDict[tuple[Any, int, int], int] = OrderedDict()
+        self._partials: dict[tuple[Any, int, int, int], _Partial] = {}
+        self._reassembly_bytes = 0
+
+    # -- mailboxes ---------------------------------------------------------
+
+    def mailbox(self, mailbox: int) -> deque[tuple[Any, Meta]]:
+        """The deque of ``mailbox``, created on first use."""
+        dq = self.mailboxes.get(mailbox)
+        if dq is None:
+            if len(self.mailboxes) >= MAX_MAILBOXES:
+                for k in [k for k, v in self.mailboxes.items() if not v]:
+                    del self.mailboxes[k]
+            dq = self.mailboxes.setdefault(mailbox, deque())
+        return dq
+
+    def queued(self) -> int:
+        """Messages waiting in all mailboxes."""
+        return sum(len(v) for v in list(self.mailboxes.values()))
+
+    # -- datagrams ---------------------------------------------------------
+
+    def datagram_received(self, data: bytes, addr: Any, now: float) -> int:
+        """Handle one datagram; returns the number of messages delivered. Never raises."""
+        self.datagrams_received += 1
+        self.bytes_received += len(data)
+        # Fast path: a plain, untagged datagram of short frames, the bulk of
+        # traffic. Everything else goes through the general decoder.
+        if (
+            self._key is None
+            and len(data) >= HEADER_SIZE
+            and data[3] & (FLAG_FRAGMENT | FLAG_TAG | FLAG_CONTROL) == 0
+        ):
+            magic, version, flags, sender, mailbox, seq = _HEAD.unpack_from(data)
+            if magic != MAGIC or version != VERSION or flags & ~FLAG_MSGPACK:
+                self.dropped["malformed"] += 1
+                return 0
+            try:
+                payloads: list[Any] = split_frames(data, HEADER_SIZE, len(data))
+            except ProtocolError:
+                self.dropped["malformed"] += 1
+                return 0
+        else:
+            try:
+                header, body = decode(data, self._key)
+            except BadTag:
+                self.dropped["bad_tag"] += 1
+                return 0
+            except ProtocolError:
+                self.dropped["malformed"] += 1
+                return 0
+            flags, sender, mailbox, seq = header.flags, header.sender, header.mailbox, header.seq
+            if flags & FLAG_CONTROL:
+                self.dropped["control"] += 1
+                self._sequence(addr, sender, mailbox, seq)
+                return 0
+            if isinstance(body, list):
+                payloads = body
+            else:
+                self._sequence(addr, sender, mailbox, seq)
+                whole = self._reassemble(addr, sender, mailbox, seq, body.message_id, body.index, body.count, body.data, now)
+                if whole is None:
+                    return 0
+                payloads = [whole]
+                return self._deliver(payloads, flags, addr, sender, mailbox, seq, sequenced=True)
+        return self._deliver(payloads, flags, addr, sender, mailbox, seq, sequenced=False)
+
+    def _sequence(self, addr: Any, sender: int, mailbox: int, seq: int) -> None:
+        key = (addr, sender, mailbox)
+        table = self._expected
+        expected = table.get(key)
+        if expected is None:
+            if len(table) >= MAX_STREAMS:
+                table.popitem(last=False)
+        else:
+            table.move_to_end(key)
+            gap = (seq - expected) & 0xFFFFFFFF
+            if gap:
+                if gap < 0x8000_0000:
+                    self.datagrams_missing += gap
+                else:
+                    self.datagrams_late += 1
+                    return
+        table[key] = (seq + 1) & 0xFFFFFFFF
+
+    def _deliver(
+        self,
+        payloads: list[Any],
+        flags: int,
+        addr: Any,
+        sender: int,
+        mailbox: int,
+        seq: int,
+        *,
+        sequenced: bool,
+    ) -> int:
+        if not sequenced:
+            self._sequence(addr, sender, mailbox, seq)
+        if mailbox & ENVELOPE_BIT:
+            return self._deliver_enveloped(payloads, flags, addr, sender, mailbox, seq)
+        if flags & FLAG_MSGPACK:
+            payloads = self._decode_all(payloads)
+        dq = self.mailbox(mailbox)
+        room = self._max_queued - len(dq)
+        n = len(payloads)
+        if n > room:
+            self.dropped["queue_full"] += n - max(room, 0)
+            if room <= 0:
+                return 0
+            payloads = payloads[:room]
+            n = room
+        dq.extend(zip(payloads, repeat((addr, sender, mailbox, seq, None))))
+        self.messages_received += n
+        return n
+
+    def _decode_all(self, payloads: list[Any]) -> list[Any]:
+        try:
+            return [_unpack(p) for p in payloads]
+        except Exception:  # noqa: BLE001 - msgpack raises many kinds; each is a bad payload
+            out = []
+            for p in payloads:
+                try:
+                    out.append(_unpack(p))
+                except Exception:  # noqa: BLE001
+                    self.dropped["undecodable"] += 1
+            return out
+
+    def _deliver_enveloped(
+        self, payloads: list[Any], flags: int, addr: Any, sender: int, mailbox: int, seq: int
+    ) -> int:
+        user_mailbox = mailbox & ~ENVELOPE_BIT
+        delivered = 0
+        for p in payloads:
+            if len(p) < ENVELOPE_SIZE:
+                self.dropped["bad_envelope"] += 1
+                continue
+            kind, corr = _ENVELOPE.unpack_from(p)
+            body: Any = p[ENVELOPE_SIZE:]
+            if flags & FLAG_MSGPACK:
+                try:
+                    body = _unpack(body)
+                except Exception:  # noqa: BLE001
+                    self.dropped["undecodable"] += 1
+                    continue
+            if kind == KIND_REPLY:
+                self.replies.append((corr, body, addr))
+                self.messages_received += 1
+            elif kind == KIND_REQUEST:
+                dq = self.mailbox(user_mailbox)
+                if len(dq) >= self._max_queued:
+                    self.dropped["queue_full"] += 1
+                    continue
+                dq.append((body, (addr, sender, user_mailbox, seq, corr)))
+                self.messages_received += 1
+                delivered += 1
+            else:
+                self.dropped["bad_envelope"] += 1
+        return delivered
+
+    # -- fragments ---------------------------------------------------------
+
+    def _reassemble(
+        self,
+        addr: Any,
+        sender: int,
+        mailbox: int,
+        seq: int,
+        message_id: int,
+        index: int,
+        count: int,
+        data: bytes,
+        now: float,
+    ) -> bytes | None:
+        key = (addr, sender, mailbox, message_id)
+        partial = self._partials.get(key)
+        if partial is None:
+            self.expire(now)
+            partial = _Partial(count, now + self.config.reassembly_timeout, (addr, sender, mailbox, seq, None))
+            self._partials[key] = partial
+        elif partial.count != count:
+            self._drop_partial(key, "malformed")
+            return None
+        if index in partial.pieces:
+            return None  # a duplicate piece
+        if self._reassembly_bytes + len(data) > self.config.max_reassembly:
+            self._drop_partial(key, "reassembly_full")
+            return None
+        partial.pieces[index] = data
+        partial.got += 1
+        partial.size += len(data)
+        self._reassembly_bytes += len(data)
+        if partial.got < count:
+            return None
+        del self._partials[key]
+        self._reassembly_bytes -= partial.size
+        return b"".join(partial.pieces[i] for i in range(count))
+
+    def _drop_partial(self, key: tuple[Any, int, int, int], reason: str) -> None:
+        partial = self._partials.pop(key, None)
+        if partial is not None:
+            self._reassembly_bytes -= partial.size
+        self.dropped[reason] += 1
+
+    def expire(self, now: float) -> int:
+        """Drop partly reassembled messages older than ``reassembly_timeout``; returns how many."""
+        old = [k for k, p in self._partials.items() if p.deadline <= now]
+        for k in old:
+            self._drop_partial(k, "fragment_expired")
+        return len(old)
+
+    def next_deadline(self) -> float | None:
+        """When the oldest partial message expires, or None."""
+        if not self._partials:
+            return None
+        return min(p.deadline for p in self._partials.values())
+
+    @property
+    def reassembly_bytes(self) -> int:
+        """Bytes held for partly received messages."""
+        return self._reassembly_bytes
+
+    @property
+    def partials(self) -> int:
+        """Messages being reassembled."""
+        return len(self._partials)
+
