@@ -1,0 +1,497 @@
+"""The Redis Cluster store: for when one machine is not enough.
+
+Theory of operation
+-------------------
+Every key of a queue carries the hash tag ``{name}``, so all of a queue
+lives in one slot and each operation is ONE Lua script, atomic on the master
+that owns the slot:
+
+- ``cmq:{q}:attr`` hash of SQS attributes, ``cmq:{q}:meta`` created/modified
+  times (its existence is the queue's existence), ``cmq:{q}:seq`` counter;
+- ``cmq:{q}:vis`` sorted set of visible messages scored by sequence number
+  (the BDQS sequence index), ``cmq:{q}:inv`` invisible ones (in flight or
+  delayed) scored by the ms at which they become visible;
+- hashes from sequence number to payload, FIFO group, receive count, first
+  receive time and receipt token; ``cmq:{q}:dd`` the FIFO dedup window.
+
+A receive first moves due messages from ``inv`` back to ``vis``, then picks
+at random among the first K of ``vis`` (the random numbers come from the
+caller, so the script is deterministic as Redis requires).
+
+Routing is done here rather than by redis-py's cluster client, because a
+send must be followed by ``WAIT`` on the SAME connection (WAIT counts the
+replicas that have this connection's writes) and the cluster pipeline
+refuses scripts: the slot map comes from ``CLUSTER SLOTS``, each master has
+its own connection pool, and script and ``WAIT`` go down one connection as a
+pipeline. A send is acknowledged only when ``WAIT`` confirms
+``min(wait_replicas, replicas of that master)`` replicas have it. Moved
+slots, failovers and dead nodes refresh the slot map and retry until
+:data:`RETRY_SECONDS` have passed.
+
+The queue registry for ListQueues is one set, ``cmq:queues``, updated after
+the queue's own keys (a node that dies in between leaves a queue that
+exists but is not listed until the next CreateQueue of that name).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis import exceptions as rexc
+from redis.crc import key_slot
+
+from cmq.service.errors import QueueDoesNotExist, StoreUnavailable
+from cmq.service.model import (
+    ChangeResult,
+    NewMessage,
+    QueueCounts,
+    QueueRecord,
+    Received,
+    ReceiveSpec,
+    SendResult,
+)
+from cmq.service.store.base import Store
+
+__all__ = ["RETRY_SECONDS", "RedisClusterStore"]
+
+#: How long an operation keeps retrying through a failover before it fails
+#: with StoreUnavailable (a failover with cluster-node-timeout 1-5 s fits).
+RETRY_SECONDS = 20.0
+_REGISTRY = "cmq:queues"
+_FIELDS = ("meta", "attr", "seq", "vis", "inv", "msg", "grp", "rc", "fr", "tok", "dd")
+
+_PROMOTE = """
+local due = redis.call('ZRANGEBYSCORE', K.inv, '-inf', now, 'LIMIT', 0, 1000)
+for _, s in ipairs(due) do
+  redis.call('ZREM', K.inv, s)
+  redis.call('ZADD', K.vis, tonumber(s), s)
+end
+"""
+
+_PRELUDE = """
+local K = {}
+local names = {%s}
+for i, n in ipairs(names) do K[n] = KEYS[i] end
+if redis.call('EXISTS', K.meta) == 0 then return redis.error_reply('NOQUEUE') end
+""" % ", ".join(f"'{f}'" for f in _FIELDS)
+
+_SCRIPTS = {
+    "create": """
+local K = {meta = KEYS[1], attr = KEYS[2]}
+if redis.call('EXISTS', K.meta) == 1 then
+  return {0, redis.call('HGETALL', K.meta), redis.call('HGETALL', K.attr)}
+end
+redis.call('HSET', K.meta, 'created', ARGV[1], 'modified', ARGV[1])
+for i = 2, #ARGV, 2 do redis.call('HSET', K.attr, ARGV[i], ARGV[i + 1]) end
+return {1, {}, {}}
+""",
+    "get": _PRELUDE
+    + """
+return {redis.call('HGETALL', K.meta), redis.call('HGETALL', K.attr)}
+""",
+    "set": _PRELUDE
+    + """
+redis.call('HSET', K.meta, 'modified', ARGV[1])
+for i = 2, #ARGV, 2 do redis.call('HSET', K.attr, ARGV[i], ARGV[i + 1]) end
+return 1
+""",
+    "drop": _PRELUDE
+    + """
+redis.call('DEL', unpack(KEYS))
+return 1
+""",
+    "purge": _PRELUDE
+    + """
+redis.call('DEL', K.vis, K.inv, K.msg, K.grp, K.rc, K.fr, K.tok)
+return 1
+""",
+    "counts": _PRELUDE
+    + """
+local now = tonumber(ARGV[1])
+local visible = redis.call('ZCARD', K.vis) + redis.call('ZCOUNT', K.inv, '-inf', now)
+local in_flight, delayed = 0, 0
+for _, s in ipairs(redis.call('ZRANGEBYSCORE', K.inv, '(' .. now, '+inf')) do
+  if redis.call('HEXISTS', K.rc, s) == 1 then in_flight = in_flight + 1
+  else delayed = delayed + 1 end
+end
+return {visible, in_flight, delayed}
+""",
+    "send": _PRELUDE
+    + """
+local now = tonumber(ARGV[1])
+local out = {}
+for i = 2, #ARGV, 6 do
+  local mid, payload, vat = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
+  local grp, dd, till = ARGV[i + 3], ARGV[i + 4], ARGV[i + 5]
+  local dup = false
+  if dd ~= '' then
+    local seen = redis.call('HGET', K.dd, dd)
+    if seen then
+      local sm, ss, su = string.match(seen, '(%S+) (%S+) (%S+)')
+      if tonumber(su) > now then
+        out[#out + 1] = sm; out[#out + 1] = tonumber(ss); out[#out + 1] = 1
+        dup = true
+      end
+    end
+  end
+  if not dup then
+    local seq = redis.call('INCR', K.seq)
+    redis.call('HSET', K.msg, seq, payload)
+    if grp ~= '' then redis.call('HSET', K.grp, seq, grp) end
+    if vat <= now then redis.call('ZADD', K.vis, seq, seq)
+    else redis.call('ZADD', K.inv, vat, seq) end
+    if dd ~= '' then redis.call('HSET', K.dd, dd, mid .. ' ' .. seq .. ' ' .. till) end
+    out[#out + 1] = mid; out[#out + 1] = seq; out[#out + 1] = 0
+  end
+end
+return out
+""",
+    "receive": _PRELUDE
+    + """
+local now, n, vis_ms, k = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local fifo, token = ARGV[5], ARGV[6]
+"""
+    + _PROMOTE
+    + """
+local picks = {}
+if fifo == '0' then
+  local window = redis.call('ZRANGE', K.vis, 0, k + n - 2)
+  for i = 1, n do
+    if #window == 0 then break end
+    local span = math.min(k, #window)
+    local idx = math.floor(tonumber(ARGV[6 + i]) * span) % span + 1
+    picks[#picks + 1] = table.remove(window, idx)
+  end
+else
+  local all = redis.call('HKEYS', K.msg)
+  local seqs = {}
+  for _, s in ipairs(all) do seqs[#seqs + 1] = tonumber(s) end
+  table.sort(seqs)
+  local blocked = {}
+  for _, s in ipairs(seqs) do
+    if #picks >= n then break end
+    local g = redis.call('HGET', K.grp, s) or ''
+    if not blocked[g] then
+      if redis.call('ZSCORE', K.vis, s) then picks[#picks + 1] = tostring(s)
+      else blocked[g] = true end
+    end
+  end
+end
+local out = {}
+for _, s in ipairs(picks) do
+  redis.call('ZREM', K.vis, s)
+  redis.call('ZADD', K.inv, now + vis_ms, s)
+  local count = redis.call('HINCRBY', K.rc, s, 1)
+  if count == 1 then redis.call('HSET', K.fr, s, now) end
+  redis.call('HSET', K.tok, s, token)
+  out[#out + 1] = {tonumber(s), redis.call('HGET', K.msg, s), count, tonumber(redis.call('HGET', K.fr, s))}
+end
+return out
+""",
+    "delete": _PRELUDE
+    + """
+for _, s in ipairs(ARGV) do
+  redis.call('ZREM', K.vis, s); redis.call('ZREM', K.inv, s)
+  redis.call('HDEL', K.msg, s); redis.call('HDEL', K.grp, s); redis.call('HDEL', K.rc, s)
+  redis.call('HDEL', K.fr, s); redis.call('HDEL', K.tok, s)
+end
+return 1
+""",
+    "change": _PRELUDE
+    + """
+local s, token, vat, now = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+if redis.call('HEXISTS', K.msg, s) == 0 then return 'NOTFOUND' end
+local deadline = redis.call('ZSCORE', K.inv, s)
+if not deadline or tonumber(deadline) <= now or redis.call('HGET', K.tok, s) ~= token then
+  return 'NOTINFLIGHT'
+end
+if vat <= now then
+  redis.call('ZREM', K.inv, s); redis.call('ZADD', K.vis, tonumber(s), s)
+else
+  redis.call('ZADD', K.inv, vat, s)
+end
+return 'OK'
+""",
+}
+_SHAS = {name: hashlib.sha1(body.encode()).hexdigest() for name, body in _SCRIPTS.items()}
+
+_RETRYABLE = (
+    rexc.ConnectionError,
+    rexc.TimeoutError,
+    rexc.ClusterDownError,
+    rexc.TryAgainError,
+    rexc.MovedError,
+    rexc.AskError,
+    rexc.ReadOnlyError,
+    rexc.MasterDownError,
+    rexc.BusyLoadingError,
+    OSError,
+)
+
+
+def _keys(name: str) -> list[str]:
+    return [f"cmq:{{{name}}}:{f}" for f in _FIELDS]
+
+
+class RedisClusterStore(Store):
+    """Queues in a Redis Cluster, one hash slot per queue."""
+
+    def __init__(
+        self,
+        nodes: Sequence[tuple[str, int]],
+        *,
+        wait_replicas: int = 1,
+        wait_timeout_ms: int = 1000,
+    ) -> None:
+        self._seeds = list(nodes)
+        self.wait_replicas = wait_replicas
+        self.wait_timeout_ms = wait_timeout_ms
+        self._clients: dict[tuple[str, int], aioredis.Redis] = {}
+        # slot -> (master address, number of live replicas)
+        self._slots: list[tuple[tuple[str, int], int] | None] = [None] * 16384
+        self._refresh_lock = asyncio.Lock()
+
+    async def open(self) -> None:
+        """Read the slot map. Raises StoreUnavailable."""
+        await self._refresh()
+
+    async def close(self) -> None:
+        """Close every connection pool."""
+        for client in self._clients.values():
+            await client.aclose()
+        self._clients.clear()
+
+    def _client(self, addr: tuple[str, int]) -> aioredis.Redis:
+        client = self._clients.get(addr)
+        if client is None:
+            client = self._clients[addr] = aioredis.Redis(
+                host=addr[0], port=addr[1], socket_timeout=5.0, socket_connect_timeout=2.0
+            )
+        return client
+
+    async def _refresh(self) -> None:
+        """Reload the slot map from the first node that answers."""
+        async with self._refresh_lock:
+            last: BaseException | None = None
+            for addr in [*self._seeds, *self._clients]:
+                try:
+                    slots = await self._client(addr).execute_command("CLUSTER SLOTS")
+                except (rexc.RedisError, OSError) as exc:
+                    last = exc
+                    continue
+                table: list[tuple[tuple[str, int], int] | None] = [None] * 16384
+                for entry in slots:
+                    start, end, master, *replicas = entry
+                    host = master[0].decode() if isinstance(master[0], bytes) else master[0]
+                    owner = ((host or addr[0]), int(master[1]))
+                    for slot in range(int(start), int(end) + 1):
+                        table[slot] = (owner, len(replicas))
+                self._slots = table
+                return
+            raise StoreUnavailable(f"no Redis Cluster node answers: {last}") from last
+
+    async def _call(
+        self, script: str, name: str, args: Sequence[Any], *, wait: bool = False
+    ) -> Any:
+        """Run ``script`` on the master of ``name``'s slot, retrying through failovers.
+
+        Raises QueueDoesNotExist (the script's NOQUEUE) and StoreUnavailable.
+        """
+        keys = _keys(name)
+        slot = key_slot(keys[0].encode())
+        deadline = time.monotonic() + RETRY_SECONDS
+        delay = 0.05
+        while True:
+            try:
+                return await self._call_once(script, name, slot, keys, args, wait)
+            except rexc.ResponseError as exc:
+                if str(exc).startswith("NOQUEUE"):
+                    raise QueueDoesNotExist(
+                        f"The specified queue {name} does not exist."
+                    ) from None
+                if not isinstance(exc, _RETRYABLE) and not str(exc).startswith(
+                    ("MOVED", "ASK", "CLUSTERDOWN", "TRYAGAIN", "READONLY", "LOADING")
+                ):
+                    raise StoreUnavailable(f"Redis refused {script}: {exc}") from exc
+                failure: BaseException = exc
+            except _RETRYABLE as exc:
+                failure = exc
+            if time.monotonic() >= deadline:
+                raise StoreUnavailable(f"Redis Cluster unavailable: {failure}") from failure
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
+            try:
+                await self._refresh()
+            except StoreUnavailable:
+                continue
+
+    async def _call_once(
+        self,
+        script: str,
+        name: str,
+        slot: int,
+        keys: list[str],
+        args: Sequence[Any],
+        wait: bool,
+    ) -> Any:
+        entry = self._slots[slot]
+        if entry is None:
+            raise rexc.ClusterDownError(f"slot {slot} is not served")
+        addr, replicas = entry
+        want = min(self.wait_replicas, replicas) if wait else 0
+        client = self._client(addr)
+        for _ in range(2):
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.evalsha(_SHAS[script], len(keys), *keys, *args)
+                if want:
+                    pipe.execute_command("WAIT", want, self.wait_timeout_ms)
+                results = await pipe.execute(raise_on_error=False)
+            first = results[0]
+            if isinstance(first, rexc.NoScriptError):
+                await client.script_load(_SCRIPTS[script])
+                continue
+            if isinstance(first, Exception):
+                raise first
+            if want and (isinstance(results[1], Exception) or int(results[1]) < want):
+                # The master has the write but no replica confirmed it in
+                # time: do not acknowledge (the client's retry may duplicate,
+                # which at-least-once allows; a lost ack'd send it does not).
+                raise StoreUnavailable(
+                    f"only {results[1]} of {want} replicas confirmed the write in "
+                    f"{self.wait_timeout_ms} ms"
+                )
+            return first
+        raise StoreUnavailable(f"cannot load script {script}")
+
+    # -- operations --------------------------------------------------------
+
+    async def create_queue(self, record: QueueRecord) -> tuple[QueueRecord, bool]:
+        args: list[Any] = [record.created_at]
+        for key, value in record.attributes.items():
+            args += [key, value]
+        created, meta, attrs = await self._call("create", record.name, args, wait=True)
+        await self._registry("SADD", record.name)
+        if created:
+            return record, True
+        return _record(record.name, meta, attrs), False
+
+    async def _registry(self, op: str, name: str) -> None:
+        slot = key_slot(_REGISTRY.encode())
+        deadline = time.monotonic() + RETRY_SECONDS
+        while True:
+            entry = self._slots[slot]
+            try:
+                if entry is None:
+                    raise rexc.ClusterDownError("registry slot not served")
+                await self._client(entry[0]).execute_command(op, _REGISTRY, name)
+                return
+            except (rexc.RedisError, OSError) as exc:
+                if time.monotonic() >= deadline:
+                    raise StoreUnavailable(f"Redis Cluster unavailable: {exc}") from exc
+                await asyncio.sleep(0.1)
+                await self._refresh()
+
+    async def get_queue(self, name: str) -> QueueRecord:
+        meta, attrs = await self._call("get", name, [])
+        return _record(name, meta, attrs)
+
+    async def list_queues(self, prefix: str) -> list[str]:
+        slot = key_slot(_REGISTRY.encode())
+        entry = self._slots[slot]
+        if entry is None:
+            await self._refresh()
+            entry = self._slots[slot]
+        try:
+            assert entry is not None
+            names = await self._client(entry[0]).smembers(_REGISTRY)
+        except (rexc.RedisError, OSError, AssertionError) as exc:
+            raise StoreUnavailable(f"Redis Cluster unavailable: {exc}") from exc
+        return sorted(n.decode() for n in names if n.decode().startswith(prefix))
+
+    async def delete_queue(self, name: str) -> None:
+        await self._call("drop", name, [], wait=True)
+        await self._registry("SREM", name)
+
+    async def set_attributes(self, name: str, attributes: Mapping[str, str], now: int) -> None:
+        args: list[Any] = [now]
+        for key, value in attributes.items():
+            args += [key, value]
+        await self._call("set", name, args, wait=True)
+
+    async def counts(self, name: str, now: int) -> QueueCounts:
+        visible, in_flight, delayed = await self._call("counts", name, [now])
+        return QueueCounts(visible=visible, in_flight=in_flight, delayed=delayed)
+
+    async def send(self, name: str, messages: Sequence[NewMessage], now: int) -> list[SendResult]:
+        args: list[Any] = [now]
+        for m in messages:
+            args += [
+                m.message_id,
+                m.payload,
+                m.visible_at,
+                m.group_id or "",
+                m.dedup_id or "",
+                m.dedup_until,
+            ]
+        flat = await self._call("send", name, args, wait=True)
+        return [
+            SendResult(message_id=flat[i].decode(), seq=int(flat[i + 1]), duplicate=bool(flat[i + 2]))
+            for i in range(0, len(flat), 3)
+        ]
+
+    async def receive(self, name: str, spec: ReceiveSpec) -> list[Received]:
+        args = [
+            spec.now,
+            spec.max_messages,
+            spec.visibility_ms,
+            spec.k,
+            "1" if spec.fifo else "0",
+            spec.token,
+            *(repr(r) for r in spec.rand),
+        ]
+        rows = await self._call("receive", name, args)
+        return [
+            Received(
+                seq=int(seq),
+                payload=payload.decode(),
+                receive_count=int(count),
+                first_receive_at=int(first),
+                token=spec.token,
+            )
+            for seq, payload, count, first in rows
+        ]
+
+    async def delete(self, name: str, seqs: Sequence[int]) -> None:
+        await self._call("delete", name, list(seqs))
+
+    async def change_visibility(
+        self, name: str, seq: int, token: str, visible_at: int, now: int
+    ) -> ChangeResult:
+        result = await self._call("change", name, [seq, token, visible_at, now])
+        return {
+            b"OK": ChangeResult.OK,
+            b"NOTFOUND": ChangeResult.NOT_FOUND,
+        }.get(result, ChangeResult.NOT_IN_FLIGHT)
+
+    async def purge(self, name: str) -> None:
+        await self._call("purge", name, [])
+
+
+def _pairs(flat: list[bytes]) -> dict[str, str]:
+    return {flat[i].decode(): flat[i + 1].decode() for i in range(0, len(flat), 2)}
+
+
+def _record(name: str, meta: list[bytes], attrs: list[bytes]) -> QueueRecord:
+    m = _pairs(meta)
+    return QueueRecord(
+        name=name,
+        attributes=_pairs(attrs),
+        created_at=int(m.get("created", "0")),
+        modified_at=int(m.get("modified", "0")),
+    )
+

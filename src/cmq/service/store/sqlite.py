@@ -1,0 +1,401 @@
+"""The SQLite store: the embedded default, one file in WAL mode.
+
+Theory of operation
+-------------------
+One thread per process owns the connection and runs every operation. The
+event loop hands it jobs (plain functions of the connection) through a queue;
+the thread takes all jobs waiting at that moment and runs them in ONE
+``BEGIN IMMEDIATE`` transaction, each inside its own savepoint (so one
+failing job rolls back alone), then commits once and only then resolves the
+jobs' futures. That is group commit: under load many requests share one
+commit (one WAL fsync with ``synchronous=FULL``), and a SendMessage is never
+answered before the commit that holds its message.
+
+Several processes (``--workers N``, or several ``cmq serve`` on one file)
+each have such a thread; SQLite's write lock (``BEGIN IMMEDIATE`` with a busy
+timeout) serialises them, so every operation stays atomic across nodes.
+
+In-flight state is just ``visible_at`` and the receipt token in the message
+row, so it survives a restart like the messages do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import queue
+import sqlite3
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from cmq.service.errors import QueueDoesNotExist, SqsError, StoreUnavailable
+from cmq.service.model import (
+    ChangeResult,
+    NewMessage,
+    QueueCounts,
+    QueueRecord,
+    Received,
+    ReceiveSpec,
+    SendResult,
+)
+from cmq.service.ordering import fifo_picks, standard_picks
+from cmq.service.store.base import Store
+
+__all__ = ["SqliteStore"]
+
+T = TypeVar("T")
+
+#: Jobs one transaction takes at most; bounds the latency a commit adds.
+MAX_GROUP = 256
+#: How long a process waits for another process's write lock, ms.
+BUSY_TIMEOUT_MS = 10_000
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS queues (
+    name TEXT PRIMARY KEY,
+    attributes TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    modified_at INTEGER NOT NULL,
+    next_seq INTEGER NOT NULL DEFAULT 1
+);
+CREATE TABLE IF NOT EXISTS messages (
+    queue TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    payload TEXT NOT NULL,
+    group_id TEXT,
+    visible_at INTEGER NOT NULL,
+    receive_count INTEGER NOT NULL DEFAULT 0,
+    first_receive_at INTEGER NOT NULL DEFAULT 0,
+    token TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (queue, seq)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS dedup (
+    queue TEXT NOT NULL,
+    dedup_id TEXT NOT NULL,
+    message_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    until INTEGER NOT NULL,
+    PRIMARY KEY (queue, dedup_id)
+) WITHOUT ROWID;
+"""
+
+_Job = tuple[Callable[[sqlite3.Connection], Any], "asyncio.Future[Any]", asyncio.AbstractEventLoop]
+
+
+def _resolve(fut: asyncio.Future[Any], ok: bool, value: Any) -> None:
+    if fut.done():  # the request was cancelled (client went away)
+        return
+    if ok:
+        fut.set_result(value)
+    else:
+        fut.set_exception(value)
+
+
+def _check_queue(conn: sqlite3.Connection, name: str) -> None:
+    if conn.execute("SELECT 1 FROM queues WHERE name = ?", (name,)).fetchone() is None:
+        raise QueueDoesNotExist(f"The specified queue {name} does not exist.")
+
+
+class SqliteStore(Store):
+    """Queues in one SQLite file, group-committed by a writer thread."""
+
+    def __init__(self, path: str, *, synchronous: str = "full") -> None:
+        self.path = path
+        self.synchronous = synchronous
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._open_error: BaseException | None = None
+
+    async def open(self) -> None:
+        """Create the file, schema and writer thread. Raises StoreUnavailable."""
+        self._thread = threading.Thread(target=self._main, name="cmq-sqlite", daemon=True)
+        self._thread.start()
+        await asyncio.get_running_loop().run_in_executor(None, self._ready.wait)
+        if self._open_error is not None:
+            raise StoreUnavailable(
+                f"cannot open SQLite store {self.path}: {self._open_error}"
+            ) from self._open_error
+
+    async def close(self) -> None:
+        """Finish queued jobs and stop the writer thread."""
+        if self._thread is not None:
+            self._jobs.put(None)
+            await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
+            self._thread = None
+
+    def _connect(self) -> sqlite3.Connection:
+        directory = os.path.dirname(self.path)
+        if directory:
+            os.makedirs(directory, exist_ok=True)
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute(f"PRAGMA synchronous = {self.synchronous.upper()}")
+        conn.executescript(_SCHEMA)
+        return conn
+
+    def _main(self) -> None:
+        try:
+            conn = self._connect()
+        except (sqlite3.Error, OSError) as exc:
+            self._open_error = exc
+            self._ready.set()
+            return
+        self._ready.set()
+        try:
+            while True:
+                job = self._jobs.get()
+                if job is None:
+                    return
+                batch = [job]
+                stop = False
+                while len(batch) < MAX_GROUP:
+                    try:
+                        more = self._jobs.get_nowait()
+                    except queue.Empty:
+                        break
+                    if more is None:
+                        stop = True
+                        break
+                    batch.append(more)
+                self._run_batch(conn, batch)
+                if stop:
+                    return
+        finally:
+            conn.close()
+
+    def _run_batch(self, conn: sqlite3.Connection, batch: list[_Job]) -> None:
+        results: list[tuple[bool, Any]] = []
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for fn, _, _ in batch:
+                conn.execute("SAVEPOINT job")
+                try:
+                    value = fn(conn)
+                except SqsError as exc:
+                    conn.execute("ROLLBACK TO job")
+                    results.append((False, exc))
+                except sqlite3.Error as exc:
+                    conn.execute("ROLLBACK TO job")
+                    err = StoreUnavailable(f"SQLite failed: {exc}")
+                    err.__cause__ = exc
+                    results.append((False, err))
+                else:
+                    results.append((True, value))
+                conn.execute("RELEASE job")
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            # The transaction as a whole failed (lock timeout, disk full):
+            # nothing of it is committed, so every job of it fails.
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+            err = StoreUnavailable(f"SQLite transaction failed: {exc}")
+            err.__cause__ = exc
+            results = [(False, err)] * len(batch)
+        for (_, fut, loop), (ok, value) in zip(batch, results, strict=True):
+            loop.call_soon_threadsafe(_resolve, fut, ok, value)
+
+    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        if self._thread is None:
+            raise StoreUnavailable("the SQLite store is not open")
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[T] = loop.create_future()
+        self._jobs.put((fn, fut, loop))
+        return await fut
+
+    # -- operations --------------------------------------------------------
+
+    async def create_queue(self, record: QueueRecord) -> tuple[QueueRecord, bool]:
+        def job(conn: sqlite3.Connection) -> tuple[QueueRecord, bool]:
+            cur = conn.execute(
+                "INSERT OR IGNORE INTO queues (name, attributes, created_at, modified_at) "
+                "VALUES (?, ?, ?, ?)",
+                (record.name, json.dumps(dict(record.attributes)), record.created_at,
+                 record.modified_at),
+            )
+            if cur.rowcount:
+                return record, True
+            return _get_queue(conn, record.name), False
+
+        return await self._run(job)
+
+    async def get_queue(self, name: str) -> QueueRecord:
+        return await self._run(lambda conn: _get_queue(conn, name))
+
+    async def list_queues(self, prefix: str) -> list[str]:
+        def job(conn: sqlite3.Connection) -> list[str]:
+            rows = conn.execute(
+                "SELECT name FROM queues WHERE substr(name, 1, ?) = ? ORDER BY name",
+                (len(prefix), prefix),
+            )
+            return [r[0] for r in rows]
+
+        return await self._run(job)
+
+    async def delete_queue(self, name: str) -> None:
+        def job(conn: sqlite3.Connection) -> None:
+            _check_queue(conn, name)
+            for table, column in (("queues", "name"), ("messages", "queue"), ("dedup", "queue")):
+                conn.execute(f"DELETE FROM {table} WHERE {column} = ?", (name,))
+
+        await self._run(job)
+
+    async def set_attributes(self, name: str, attributes: Mapping[str, str], now: int) -> None:
+        def job(conn: sqlite3.Connection) -> None:
+            current = _get_queue(conn, name)
+            merged = {**current.attributes, **attributes}
+            conn.execute(
+                "UPDATE queues SET attributes = ?, modified_at = ? WHERE name = ?",
+                (json.dumps(merged), now, name),
+            )
+
+        await self._run(job)
+
+    async def counts(self, name: str, now: int) -> QueueCounts:
+        def job(conn: sqlite3.Connection) -> QueueCounts:
+            _check_queue(conn, name)
+            row = conn.execute(
+                "SELECT count(*), "
+                "coalesce(sum(visible_at > ? AND receive_count > 0), 0), "
+                "coalesce(sum(visible_at > ? AND receive_count = 0), 0) "
+                "FROM messages WHERE queue = ?",
+                (now, now, name),
+            ).fetchone()
+            total, in_flight, delayed = row
+            return QueueCounts(
+                visible=total - in_flight - delayed, in_flight=in_flight, delayed=delayed
+            )
+
+        return await self._run(job)
+
+    async def send(self, name: str, messages: Sequence[NewMessage], now: int) -> list[SendResult]:
+        def job(conn: sqlite3.Connection) -> list[SendResult]:
+            _check_queue(conn, name)
+            if any(m.dedup_id is not None for m in messages):
+                conn.execute("DELETE FROM dedup WHERE queue = ? AND until <= ?", (name, now))
+            results = []
+            for m in messages:
+                if m.dedup_id is not None:
+                    seen = conn.execute(
+                        "SELECT message_id, seq FROM dedup WHERE queue = ? AND dedup_id = ?",
+                        (name, m.dedup_id),
+                    ).fetchone()
+                    if seen is not None:
+                        results.append(SendResult(message_id=seen[0], seq=seen[1], duplicate=True))
+                        continue
+                (seq,) = conn.execute(
+                    "UPDATE queues SET next_seq = next_seq + 1 WHERE name = ? "
+                    "RETURNING next_seq - 1",
+                    (name,),
+                ).fetchone()
+                conn.execute(
+                    "INSERT INTO messages (queue, seq, payload, group_id, visible_at) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    (name, seq, m.payload, m.group_id, m.visible_at),
+                )
+                if m.dedup_id is not None:
+                    conn.execute(
+                        "INSERT INTO dedup VALUES (?, ?, ?, ?, ?)",
+                        (name, m.dedup_id, m.message_id, seq, m.dedup_until),
+                    )
+                results.append(SendResult(message_id=m.message_id, seq=seq))
+            return results
+
+        return await self._run(job)
+
+    async def receive(self, name: str, spec: ReceiveSpec) -> list[Received]:
+        def job(conn: sqlite3.Connection) -> list[Received]:
+            _check_queue(conn, name)
+            now = spec.now
+            if spec.fifo:
+                rows = conn.execute(
+                    "SELECT seq, group_id, visible_at <= ? FROM messages WHERE queue = ? "
+                    "ORDER BY seq",
+                    (now, name),
+                )
+                picks = fifo_picks(((s, g, bool(v)) for s, g, v in rows), spec.max_messages)
+            else:
+                # The primary key (queue, seq) is the sequence index: this
+                # walks it in order and stops after k + n - 1 visible rows.
+                visible = [
+                    r[0]
+                    for r in conn.execute(
+                        "SELECT seq FROM messages WHERE queue = ? AND visible_at <= ? "
+                        "ORDER BY seq LIMIT ?",
+                        (name, now, spec.k + spec.max_messages - 1),
+                    )
+                ]
+                picks = standard_picks(visible, spec.k, spec.max_messages, spec.rand)
+            out = []
+            for seq in picks:
+                payload, count, first = conn.execute(
+                    "UPDATE messages SET visible_at = ?, receive_count = receive_count + 1, "
+                    "first_receive_at = CASE receive_count WHEN 0 THEN ? ELSE first_receive_at "
+                    "END, token = ? WHERE queue = ? AND seq = ? "
+                    "RETURNING payload, receive_count, first_receive_at",
+                    (now + spec.visibility_ms, now, spec.token, name, seq),
+                ).fetchone()
+                out.append(
+                    Received(
+                        seq=seq,
+                        payload=payload,
+                        receive_count=count,
+                        first_receive_at=first,
+                        token=spec.token,
+                    )
+                )
+            return out
+
+        return await self._run(job)
+
+    async def delete(self, name: str, seqs: Sequence[int]) -> None:
+        def job(conn: sqlite3.Connection) -> None:
+            _check_queue(conn, name)
+            conn.executemany(
+                "DELETE FROM messages WHERE queue = ? AND seq = ?", [(name, s) for s in seqs]
+            )
+
+        await self._run(job)
+
+    async def change_visibility(
+        self, name: str, seq: int, token: str, visible_at: int, now: int
+    ) -> ChangeResult:
+        def job(conn: sqlite3.Connection) -> ChangeResult:
+            _check_queue(conn, name)
+            row = conn.execute(
+                "SELECT token, visible_at FROM messages WHERE queue = ? AND seq = ?", (name, seq)
+            ).fetchone()
+            if row is None:
+                return ChangeResult.NOT_FOUND
+            if row[0] != token or row[1] <= now:
+                return ChangeResult.NOT_IN_FLIGHT
+            conn.execute(
+                "UPDATE messages SET visible_at = ? WHERE queue = ? AND seq = ?",
+                (visible_at, name, seq),
+            )
+            return ChangeResult.OK
+
+        return await self._run(job)
+
+    async def purge(self, name: str) -> None:
+        def job(conn: sqlite3.Connection) -> None:
+            _check_queue(conn, name)
+            conn.execute("DELETE FROM messages WHERE queue = ?", (name,))
+
+        await self._run(job)
+
+
+def _get_queue(conn: sqlite3.Connection, name: str) -> QueueRecord:
+    row = conn.execute(
+        "SELECT attributes, created_at, modified_at FROM queues WHERE name = ?", (name,)
+    ).fetchone()
+    if row is None:
+        raise QueueDoesNotExist(f"The specified queue {name} does not exist.")
+    return QueueRecord(
+        name=name, attributes=json.loads(row[0]), created_at=row[1], modified_at=row[2]
+    )
