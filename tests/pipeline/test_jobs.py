@@ -83,7 +83,7 @@ def test_summary_gives_the_known_answers(spark: Any, tmp_path: Path) -> None:
     assert a["mean_ns"] == pytest.approx(500.0)
     assert a["stddev_ns"] == pytest.approx(100 * math.sqrt(7.5))
     assert (a["p50_ns"], a["p99_ns"], a["min_ns"], a["max_ns"]) == (500, 900, 100, 900)
-    assert (a["duplicates"], a["out_of_order"]) == (0, 0)
+    assert (a["runs"], a["duplicates"], a["out_of_order"]) == (1, 0, 0)
     # 9 delivered between the first send and the last reply, 8900 ns apart.
     assert a["rate_source"] == "records"
     assert a["msgs_per_s"] == pytest.approx(9 / 8900e-9)
@@ -97,7 +97,7 @@ def test_summary_gives_the_known_answers(spark: Any, tmp_path: Path) -> None:
     assert b["round_trip"] is False
 
     c = rows["zmq"]
-    assert (c["runs"], c["messages"], c["delivered"], c["lost"]) == (0, 2000, 1990, 10)
+    assert (c["runs"], c["messages"], c["delivered"], c["lost"]) == (2, 2000, 1990, 10)
     assert c["loss_rate"] == pytest.approx(0.005)
     assert c["rate_source"] == "totals"
     assert c["msgs_per_s"] == pytest.approx(1990.0)

@@ -56,6 +56,7 @@ __all__ = [
     "load_tables",
     "sample_series",
     "sample_stats",
+    "spark_schema",
     "summary",
     "throughput",
 ]
@@ -72,7 +73,8 @@ _NS_PER_S: Final = 1e9
 _BYTES_PER_MB: Final = 1e6
 
 
-def _spark_schema(schema: pa.Schema) -> StructType:
+def spark_schema(schema: pa.Schema) -> StructType:
+    """The Spark schema of one of :mod:`cmq.lab.records`' pyarrow schemas."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
     return from_arrow_schema(schema)
@@ -96,11 +98,11 @@ def load_tables(spark: SparkSession, out: str | os.PathLike[str]) -> Tables:
     """
 
     def read(name: str, schema: pa.Schema) -> DataFrame:
-        spark_schema = _spark_schema(schema)
+        struct = spark_schema(schema)
         paths = table_paths(out, name)
         if not paths:
-            return spark.createDataFrame([], spark_schema)
-        return spark.read.schema(spark_schema).parquet(*paths)
+            return spark.createDataFrame([], struct)
+        return spark.read.schema(struct).parquet(*paths)
 
     return Tables(
         records=read("records", RECORDS_SCHEMA),
@@ -111,51 +113,61 @@ def load_tables(spark: SparkSession, out: str | os.PathLike[str]) -> Tables:
 
 
 def flag_deliveries(records: DataFrame) -> DataFrame:
-    """Delivered rows of ``records`` with ``latency_ns``, ``duplicate`` and
-    ``out_of_order`` columns added (see the module docstring)."""
+    """``records`` with ``latency_ns``, ``duplicate`` and ``out_of_order``
+    columns added (see the module docstring); lost rows get a null latency
+    and both flags false."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     delivered = records.where(~F.col("lost"))
-    # Ties on recv_ns are broken by seq so that the result is deterministic.
-    by_copy = Window.partitionBy(*STREAM_KEYS, "seq").orderBy("recv_ns", "send_ns")
+    # Both windows partition by the same keys, so Spark shuffles once and
+    # only sorts twice. Ties are broken by further columns so that the
+    # result does not depend on the order rows arrived in.
+    by_seq = Window.partitionBy(*STREAM_KEYS).orderBy("seq", "recv_ns", "send_ns")
     before = (
         Window.partitionBy(*STREAM_KEYS)
-        .orderBy("recv_ns", "seq")
+        .orderBy("recv_ns", "seq", "send_ns")
         .rowsBetween(Window.unboundedPreceding, -1)
     )
-    flagged = delivered.withColumn("duplicate", F.row_number().over(by_copy) > 1).withColumn(
+    duplicate = F.coalesce(F.lag("seq").over(by_seq) == F.col("seq"), F.lit(False))
+    flagged = delivered.withColumn("duplicate", duplicate).withColumn(
         "_prev_max", F.max("seq").over(before)
     )
-    return flagged.select(
-        *records.columns,
-        (F.col("recv_ns") - F.col("send_ns")).alias("latency_ns"),
-        "duplicate",
-        (
-            ~F.col("duplicate")
-            & F.col("_prev_max").isNotNull()
-            & (F.col("seq") < F.col("_prev_max"))
-        ).alias("out_of_order"),
+    out_of_order = (
+        ~F.col("duplicate") & F.col("_prev_max").isNotNull() & (F.col("seq") < F.col("_prev_max"))
     )
-
-
-def latency_stats(records: DataFrame) -> DataFrame:
-    """Counts, loss, duplicates, out-of-order and latency per :data:`GROUP_KEYS`."""
-    from pyspark.sql import functions as F
-
-    flagged = flag_deliveries(records)
     lost = records.where(F.col("lost")).select(
         *records.columns,
         F.lit(None).cast("long").alias("latency_ns"),
         F.lit(False).alias("duplicate"),
         F.lit(False).alias("out_of_order"),
     )
-    rows = flagged.unionByName(lost)
-    first = ~F.col("lost") & ~F.col("duplicate")
-    latency = F.when(first, F.col("latency_ns"))
-    agg = rows.groupBy(*GROUP_KEYS).agg(
-        F.countDistinct("run_id").alias("runs"),
-        F.count_if(first).alias("delivered"),
+    return flagged.select(
+        *records.columns,
+        (F.col("recv_ns") - F.col("send_ns")).alias("latency_ns"),
+        "duplicate",
+        out_of_order.alias("out_of_order"),
+    ).unionByName(lost)
+
+
+def _first() -> Column:
+    from pyspark.sql import functions as F
+
+    return ~F.col("lost") & ~F.col("duplicate")
+
+
+def _ratio(numerator: Column, denominator: Column) -> Column:
+    from pyspark.sql import functions as F
+
+    return F.when(denominator > 0, numerator / denominator)
+
+
+def _stats(flagged: DataFrame) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    latency = F.when(_first(), F.col("latency_ns"))
+    agg = flagged.groupBy(*GROUP_KEYS).agg(
+        F.count_if(_first()).alias("delivered"),
         F.count_if(F.col("lost")).alias("lost"),
         F.count_if(F.col("duplicate")).alias("duplicates"),
         F.count_if(F.col("out_of_order")).alias("out_of_order"),
@@ -169,7 +181,6 @@ def latency_stats(records: DataFrame) -> DataFrame:
     messages = F.col("delivered") + F.col("lost")
     return agg.select(
         *GROUP_KEYS,
-        "runs",
         messages.alias("messages"),
         "delivered",
         "lost",
@@ -188,41 +199,32 @@ def latency_stats(records: DataFrame) -> DataFrame:
     )
 
 
-def _ratio(numerator: Column, denominator: Column) -> Column:
+def _rates(flagged: DataFrame, totals: DataFrame) -> DataFrame:
     from pyspark.sql import functions as F
 
-    return F.when(denominator > 0, numerator / denominator)
-
-
-def throughput(records: DataFrame, totals: DataFrame) -> DataFrame:
-    """msgs/s and MB/s per :data:`GROUP_KEYS`, from totals where a group has
-    them, else from per-message timestamps (column ``rate_source``)."""
-    from pyspark.sql import functions as F
-
-    per_run = (
-        records.where(~F.col("lost"))
-        .groupBy(*GROUP_KEYS, "run_id")
-        .agg(
-            # Distinct seqs: a duplicate is not a second message delivered.
-            F.count_distinct("stream", "receiver", "seq").alias("n"),
-            (F.max("recv_ns") - F.min("send_ns")).alias("span_ns"),
-        )
+    per_run = flagged.groupBy(*GROUP_KEYS, "run_id").agg(
+        F.count_if(_first()).alias("n"),
+        (F.max("recv_ns") - F.min(F.when(~F.col("lost"), F.col("send_ns")))).alias("span_ns"),
     )
     from_records = per_run.groupBy(*GROUP_KEYS).agg(
-        F.sum("n").alias("_delivered"), F.sum("span_ns").alias("_ns")
+        F.count("run_id").alias("r_runs"),
+        F.sum("n").alias("r_delivered"),
+        F.sum("span_ns").alias("r_ns"),
     )
     from_totals = totals.groupBy(*GROUP_KEYS).agg(
+        F.countDistinct("run_id").alias("t_runs"),
         F.sum("sent").alias("t_sent"),
         F.sum("delivered").alias("t_delivered"),
         F.sum("duration_ns").alias("t_ns"),
     )
     joined = from_records.join(from_totals, list(GROUP_KEYS), "full_outer")
     has_totals = F.col("t_ns").isNotNull()
-    delivered = F.when(has_totals, F.col("t_delivered")).otherwise(F.col("_delivered"))
-    ns = F.when(has_totals, F.col("t_ns")).otherwise(F.col("_ns"))
+    delivered = F.when(has_totals, F.col("t_delivered")).otherwise(F.col("r_delivered"))
+    ns = F.when(has_totals, F.col("t_ns")).otherwise(F.col("r_ns"))
     rate = F.when(ns > 0, delivered * _NS_PER_S / ns)
     return joined.select(
         *GROUP_KEYS,
+        F.coalesce(F.col("r_runs"), F.col("t_runs")).alias("runs"),
         rate.alias("msgs_per_s"),
         (rate * F.col("size") / _BYTES_PER_MB).alias("mb_per_s"),
         F.when(has_totals, F.lit("totals")).otherwise(F.lit("records")).alias("rate_source"),
@@ -231,25 +233,34 @@ def throughput(records: DataFrame, totals: DataFrame) -> DataFrame:
     )
 
 
+def latency_stats(records: DataFrame) -> DataFrame:
+    """Counts, loss, duplicates, out-of-order and latency per :data:`GROUP_KEYS`."""
+    return _stats(flag_deliveries(records))
+
+
+def throughput(records: DataFrame, totals: DataFrame) -> DataFrame:
+    """msgs/s and MB/s per :data:`GROUP_KEYS`, from totals where a group has
+    them, else from per-message timestamps (column ``rate_source``), and the
+    number of ``runs`` measured."""
+    return _rates(flag_deliveries(records), totals)
+
+
 def summary(records: DataFrame, totals: DataFrame) -> DataFrame:
     """One row per :data:`GROUP_KEYS`: :func:`latency_stats` joined with
     :func:`throughput`. A group with only totals has counts from its totals
     (``lost = sent - delivered``) and null latency."""
     from pyspark.sql import functions as F
 
-    stats = latency_stats(records)
-    rates = throughput(records, totals)
-    joined = stats.join(rates, list(GROUP_KEYS), "full_outer")
+    # One flagged plan feeds both sides; Spark reuses its shuffle for both.
+    flagged = flag_deliveries(records)
+    joined = _stats(flagged).join(_rates(flagged, totals), list(GROUP_KEYS), "full_outer")
     t_lost = F.col("t_sent") - F.col("t_delivered")
-    delivered = F.coalesce(F.col("delivered"), F.col("t_delivered"))
-    lost = F.coalesce(F.col("lost"), t_lost)
-    messages = F.coalesce(F.col("messages"), F.col("t_sent"))
     return joined.select(
         *GROUP_KEYS,
-        F.coalesce(F.col("runs"), F.lit(0)).alias("runs"),
-        messages.alias("messages"),
-        delivered.alias("delivered"),
-        lost.alias("lost"),
+        "runs",
+        F.coalesce(F.col("messages"), F.col("t_sent")).alias("messages"),
+        F.coalesce(F.col("delivered"), F.col("t_delivered")).alias("delivered"),
+        F.coalesce(F.col("lost"), t_lost).alias("lost"),
         F.coalesce(F.col("loss_rate"), _ratio(t_lost, F.col("t_sent"))).alias("loss_rate"),
         F.coalesce(F.col("duplicates"), F.lit(0)).alias("duplicates"),
         "dup_rate",
