@@ -60,6 +60,7 @@ from cmq.lab import systems as _systems
 
 __all__ = [
     "PINS",
+    "DestinationsResult",
     "Failed",
     "Progress",
     "Result",
@@ -67,6 +68,7 @@ __all__ = [
     "Skipped",
     "ThroughputResult",
     "cpus_for",
+    "run_destinations",
     "run_pingping",
     "run_pingpong",
     "run_throughput",
@@ -638,3 +640,104 @@ def run_pingping(
         progress=progress,
         prefix=prefix,
     )
+
+
+@dataclass(frozen=True, kw_only=True)
+class DestinationsResult:
+    """Cost per pushed message with messages spread over ``destinations``."""
+
+    destinations: int
+    messages: int
+    size: int
+    qthresh: int
+    ns_per_msg: float
+    """Best of the repeats: stream lookup, push, arm, take, final flush."""
+    datagrams: int
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON object of this measurement."""
+        return {
+            "destinations": self.destinations,
+            "messages": self.messages,
+            "size": self.size,
+            "qthresh": self.qthresh,
+            "datagrams": self.datagrams,
+            "ns_per_msg": round(self.ns_per_msg, 1),
+        }
+
+
+def run_destinations(
+    destinations: Sequence[int] = (1, 100_000),
+    *,
+    per_destination: int = 10,
+    size: int = 4,
+    repeat: int = 3,
+) -> list[DestinationsResult]:
+    """Sans-IO micro-benchmark: does push cost grow with the number of destinations?
+
+    For each entry of ``destinations`` (D), the same number of messages
+    (``max(destinations) * per_destination``) is pushed round-robin to D
+    distinct addresses through :class:`cmq.wire.batcher.Batcher` exactly as
+    the driver does on a busy link (``stream``, ``push``, ``arm`` when a batch
+    opens, ``take`` when it is full), then everything left is flushed
+    (``due`` at infinity, ``take``): the timed region covers every message
+    from push to datagram bytes. No sockets, no clock in the loop.
+
+    To compare like with like, ``qthresh`` is set so that a batch holds
+    ``per_destination`` messages: then every D makes the same number of
+    datagrams of the same size, and only the number of destinations
+    differs (dict size, heap size, cache misses). The idle rule is left out
+    (every batch is armed), as on a link that is never idle.
+    Raises :class:`~cmq.ConfigError` on bad arguments.
+    """
+    import gc
+
+    from cmq._config import QueueConfig
+    from cmq.wire import batcher as _batcher
+    from cmq.wire.frames import frame_size
+
+    if not destinations or min(destinations) < 1:
+        raise ConfigError("destinations must be a non-empty list of counts of at least 1")
+    if per_destination < 1 or size < 1 or repeat < 1:
+        raise ConfigError("per_destination, size and repeat must be at least 1")
+    messages = max(destinations) * per_destination
+    qthresh = per_destination * frame_size(size)
+    config = QueueConfig(qthresh=qthresh)
+    payload = b"x" * size
+    opened, full = _batcher.OPENED, _batcher.FULL
+    results: list[DestinationsResult] = []
+    for d in destinations:
+        addrs = [(f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}", 9000) for i in range(d)]
+        order = [addrs[i % d] for i in range(messages)]
+        best = math.inf
+        datagrams = 0
+        for _ in range(repeat):
+            b = _batcher.Batcher(config, sender=1)
+            stream, push, arm, take = b.stream, b.push, b.arm, b.take
+            now = 0.0
+            gc.collect()
+            t0 = time.perf_counter_ns()
+            sent = 0
+            for addr in order:
+                s = stream(addr, 0)
+                r = push(s, payload)
+                if r == opened:
+                    arm(s, now)
+                elif r == full:
+                    sent += len(take(s, now))
+            for s in b.due(math.inf):
+                sent += len(take(s, now))
+            elapsed = time.perf_counter_ns() - t0
+            best = min(best, elapsed / messages)
+            datagrams = sent
+        results.append(
+            DestinationsResult(
+                destinations=d,
+                messages=messages,
+                size=size,
+                qthresh=qthresh,
+                ns_per_msg=best,
+                datagrams=datagrams,
+            )
+        )
+    return results

@@ -25,13 +25,15 @@ import struct
 import sys
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from types import ModuleType
 from typing import Any
 
 __all__ = [
     "END",
     "END_REPEAT",
+    "ARecv",
+    "ASend",
     "Ready",
     "Recv",
     "Send",
@@ -39,11 +41,15 @@ __all__ = [
     "numbered",
     "payload",
     "pingping_loop",
+    "pingping_loop_async",
     "pingpong_loop",
+    "pingpong_loop_async",
+    "reachable",
     "receiver_result",
     "send_loop",
     "sender_result",
     "seq_of",
+    "server_url",
     "set_rcvtimeo",
     "worker_main",
 ]
@@ -162,12 +168,7 @@ def pingping_loop(
     after it was sent is lost (``recv_ns`` -1) and frees its slot; a reply that
     comes later still is counted as ``late``, not as delivered.
     """
-    if size < _SEQ.size:
-        raise ValueError(f"ping-ping needs messages of at least {_SEQ.size} bytes to number them")
-    if window < 1:
-        raise ValueError("window must be at least 1")
-    if count > _SEQ_MASK:
-        raise ValueError("ping-ping numbers messages with 32 bits: count must be below 2**32")
+    _check_pingping(size, count, window)
     clock = time.monotonic_ns
     timeout_ns = int(timeout * 1e9)
     send_ns = [0] * count
@@ -211,6 +212,100 @@ def pingping_loop(
     return {"send_ns": send_ns, "recv_ns": recv_ns, "stale": stale, "late": late}
 
 
+ARecv = Callable[[float], Awaitable["bytes | None"]]
+"""The asyncio form of :data:`Recv`."""
+
+ASend = Callable[[bytes], Awaitable[object]]
+"""The asyncio form of :data:`Send`."""
+
+
+async def pingpong_loop_async(
+    send: ASend, recv: ARecv, *, size: int, count: int, timeout: float
+) -> dict[str, Any]:
+    """:func:`pingpong_loop` for asyncio clients (the same rules, line for line)."""
+    clock = time.monotonic_ns
+    timeout_ns = int(timeout * 1e9)
+    send_ns = [0] * count
+    recv_ns = [-1] * count
+    stale = 0
+    for seq in range(count):
+        msg = numbered(seq, size)
+        want = seq & _SEQ_MASK
+        t0 = clock()
+        await send(msg)
+        send_ns[seq] = t0
+        deadline = t0 + timeout_ns
+        while True:
+            left = deadline - clock()
+            if left <= 0:
+                break
+            reply = await recv(left / 1e9)
+            if reply is None:
+                break
+            t1 = clock()
+            got = seq_of(reply)
+            if got is None or got == want:
+                recv_ns[seq] = t1
+                break
+            stale += 1
+    return {"send_ns": send_ns, "recv_ns": recv_ns, "stale": stale, "late": 0}
+
+
+async def pingping_loop_async(
+    send: ASend, recv: ARecv, *, size: int, count: int, timeout: float, window: int
+) -> dict[str, Any]:
+    """:func:`pingping_loop` for asyncio clients (the same rules, line for line)."""
+    _check_pingping(size, count, window)
+    clock = time.monotonic_ns
+    timeout_ns = int(timeout * 1e9)
+    send_ns = [0] * count
+    recv_ns = [-1] * count
+    expired = [False] * count
+    in_order: deque[int] = deque()
+    inflight = next_seq = stale = late = 0
+    while next_seq < count or inflight:
+        while next_seq < count and inflight < window:
+            msg = numbered(next_seq, size)
+            send_ns[next_seq] = clock()
+            await send(msg)
+            in_order.append(next_seq)
+            inflight += 1
+            next_seq += 1
+        while in_order and recv_ns[in_order[0]] >= 0:
+            in_order.popleft()
+        if not in_order:
+            continue
+        oldest = in_order[0]
+        left = send_ns[oldest] + timeout_ns - clock()
+        if left <= 0:
+            in_order.popleft()
+            expired[oldest] = True
+            inflight -= 1
+            continue
+        reply = await recv(left / 1e9)
+        if reply is None:
+            continue
+        t1 = clock()
+        got = seq_of(reply)
+        if got is None or not 0 <= got < next_seq or recv_ns[got] >= 0:
+            stale += 1
+        elif expired[got]:
+            late += 1
+        else:
+            recv_ns[got] = t1
+            inflight -= 1
+    return {"send_ns": send_ns, "recv_ns": recv_ns, "stale": stale, "late": late}
+
+
+def _check_pingping(size: int, count: int, window: int) -> None:
+    if size < _SEQ.size:
+        raise ValueError(f"ping-ping needs messages of at least {_SEQ.size} bytes to number them")
+    if window < 1:
+        raise ValueError("window must be at least 1")
+    if count > _SEQ_MASK:
+        raise ValueError("ping-ping numbers messages with 32 bits: count must be below 2**32")
+
+
 _CHUNK = 256  # messages between two looks at the clock: a clock read per message costs ~5%
 
 
@@ -247,6 +342,22 @@ def send_loop(
         if clock() >= end_at:
             break
     return sender_result(sent=done - failed, start_ns=start, end_ns=clock(), failed=failed)
+
+
+def server_url(env: str, default: str) -> str:
+    """The URL in environment variable ``env``, else ``default``."""
+    return os.environ.get(env) or default
+
+
+def reachable(host: str, port: int, timeout: float = 0.5) -> bool:
+    """Whether a TCP connection to ``host:port`` opens within ``timeout`` s."""
+    import socket
+
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
 
 
 def default_command(name: str) -> list[str]:
