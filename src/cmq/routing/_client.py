@@ -132,7 +132,7 @@ def check_codec(endpoint: Endpoint) -> None:
 
 
 def _remote(reply: ErrorReply) -> RemoteError:
-    return RemoteError(f"broker: {reply.message}", code=reply.code)
+    return RemoteError(f"broker refused ({reply.code}): {reply.message}", code=reply.code)
 
 
 class BrokerClient:
@@ -411,7 +411,10 @@ class BrokerClient:
         elif isinstance(event, Cancelled):
             c = self._consumers.get(event.tag)
             if c is not None:
-                c._cancelled_by = RemoteError(f"broker: {event.message}", code=event.code)
+                c._cancelled_by = RemoteError(
+                    f"broker cancelled the consumer ({event.code}): {event.message}",
+                    code=event.code,
+                )
 
     def _pump(self, timeout: float) -> None:
         """Wait up to ``timeout`` for deliveries, then take all that are waiting."""

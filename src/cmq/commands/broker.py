@@ -1,0 +1,245 @@
+"""Run an AMQP-style broker on cmq, or talk to one (declare, bind, publish, consume).
+
+Serve:   cmq broker --port 5700
+Client:  cmq broker declare-exchange prices --type topic
+         cmq broker declare-queue ibm --max-length 1000 --overflow reject
+         cmq broker bind ibm prices 'stock.ibm.#'
+         cmq broker publish prices stock.ibm.nyse 'IBM 101.5'
+         cmq broker consume ibm --count 1
+         cmq broker stats
+Bench:   cmq broker bench        (TE-SPSC 1 vs 1024 bindings; DE-SPSC vs RabbitMQ)
+
+Client verbs reach the broker at --broker HOST:PORT (default 127.0.0.1:5700).
+Errors from the broker (unknown type, conflicting redeclaration, ...) are
+printed with their code and exit status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from typing import Any, Final
+
+from cmq._errors import Timeout
+
+__all__ = ["DEFAULT_PORT", "configure", "run"]
+
+# Beside AMQP's 5672, not on it: RabbitMQ is often running there.
+DEFAULT_PORT: Final = 5700
+
+
+def _client_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--broker",
+        default=f"127.0.0.1:{DEFAULT_PORT}",
+        metavar="HOST:PORT",
+        help="the broker to talk to (default: %(default)s)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=2.0,
+        help="seconds to wait for a reply (default: %(default)s)",
+    )
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add the serve options and the client verbs to ``parser``."""
+    parser.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help="UDP port to serve on (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to serve on (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--consumer-timeout",
+        type=float,
+        default=None,
+        help="seconds of silence before a consumer is detached",
+    )
+    parser.add_argument(
+        "--ack-timeout",
+        type=float,
+        default=None,
+        help="seconds before an unacknowledged delivery is requeued",
+    )
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB")
+
+    p = verbs.add_parser("declare-exchange", help="declare an exchange (idempotent)")
+    p.add_argument("name")
+    p.add_argument(
+        "--type", default="direct", help="direct, fanout or topic (default: %(default)s)"
+    )
+    _client_args(p)
+
+    p = verbs.add_parser("delete-exchange", help="delete an exchange and its bindings")
+    p.add_argument("name")
+    _client_args(p)
+
+    p = verbs.add_parser("declare-queue", help="declare a bounded queue (idempotent)")
+    p.add_argument("name")
+    p.add_argument("--max-length", type=int, default=None, help="most ready messages")
+    p.add_argument(
+        "--overflow", default="drop-old", help="drop-old, drop-new or reject (default: %(default)s)"
+    )
+    _client_args(p)
+
+    p = verbs.add_parser("delete-queue", help="delete a queue, its bindings and messages")
+    p.add_argument("name")
+    _client_args(p)
+
+    p = verbs.add_parser("purge", help="drop a queue's ready messages")
+    p.add_argument("name")
+    _client_args(p)
+
+    for verb, text in (("bind", "bind a queue to an exchange"), ("unbind", "remove a binding")):
+        p = verbs.add_parser(verb, help=text)
+        p.add_argument("queue")
+        p.add_argument("exchange")
+        p.add_argument(
+            "key", nargs="?", default="", help="binding key (topic: '*' one word, '#' any)"
+        )
+        _client_args(p)
+
+    p = verbs.add_parser("publish", help="publish messages (arguments, or stdin lines with '-')")
+    p.add_argument("exchange")
+    p.add_argument("routing_key")
+    p.add_argument(
+        "body", nargs="*", help="message bodies, sent as strings ('-': one per stdin line)"
+    )
+    p.add_argument("--json", action="store_true", help="parse each body as JSON")
+    p.add_argument(
+        "--confirm", action="store_true", help="wait for the broker to route each message"
+    )
+    _client_args(p)
+
+    p = verbs.add_parser("consume", help="print deliveries from a queue, one per line")
+    p.add_argument("queue")
+    p.add_argument("--count", type=int, default=0, help="stop after this many (0: never)")
+    p.add_argument("--wait", type=float, default=None, help="stop after this many idle seconds")
+    p.add_argument("--no-ack", action="store_true", help="at most once, no acknowledgements")
+    p.add_argument("--prefetch", type=int, default=256)
+    _client_args(p)
+
+    p = verbs.add_parser("stats", help="print the broker's counters as JSON")
+    _client_args(p)
+
+    p = verbs.add_parser("bench", help="TE-SPSC (1 vs 1024 bindings) and DE-SPSC against RabbitMQ")
+    p.add_argument("--seconds", type=float, default=2.0, help="length of each measurement")
+    p.add_argument("--size", type=int, default=16, help="message body bytes (default: %(default)s)")
+    p.add_argument("--amqp-url", default="amqp://guest:guest@127.0.0.1:5672/%2F")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "backslashreplace")
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, default=repr)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from cmq.routing import Broker, BrokerConfig
+
+    options: dict[str, Any] = {}
+    if args.consumer_timeout is not None:
+        options["consumer_timeout"] = args.consumer_timeout
+    if args.ack_timeout is not None:
+        options["ack_timeout"] = args.ack_timeout
+    broker = Broker(port=args.port, host=args.host, config=BrokerConfig(**options))
+    signal.signal(signal.SIGTERM, lambda *_: broker.close())
+    host, port = broker.address
+    print(f"cmq broker serving on {host}:{port}", flush=True)
+    try:
+        broker.serve_forever()
+    finally:
+        broker.close()
+    return 0
+
+
+def _client_verb(args: argparse.Namespace) -> int:
+    from cmq.routing import BrokerClient
+
+    with BrokerClient(args.broker, timeout=args.timeout) as client:
+        verb = args.verb
+        if verb == "declare-exchange":
+            created = client.declare_exchange(args.name, args.type)
+            print(f"exchange {args.name!r} ({args.type}) {'created' if created else 'exists'}")
+        elif verb == "delete-exchange":
+            print(
+                f"exchange {args.name!r} {'deleted' if client.delete_exchange(args.name) else 'did not exist'}"
+            )
+        elif verb == "declare-queue":
+            options: dict[str, Any] = {"overflow": args.overflow}
+            if args.max_length is not None:
+                options["max_length"] = args.max_length
+            info = client.declare_queue(args.name, **options)
+            state = "created" if info["created"] else "exists"
+            print(
+                f"queue {args.name!r} {state}: {info['messages']} messages, {info['consumers']} consumers"
+            )
+        elif verb == "delete-queue":
+            print(f"queue {args.name!r} deleted with {client.delete_queue(args.name)} messages")
+        elif verb == "purge":
+            print(f"queue {args.name!r}: {client.purge_queue(args.name)} messages purged")
+        elif verb in ("bind", "unbind"):
+            changed = getattr(client, verb)(args.queue, args.exchange, args.key)
+            print(
+                f"{verb} {args.queue!r} {args.exchange!r} {args.key!r}: {'done' if changed else 'no change'}"
+            )
+        elif verb == "publish":
+            return _publish(client, args)
+        elif verb == "consume":
+            return _consume(client, args)
+        elif verb == "stats":
+            print(json.dumps(client.stats(), indent=2, sort_keys=True))
+    return 0
+
+
+def _publish(client: Any, args: argparse.Namespace) -> int:
+    bodies = args.body
+    if bodies == ["-"]:
+        bodies = (line.rstrip("\n") for line in sys.stdin)
+    n = 0
+    for text in bodies:
+        body = json.loads(text) if args.json else text
+        client.publish(args.exchange, args.routing_key, body, confirm=args.confirm)
+        n += 1
+    client.flush()
+    errors = client.errors()
+    for exc in errors:
+        print(f"cmq broker publish: {exc.code}: {exc}", file=sys.stderr)
+    print(f"published {n} message(s)", file=sys.stderr)
+    return 1 if errors else 0
+
+
+def _consume(client: Any, args: argparse.Namespace) -> int:
+    n = 0
+    with client.consume(args.queue, prefetch=args.prefetch, no_ack=args.no_ack) as consumer:
+        while not args.count or n < args.count:
+            try:
+                d = consumer.get(timeout=args.wait)
+            except Timeout:
+                break
+            print(f"{d.routing_key}\t{_show(d.body)}", flush=True)
+            n += 1
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve (no verb) or run one client verb; return the exit status.
+
+    Raises:
+        CmqError: the broker refused a request or did not answer (the ``cmq``
+            command prints it and exits with 1).
+    """
+    if args.verb is None:
+        return _serve(args)
+    if args.verb == "bench":
+        from cmq.routing._bench import main as bench
+
+        return bench(args)
+    return _client_verb(args)

@@ -1,0 +1,266 @@
+"""The broker over loopback with real cmq endpoints: client, driver and CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from cmq import ConfigError, RemoteError, Timeout
+from cmq.routing import Broker, BrokerClient, BrokerConfig, ErrorCode
+
+pytestmark = pytest.mark.timeout(30)
+
+# Generous: these bound a wait on a loopback reply, they are not asserted.
+WAIT = 5.0
+
+
+@pytest.fixture
+def broker() -> Iterator[Broker]:
+    with Broker(config=BrokerConfig(consumer_timeout=60.0)).start() as b:
+        yield b
+
+
+@pytest.fixture
+def client(broker: Broker) -> Iterator[BrokerClient]:
+    with BrokerClient(broker.address, timeout=WAIT) as c:
+        yield c
+
+
+def drain(consumer: Any, n: int) -> list[Any]:
+    return [consumer.get(timeout=WAIT) for _ in range(n)]
+
+
+def test_declare_bind_publish_consume(client: BrokerClient) -> None:
+    assert client.declare_exchange("prices", "topic") is True
+    assert client.declare_exchange("prices", "topic") is False
+    assert client.declare_queue("ibm", max_length=100)["created"] is True
+    client.declare_queue("all", max_length=100)
+    client.bind("ibm", "prices", "stock.ibm.*")
+    client.bind("all", "prices", "#")
+    client.bind("all", "prices", "stock.#")  # two matches, one copy
+    assert client.publish("prices", "stock.ibm.nyse", b"101.5", confirm=True) == 2
+    assert client.publish("prices", "bond.x", {"px": 99}, confirm=True) == 1
+    with client.consume("all") as c:
+        got = drain(c, 2)
+    assert [(d.routing_key, d.body) for d in got] == [
+        ("stock.ibm.nyse", b"101.5"),
+        ("bond.x", {"px": 99}),
+    ]
+    with client.consume("ibm") as c:
+        (d,) = drain(c, 1)
+    assert (d.exchange, d.body, d.redelivered) == ("prices", b"101.5", False)
+
+
+@pytest.mark.parametrize(
+    ("call", "code"),
+    [
+        (lambda c: c.declare_exchange("x", "headers"), ErrorCode.BAD_REQUEST),
+        (lambda c: c.declare_exchange("d", "fanout"), ErrorCode.PRECONDITION_FAILED),
+        (lambda c: c.declare_queue("q", max_length=7), ErrorCode.PRECONDITION_FAILED),
+        (lambda c: c.bind("q", "nope"), ErrorCode.NOT_FOUND),
+        (lambda c: c.consume("nope"), ErrorCode.NOT_FOUND),
+        (lambda c: c.publish("nope", "k", 1, confirm=True), ErrorCode.NOT_FOUND),
+    ],
+)
+def test_errors_come_back_as_remote_errors(client: BrokerClient, call: Any, code: str) -> None:
+    client.declare_exchange("d", "direct")
+    client.declare_queue("q", max_length=5)
+    with pytest.raises(RemoteError) as info:
+        call(client)
+    assert info.value.code == code
+    assert code in str(info.value)
+
+
+def test_many_messages_in_order_with_acks(broker: Broker, client: BrokerClient) -> None:
+    client.declare_queue("q", max_length=100_000)
+    n = 3000
+    for i in range(n):
+        client.publish("", "q", i)
+    client.flush()
+    with client.consume("q", prefetch=64) as c:
+        bodies = [d.body for d in drain(c, n)]
+    assert bodies == list(range(n))
+    s = broker.stats()
+    assert s.delivered == n and s.acked == n and s.redelivered == 0
+    assert client.errors() == []
+
+
+def test_overflow_reject_reaches_publisher(broker: Broker, client: BrokerClient) -> None:
+    client.declare_queue("tiny", max_length=2, overflow="reject")
+    client.publish("", "tiny", 1, confirm=True)
+    client.publish("", "tiny", 2, confirm=True)
+    with pytest.raises(RemoteError) as info:
+        client.publish("", "tiny", 3, confirm=True)
+    assert info.value.code == ErrorCode.QUEUE_FULL
+    client.publish("", "tiny", 4)
+    client.flush()
+    client.stats()  # a round trip: the unsolicited error came before its reply
+    (err,) = client.errors()
+    assert err.code == ErrorCode.QUEUE_FULL
+    assert broker.stats().rejected == 2
+
+
+def test_lost_consumer_is_reattached_and_gets_its_messages(
+    broker: Broker, client: BrokerClient
+) -> None:
+    client.declare_queue("q", max_length=100)
+    c = client.consume("q", prefetch=10, auto_ack=False)
+    for i in range(3):
+        client.publish("", "q", i)
+    client.flush()
+    first = drain(c, 3)
+    assert not any(d.redelivered for d in first)
+    # The consumer falls silent past the broker's timeout: jump the broker's
+    # clock instead of sleeping.
+    with broker._lock:
+        broker.core.handle_timer(time.monotonic() + 120.0)
+    assert broker.stats().consumers == 0
+    assert broker.stats().per_queue[0].ready == 3  # not lost
+    client.heartbeat()  # it comes back: re-attached, and the messages follow
+    again = drain(c, 3)
+    assert [d.body for d in again] == [0, 1, 2]
+    assert all(d.redelivered for d in again)
+    for d in again:
+        c.ack(d)
+    c.cancel()
+    client.stats()  # the acks were sent before the cancel; wait for it to land
+    s = broker.stats()
+    assert (s.consumers_expired, s.consumers_reattached, s.acked) == (1, 1, 3)
+
+
+def test_cancel_returns_unacked_messages_to_the_queue(broker: Broker, client: BrokerClient) -> None:
+    client.declare_queue("q", max_length=100)
+    for i in range(5):
+        client.publish("", "q", i)
+    client.flush()
+    with client.consume("q", prefetch=5, auto_ack=False) as c:
+        drain(c, 5)
+    with client.consume("q") as c2:
+        assert [d.body for d in drain(c2, 5)] == [0, 1, 2, 3, 4]
+
+
+def test_delete_queue_cancels_its_consumer(broker: Broker, client: BrokerClient) -> None:
+    client.declare_queue("q", max_length=100)
+    c = client.consume("q")
+    with BrokerClient(broker.address, timeout=WAIT) as admin:
+        admin.delete_queue("q")
+    with pytest.raises(RemoteError) as info:
+        c.get(timeout=WAIT)
+    assert info.value.code == ErrorCode.NOT_FOUND
+
+
+def test_async_iterator(broker: Broker, client: BrokerClient) -> None:
+    client.declare_exchange("f", "fanout")
+    client.declare_queue("q", max_length=100)
+    client.bind("q", "f")
+    for i in range(10):
+        client.publish("f", "", i)
+    client.flush()
+
+    async def take() -> list[Any]:
+        out = []
+        async for d in client.consume("q"):
+            out.append(d.body)
+            if len(out) == 10:
+                break
+        return out
+
+    assert asyncio.run(asyncio.wait_for(take(), WAIT)) == list(range(10))
+
+
+def test_two_consumers_share_a_queue(broker: Broker) -> None:
+    with (
+        BrokerClient(broker.address, timeout=WAIT) as a,
+        BrokerClient(broker.address, timeout=WAIT) as b,
+    ):
+        a.declare_queue("work", max_length=1000)
+        ca, cb = a.consume("work", prefetch=4), b.consume("work", prefetch=4)
+        for i in range(8):
+            a.publish("", "work", i)
+        a.flush()
+        got = drain(ca, 4) + drain(cb, 4)
+        assert sorted(d.body for d in got) == list(range(8))
+
+
+def test_timeout_when_no_broker() -> None:
+    from cmq.net import Queue
+
+    with (
+        Queue(port=0, host="127.0.0.1", codec="msgpack") as silent,
+        BrokerClient(silent.address, timeout=0.2, retries=1) as c,
+        pytest.raises(Timeout),
+    ):
+        c.declare_queue("q")
+
+
+def test_client_refuses_a_raw_endpoint() -> None:
+    from cmq.net import Queue
+
+    with (
+        Queue(port=0, host="127.0.0.1", codec="raw") as raw,
+        pytest.raises(ConfigError, match="msgpack"),
+    ):
+        BrokerClient("127.0.0.1:1", endpoint=raw)
+
+
+# -- the command ---------------------------------------------------------------
+
+
+def cmq(*argv: str) -> int:
+    from cmq.cli import main
+
+    return main(list(argv))
+
+
+def test_cli_verbs(broker: Broker, capsys: pytest.CaptureFixture[str]) -> None:
+    addr = f"{broker.address[0]}:{broker.address[1]}"
+    assert cmq("broker", "declare-exchange", "px", "--type", "topic", "--broker", addr) == 0
+    assert cmq("broker", "declare-queue", "ibm", "--max-length", "10", "--broker", addr) == 0
+    assert cmq("broker", "bind", "ibm", "px", "stock.ibm.#", "--broker", addr) == 0
+    assert (
+        cmq("broker", "publish", "px", "stock.ibm.nyse", "101.5", "--confirm", "--broker", addr)
+        == 0
+    )
+    assert (
+        cmq("broker", "publish", "px", "stock.ibm.x", '{"a": 1}', "--json", "--broker", addr) == 0
+    )
+    assert cmq("broker", "consume", "ibm", "--count", "2", "--broker", addr) == 0
+    out = capsys.readouterr().out
+    assert "stock.ibm.nyse\t101.5\n" in out
+    assert 'stock.ibm.x\t{"a": 1}\n' in out
+    assert cmq("broker", "stats", "--broker", addr) == 0
+    assert '"acked": 2' in capsys.readouterr().out
+
+
+def test_cli_reports_broker_errors(broker: Broker, capsys: pytest.CaptureFixture[str]) -> None:
+    addr = f"{broker.address[0]}:{broker.address[1]}"
+    assert cmq("broker", "declare-exchange", "e", "--type", "fanout", "--broker", addr) == 0
+    assert cmq("broker", "declare-exchange", "e", "--type", "topic", "--broker", addr) == 1
+    assert cmq("broker", "declare-exchange", "e2", "--type", "nonsense", "--broker", addr) == 1
+    err = capsys.readouterr().err
+    assert "precondition-failed" in err and "exists with type 'fanout'" in err
+    assert "bad-request" in err and "unknown exchange type 'nonsense'" in err
+
+
+def test_cli_serve_stops_on_close(monkeypatch: pytest.MonkeyPatch) -> None:
+    import cmq.commands.broker as command
+    from cmq.routing import _server
+
+    started: list[Broker] = []
+    real_serve = _server.Broker.serve_forever
+
+    def serve_once(self: Broker) -> None:
+        started.append(self)
+        self.close()  # as SIGTERM would
+        real_serve(self)
+
+    monkeypatch.setattr(_server.Broker, "serve_forever", serve_once)
+    monkeypatch.setattr(command.signal, "signal", lambda *a: None)
+    with contextlib.redirect_stdout(None):
+        assert cmq("broker", "--port", "0") == 0
+    assert started
