@@ -142,7 +142,7 @@ def _echo(bind: str, ready: Ready, startup: float, idle: float, deadline: float)
                 if not n:
                     stopped = "end"
                     break
-                try:  # noqa: SIM105 (a with-block per message costs more than try)
+                try:
                     sendto(view[:n], addr)
                 except OSError:
                     pass  # the client is gone; its lost round trip is counted there
