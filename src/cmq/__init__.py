@@ -15,11 +15,13 @@ from cmq._errors import (
     WouldBlock,
 )
 from cmq._types import Message, Stats
+from cmq.net.aqueue import AsyncQueue
 from cmq.net.queue import Queue
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncQueue",
     "Closed",
     "CmqError",
     "ConfigError",

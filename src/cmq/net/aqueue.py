@@ -1,0 +1,345 @@
+"""The asyncio driver: :class:`AsyncQueue`, the same endpoint on an event loop.
+
+Theory of operation
+-------------------
+The sans-IO core is the same as :class:`cmq.Queue`'s; only the moving of
+bytes differs. Everything runs in the event loop's thread, so no locks:
+
+- the socket is non-blocking and registered with ``loop.add_reader``; each
+  readiness callback drains the kernel and wakes the coroutines waiting on a
+  mailbox;
+- ``push`` sends at once from the caller (UDP ``sendto`` on a non-blocking
+  socket either takes the datagram or says EAGAIN, in which case datagrams
+  wait in an outbox drained by ``loop.add_writer``, in order);
+- one ``TimerHandle`` is re-armed to the earliest deadline (batch timeouts,
+  request timeouts, reassembly expiry), using the loop's clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from typing import Any, ClassVar, Final
+
+from cmq._config import QueueConfig
+from cmq._errors import Closed, Timeout, TransportError
+from cmq._types import Address, Message
+from cmq.net._base import Endpoint, message_of
+from cmq.wire.batcher import Stream
+from cmq.wire.receiver import Meta
+
+__all__ = ["AsyncQueue"]
+
+_DRAIN_BATCH: Final = 256
+
+
+class AsyncQueue(Endpoint):
+    """A cmq endpoint on asyncio. Open it with ``await AsyncQueue.open(...)``.
+
+    Same options and non-waiting methods as :class:`cmq.Queue` (``push``,
+    ``pop``, ``pop_message``, ``pop_many``, ``reply``, ``join``, ``leave``,
+    ``flush``, ``stats``); the waiting ones are coroutines (``get``,
+    ``get_message``, ``receive``, ``request``), and ``async for`` iterates
+    over mailbox 0. Use it from the loop it was opened on only.
+
+    Raises:
+        ConfigError: a bad option, host or port.
+        TransportError: the port is in use or the OS refuses the socket.
+    """
+
+    _kind: ClassVar[str] = "AsyncQueue"
+
+    def __init__(
+        self,
+        port: int = 0,
+        host: str = "0.0.0.0",
+        *,
+        config: QueueConfig | None = None,
+        multicast_interface: str | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
+        **options: Any,
+    ) -> None:
+        self._loop = loop or asyncio.get_running_loop()
+        super().__init__(port, host, config, multicast_interface, options)
+        self._sock.setblocking(False)
+        self._outbox: deque[tuple[bytes, Address]] = deque()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = float("inf")
+        self._waiters: dict[int, list[asyncio.Future[None]]] = {}
+        self._loop.add_reader(self._sock.fileno(), self._on_readable)
+
+    @classmethod
+    async def open(
+        cls,
+        port: int = 0,
+        host: str = "0.0.0.0",
+        *,
+        config: QueueConfig | None = None,
+        multicast_interface: str | None = None,
+        **options: Any,
+    ) -> AsyncQueue:
+        """Open an endpoint on the running loop (the paper's ``newRq``).
+
+        Raises:
+            ConfigError, TransportError: as the constructor.
+        """
+        return cls(port, host, config=config, multicast_interface=multicast_interface, **options)
+
+    # -- the driver's part ---------------------------------------------------
+
+    def _now(self) -> float:
+        return self._loop.time()
+
+    def _new_future(self) -> asyncio.Future[Any]:
+        return self._loop.create_future()
+
+    def _send_stream(self, s: Stream, now: float, *, raise_errors: bool = True) -> None:
+        datagrams = self._batcher.take(s, now)
+        if datagrams:
+            self._send_datagrams(s, datagrams, raise_errors=raise_errors)
+
+    def _send_datagrams(self, s: Stream, datagrams: list[bytes], *, raise_errors: bool = True) -> None:
+        addr = s.addr
+        error: OSError | None = None
+        for d in datagrams:
+            if self._outbox:
+                self._outbox.append((d, addr))
+                continue
+            try:
+                self._sock.sendto(d, addr)
+            except BlockingIOError:
+                self._outbox.append((d, addr))
+                self._loop.add_writer(self._sock.fileno(), self._on_writable)
+            except OSError as exc:
+                self._send_drops["send_failed"] += 1
+                self._last_send_error = error = exc
+        s.last_send = self._loop.time()
+        if error is not None and raise_errors:
+            raise TransportError(f"sending to {addr[0]}:{addr[1]} failed: {error.strerror or error}") from error
+
+    def _on_writable(self) -> None:
+        while self._outbox:
+            d, addr = self._outbox[0]
+            try:
+                self._sock.sendto(d, addr)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                self._send_drops["send_failed"] += 1
+                self._last_send_error = exc
+            self._outbox.popleft()
+        self._loop.remove_writer(self._sock.fileno())
+
+    def _deadline_armed(self, deadline: float) -> None:
+        if deadline < self._timer_at:
+            self._rearm(deadline)
+
+    def _rearm(self, deadline: float | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_at = float("inf")
+        if deadline is not None and not self._closed:
+            self._timer_at = deadline
+            self._timer = self._loop.call_at(deadline, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._timer_at = float("inf")
+        now = self._loop.time()
+        for s in self._batcher.due(now):
+            self._send_stream(s, now, raise_errors=False)
+        if self._receiver.partials:
+            self._receiver.expire(now)
+        self._expire_requests(now)
+        self._rearm(self._next_deadline())
+
+    def _poll(self) -> None:
+        if not self._closed:
+            self._drain(_DRAIN_BATCH)
+
+    def _on_readable(self) -> None:
+        self._drain(_DRAIN_BATCH)
+
+    def _drain(self, limit: int) -> int:
+        recv = self._sock.recvfrom_into
+        buf, view = self._buf, self._view
+        received = self._receiver.datagram_received
+        now = self._loop.time()
+        count = 0
+        while count < limit:
+            try:
+                n, addr = recv(buf)
+            except BlockingIOError:
+                break
+            except OSError:
+                if self._closed:
+                    break
+                continue
+            received(view[:n].tobytes(), addr, now)
+            count += 1
+        if count:
+            if self._receiver.replies:
+                self._resolve_replies()
+            self._wake_waiters()
+            if self._receiver.partials:
+                self._deadline_armed(self._receiver.next_deadline() or now)
+        return count
+
+    def _wake_waiters(self) -> None:
+        if not self._waiters:
+            return
+        for mailbox in [m for m, dq in self._mailboxes.items() if dq and m in self._waiters]:
+            for fut in self._waiters.pop(mailbox):
+                if not fut.done():
+                    fut.set_result(None)
+
+    # -- waiting -------------------------------------------------------------
+
+    def flush(self) -> int:
+        """Send every batched message now; returns how many batches were sent.
+
+        Raises:
+            TransportError: the OS refused a datagram (the others were still sent).
+        """
+        now = self._loop.time()
+        streams = self._batcher.pending_streams()
+        error: TransportError | None = None
+        for s in streams:
+            try:
+                self._send_stream(s, now)
+            except TransportError as exc:
+                error = exc
+        if error is not None:
+            raise error
+        return len(streams)
+
+    async def _wait_item(
+        self, mailbox: int, timeout: float | None, predicate: Callable[[Any], bool] | None
+    ) -> tuple[Any, Meta]:
+        deadline = None if timeout is None else self._loop.time() + timeout
+        if self._batcher.armed:
+            self.flush()
+        while True:
+            item = self._take_item(mailbox, predicate)
+            if item is not None:
+                return item
+            if self._closed:
+                raise Closed("queue is closed")
+            fut: asyncio.Future[None] = self._loop.create_future()
+            self._waiters.setdefault(mailbox, []).append(fut)
+            remaining = None if deadline is None else deadline - self._loop.time()
+            if remaining is not None and remaining <= 0:
+                raise Timeout(f"no message in mailbox {mailbox} within {timeout} s")
+            try:
+                await asyncio.wait_for(fut, remaining)
+            except TimeoutError:
+                raise Timeout(f"no message in mailbox {mailbox} within {timeout} s") from None
+            finally:
+                waiting = self._waiters.get(mailbox)
+                if waiting and fut in waiting:
+                    waiting.remove(fut)
+
+    async def get(self, timeout: float | None = None, mailbox: int = 0) -> Any:
+        """The next message of ``mailbox``, waiting up to ``timeout`` seconds (None: forever).
+
+        Raises:
+            Timeout: nothing arrived in time.
+            Closed: the queue was closed.
+        """
+        try:
+            return self._mailboxes[mailbox].popleft()[0]
+        except (KeyError, IndexError):
+            return (await self._wait_item(mailbox, timeout, None))[0]
+
+    async def get_message(self, timeout: float | None = None, mailbox: int = 0) -> Message:
+        """Like :meth:`get`, but the :class:`Message` with its sender.
+
+        Raises:
+            Timeout: nothing arrived in time.
+            Closed: the queue was closed.
+        """
+        return message_of(await self._wait_item(mailbox, timeout, None))
+
+    async def receive(
+        self, predicate: Callable[[Any], bool], timeout: float | None = None, mailbox: int = 0
+    ) -> Any:
+        """Selective receive: the first message of ``mailbox`` that matches ``predicate``.
+
+        The others stay in order. Raises :class:`Timeout` or :class:`Closed`.
+        """
+        return (await self._wait_item(mailbox, timeout, predicate))[0]
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[Any]:
+        while True:
+            try:
+                yield await self.get()
+            except Closed:
+                return
+
+    async def request(self, dest: Any, msg: Any, timeout: float = 1.0, mailbox: int = 0) -> Any:
+        """Send ``msg`` as a request and await the reply.
+
+        Raises:
+            Timeout: no reply within ``timeout`` seconds.
+            Closed: the queue was closed.
+            ConfigError, TypeError, MessageTooLarge, TransportError: as ``push``.
+        """
+        fut = self.request_future(dest, msg, timeout=timeout, mailbox=mailbox)
+        return await fut
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def close(self) -> None:
+        """Send everything batched (and queued for the socket) and close.
+
+        Pending requests and waiters fail with :class:`Closed`.
+        """
+        if self._closed:
+            return
+        try:
+            self.flush()
+        except TransportError:
+            pass
+        self._closed = True
+        self._cache.clear()
+        self._icache.clear()
+        self._forget_memo()
+        self._rearm(None)
+        fd = self._sock.fileno()
+        self._loop.remove_reader(fd)
+        self._loop.remove_writer(fd)
+        # What the kernel would not take yet gets one blocking chance.
+        if self._outbox:
+            self._sock.setblocking(True)
+            while self._outbox:
+                d, addr = self._outbox.popleft()
+                try:
+                    self._sock.sendto(d, addr)
+                except OSError:
+                    self._send_drops["send_failed"] += 1
+        self._sock.close()
+        with self._req_lock:
+            attempts = self._pending.drain()
+        for attempt in attempts:
+            if not attempt.future.done():
+                attempt.future.set_exception(Closed("queue closed before the reply came"))
+        for waiters in self._waiters.values():
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(None)
+        self._waiters.clear()
+
+    async def aclose(self) -> None:
+        """Close (see :meth:`close`); for ``async with``."""
+        self.close()
+
+    async def __aenter__(self) -> AsyncQueue:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
