@@ -279,6 +279,15 @@ class Endpoint:
                 )
             self._send_datagrams(s, self._batcher.fragments(s, payload, now))
 
+    def resolve(self, dest: Any) -> Address:
+        """The socket address ``dest`` resolves to, checking it as ``push`` would.
+
+        Raises:
+            ConfigError: a bad address or an unresolvable host.
+        """
+        host, port = parse_address(dest)
+        return resolve(host, port, self._family)
+
     # -- multicast ---------------------------------------------------------
 
     def join(self, group: str, interface: str | None = None) -> None:

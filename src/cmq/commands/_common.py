@@ -1,0 +1,67 @@
+"""Options and helpers shared by the endpoint commands (send, recv, demo)."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+from pathlib import Path
+from typing import Any
+
+from cmq._errors import ConfigError
+
+__all__ = ["add_endpoint_options", "endpoint_options", "exit_on_signals"]
+
+
+def add_endpoint_options(parser: argparse.ArgumentParser) -> None:
+    """Add the QueueConfig options a command-line endpoint may set."""
+    g = parser.add_argument_group("endpoint options")
+    g.add_argument("--codec", choices=("raw", "msgpack"), default="raw",
+                   help="raw: each line is the message bytes; msgpack: lines are JSON values (default raw)")
+    g.add_argument("--qthresh", type=int, default=None, metavar="BYTES",
+                   help="flush a batch once it holds this many bytes (default 512)")
+    g.add_argument("--batch-timeout", type=float, default=None, metavar="SECONDS",
+                   help="most a message waits in a batch (default 0.001)")
+    g.add_argument("--max-datagram", type=int, default=None, metavar="BYTES",
+                   help="largest datagram (default 65000; 1472 on a lossy Ethernet path)")
+    g.add_argument("--key", default=None, metavar="HEX",
+                   help="shared key in hex: datagrams are tagged, untagged ones dropped")
+    g.add_argument("--key-file", type=Path, default=None, metavar="FILE",
+                   help="read the shared key (raw bytes) from FILE")
+    g.add_argument("--mailbox", type=int, default=0, help="mailbox to send to / read from (default 0)")
+
+
+def endpoint_options(args: argparse.Namespace) -> dict[str, Any]:
+    """QueueConfig keyword options from parsed ``args``.
+
+    Raises:
+        ConfigError: a bad key.
+    """
+    options: dict[str, Any] = {"codec": args.codec}
+    if args.qthresh is not None:
+        options["qthresh"] = args.qthresh
+    if args.batch_timeout is not None:
+        options["timeout"] = args.batch_timeout
+    if args.max_datagram is not None:
+        options["max_datagram"] = args.max_datagram
+    if args.key is not None and args.key_file is not None:
+        raise ConfigError("give --key or --key-file, not both")
+    if args.key is not None:
+        try:
+            options["key"] = bytes.fromhex(args.key)
+        except ValueError:
+            raise ConfigError("--key must be hexadecimal") from None
+    elif args.key_file is not None:
+        try:
+            options["key"] = args.key_file.read_bytes().strip()
+        except OSError as exc:
+            raise ConfigError(f"cannot read --key-file: {exc.strerror}") from exc
+    return options
+
+
+def exit_on_signals() -> None:
+    """Turn SIGTERM into KeyboardInterrupt, so commands unwind (and flush) as on Ctrl-C."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
