@@ -1,0 +1,217 @@
+"""The sans-IO batcher: batching rules, datagram limits, deadlines, fragments."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cmq import QueueConfig
+from cmq.wire import batcher as batcher_module
+from cmq.wire.batcher import FULL, LARGE, OPENED, QUEUED, Batcher
+from cmq.wire.frames import HEADER_SIZE, decode
+
+DEST = ("127.0.0.1", 9)
+
+
+def make(**options: object) -> Batcher:
+    return Batcher(QueueConfig(**options), sender=77)  # type: ignore[arg-type]
+
+
+def decode_all(datagrams: list[bytes]) -> list[bytes]:
+    out: list[bytes] = []
+    for d in datagrams:
+        _, body = decode(d)
+        assert isinstance(body, list)
+        out.extend(body)
+    return out
+
+
+def test_first_push_opens_then_queues_until_qthresh() -> None:
+    b = make(qthresh=20)
+    s = b.stream(DEST, 0)
+    assert b.push(s, b"aaaa") == OPENED  # 5 bytes framed
+    assert b.push(s, b"bbbb") == QUEUED  # 10
+    assert b.push(s, b"cccc") == QUEUED  # 15
+    assert b.push(s, b"dddd") == FULL  # 20 >= qthresh
+    (d,) = b.take(s, now=1.0)
+    assert decode_all([d]) == [b"aaaa", b"bbbb", b"cccc", b"dddd"]
+    assert b.push(s, b"eeee") == OPENED  # a new batch
+
+
+def test_batches_are_keyed_by_destination_and_mailbox() -> None:
+    b = make()
+    s1, s2, s3 = b.stream(DEST, 0), b.stream(DEST, 1), b.stream(("127.0.0.1", 10), 0)
+    assert len({id(s1), id(s2), id(s3)}) == 3
+    assert b.stream(DEST, 0) is s1
+    for s in (s1, s2, s3):
+        assert b.push(s, b"x") == OPENED
+
+
+def test_message_larger_than_qthresh_fills_a_batch_by_itself() -> None:
+    b = make(qthresh=16)
+    s = b.stream(DEST, 0)
+    assert b.push(s, b"z" * 100) == FULL
+    assert decode_all(b.take(s, 0.0)) == [b"z" * 100]
+
+
+def test_payload_too_large_for_a_datagram_is_not_appended() -> None:
+    b = make(max_datagram=1000)
+    s = b.stream(DEST, 0)
+    assert b.push(s, b"q" * 2000) == LARGE
+    assert s.pending == 0
+
+
+def test_over_max_message_is_large_even_if_it_fits_a_datagram() -> None:
+    b = make(max_message=10)
+    s = b.stream(DEST, 0)
+    assert b.push(s, b"q" * 11) == LARGE
+    assert b.push(s, b"q" * 10) == OPENED
+
+
+@given(sizes=st.lists(st.integers(0, 3000), min_size=1, max_size=60), max_datagram=st.integers(200, 4000))
+def test_a_datagram_never_exceeds_max_datagram(sizes: list[int], max_datagram: int) -> None:
+    """Property: whatever is batched, take() cuts datagrams within the limit and keeps order."""
+    b = make(max_datagram=max_datagram, qthresh=10**6, max_message=10**5)
+    s = b.stream(DEST, 0)
+    sent: list[bytes] = []
+    out: list[bytes] = []
+    for i, n in enumerate(sizes):
+        payload = bytes([i % 256]) * n
+        if b.push(s, payload) == LARGE:
+            out += b.fragments(s, payload, 0.0)
+        sent.append(payload)
+    out += b.take(s, 0.0)
+    assert all(len(d) <= max_datagram for d in out)
+    # Reassemble: frames in order, fragments joined.
+    got: list[bytes] = []
+    pieces: list[bytes] = []
+    for d in out:
+        _, body = decode(d)
+        if isinstance(body, list):
+            got.extend(body)
+        else:
+            pieces.append(body.data)
+            if body.index == body.count - 1:
+                got.append(b"".join(pieces))
+                pieces = []
+    assert got == sent
+
+
+def test_sequence_numbers_count_datagrams_per_stream() -> None:
+    b = make(qthresh=1)
+    s = b.stream(DEST, 0)
+    other = b.stream(DEST, 5)
+    seqs = []
+    for payload in (b"a", b"b", b"c"):
+        b.push(s, payload)
+        seqs.append(decode(b.take(s, 0.0)[0])[0].seq)
+    b.push(other, b"z")
+    assert seqs == [0, 1, 2]
+    assert decode(b.take(other, 0.0)[0])[0].seq == 0
+
+
+def test_idle_rule() -> None:
+    b = make(idle_gap=0.001)
+    s = b.stream(DEST, 0)
+    assert b.is_idle(s, now=0.0)  # never sent: idle
+    b.push(s, b"a")
+    b.take(s, now=10.0)
+    assert not b.is_idle(s, now=10.0005)
+    assert b.is_idle(s, now=10.002)
+
+
+def test_deadlines_fire_once_and_skip_batches_that_already_left() -> None:
+    b = make(timeout=0.5, qthresh=10)
+    s, t = b.stream(DEST, 0), b.stream(DEST, 1)
+    b.push(s, b"a")
+    assert b.arm(s, now=1.0) == 1.5
+    b.push(t, b"b")
+    b.arm(t, now=1.2)
+    assert b.next_deadline() == 1.5
+    assert b.due(1.4) == []
+    assert b.due(1.5) == [s]
+    b.take(s, 1.5)
+    # t's batch leaves early because it filled up; its deadline is then stale.
+    b.push(t, b"c" * 20)
+    b.take(t, 1.6)
+    assert b.due(2.0) == []
+    assert b.next_deadline() is None
+
+
+def test_pending_streams_are_found_from_deadlines_not_by_scanning() -> None:
+    b = make()
+    streams = [b.stream(("127.0.0.1", p), 0) for p in range(1, 1001)]
+    b.push(streams[500], b"x")
+    b.arm(streams[500], 0.0)
+    assert b.pending_streams() == [streams[500]]
+
+
+def test_push_does_not_encode_the_pending_batch() -> None:
+    """The original re-encoded the whole batch on every push (O(n) per push)."""
+    b = make(qthresh=10**6)
+    s = b.stream(DEST, 0)
+    with mock.patch.object(batcher_module, "encode_frames", wraps=batcher_module.encode_frames) as enc:
+        for _ in range(1000):
+            b.push(s, b"m")
+        assert enc.call_count == 0
+        b.take(s, 0.0)
+        assert enc.call_count == 1
+
+
+def test_take_removes_exactly_what_it_encoded() -> None:
+    """A push landing during a take (another thread) stays for the next datagram."""
+    b = make()
+    s = b.stream(DEST, 0)
+    b.push(s, b"first")
+    real_encode = batcher_module.encode_frames
+
+    def encode_and_race(payloads: list[bytes], **kw: object) -> bytes:
+        s.frames.append(b"raced")  # what a concurrent push does
+        return real_encode(payloads, **kw)  # type: ignore[arg-type]
+
+    with mock.patch.object(batcher_module, "encode_frames", side_effect=encode_and_race):
+        first = b.take(s, 0.0)
+    assert decode_all(first) == [b"first"]
+    assert decode_all(b.take(s, 0.0)) == [b"raced"]
+
+
+def test_fragments_flush_the_pending_batch_first() -> None:
+    b = make(max_datagram=200, max_message=10**5)
+    s = b.stream(DEST, 0)
+    b.push(s, b"before")
+    big = bytes(range(256)) * 3
+    out = b.fragments(s, big, 0.0)
+    assert decode_all(out[:1]) == [b"before"]
+    frags = [decode(d)[1] for d in out[1:]]
+    assert [f.index for f in frags] == list(range(len(frags)))  # type: ignore[union-attr]
+    assert b"".join(f.data for f in frags) == big  # type: ignore[union-attr]
+    assert all(len(d) <= 200 for d in out)
+    assert b.fragments_sent == len(frags)
+
+
+def test_keyed_batcher_leaves_room_for_the_tag() -> None:
+    b = make(key=b"secret", max_datagram=200, qthresh=10**6, max_message=10**5)
+    s = b.stream(DEST, 0)
+    for _ in range(100):
+        b.push(s, b"0123456789")
+    out = b.take(s, 0.0)
+    assert len(out) > 1
+    assert all(len(d) <= 200 for d in out)
+    assert all(decode(d, b"secret")[0].flags for d in out)
+    assert HEADER_SIZE < len(out[0])
+
+
+@pytest.mark.parametrize("n", [1, 100_000])
+def test_push_work_does_not_depend_on_the_number_of_destinations(n: int) -> None:
+    """Structural check of the Map + heap argument: one stream lookup and, per batch, one heap entry."""
+    b = make(idle_gap=float("inf"))
+    streams = [b.stream(("10.0.0.1", 1 + p % 65535), p // 65535) for p in range(n)]
+    for s in streams[:50]:
+        assert b.push(s, b"x") == OPENED
+        b.arm(s, 0.0)
+        assert b.push(s, b"y") == QUEUED
+    assert b.armed == min(n, 50)
+    assert b.destinations == n

@@ -1,0 +1,162 @@
+"""The sans-IO receiver: delivery, every drop counted by reason, reassembly, envelopes."""
+
+from __future__ import annotations
+
+import struct
+
+import msgpack
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cmq import QueueConfig
+from cmq.wire.batcher import LARGE, Batcher
+from cmq.wire.frames import FLAG_MSGPACK, encode_fragment, encode_frames
+from cmq.wire.receiver import ENVELOPE_BIT, KIND_REPLY, KIND_REQUEST, Receiver
+
+ADDR = ("127.0.0.1", 5555)
+
+
+def payloads(rx: Receiver, mailbox: int = 0) -> list[object]:
+    return [p for p, _ in rx.mailbox(mailbox)]
+
+
+def dgram(*msgs: bytes, seq: int = 0, mailbox: int = 0, flags: int = 0, sender: int = 1, key: bytes | None = None) -> bytes:
+    return encode_frames(list(msgs), flags=flags, sender=sender, mailbox=mailbox, seq=seq, key=key)
+
+
+def test_messages_are_delivered_in_datagram_order_with_meta() -> None:
+    rx = Receiver(QueueConfig())
+    assert rx.datagram_received(dgram(b"a", b"b", seq=0), ADDR, 0.0) == 2
+    assert rx.datagram_received(dgram(b"c", seq=1), ADDR, 0.0) == 1
+    assert payloads(rx) == [b"a", b"b", b"c"]
+    _, meta = rx.mailbox(0)[2]
+    assert meta == (ADDR, 1, 0, 1, None)
+    assert (rx.messages_received, rx.datagrams_received) == (3, 2)
+
+
+def test_mailboxes_are_separate() -> None:
+    rx = Receiver(QueueConfig())
+    rx.datagram_received(dgram(b"to7", mailbox=7), ADDR, 0.0)
+    assert payloads(rx, 0) == []
+    assert payloads(rx, 7) == [b"to7"]
+
+
+def test_each_kind_of_bad_datagram_is_counted_and_the_next_good_one_delivered() -> None:
+    key = b"key"
+    rx = Receiver(QueueConfig(key=key))
+    bad = {
+        "malformed": [b"", b"junk" * 10, b"\xc3\x51\x09" + bytes(13)],
+        "bad_tag": [dgram(b"x"), dgram(b"x", key=b"wrong")],
+    }
+    for reason, datagrams in bad.items():
+        for d in datagrams:
+            assert rx.datagram_received(d, ADDR, 0.0) == 0
+        assert rx.dropped[reason] == len(datagrams)
+    assert rx.datagram_received(dgram(b"good", key=key), ADDR, 0.0) == 1
+    assert payloads(rx) == [b"good"]
+
+
+def test_undecodable_msgpack_payload_is_dropped_alone() -> None:
+    rx = Receiver(QueueConfig(codec="msgpack"))
+    good = msgpack.packb({"a": 1})
+    rx.datagram_received(dgram(good, b"\xc1", msgpack.packb([1, 2]), flags=FLAG_MSGPACK), ADDR, 0.0)
+    assert payloads(rx) == [{"a": 1}, [1, 2]]
+    assert rx.dropped["undecodable"] == 1
+
+
+def test_receive_queue_is_bounded_and_overflow_counted() -> None:
+    rx = Receiver(QueueConfig(max_queued=3))
+    rx.datagram_received(dgram(b"1", b"2"), ADDR, 0.0)
+    rx.datagram_received(dgram(b"3", b"4", b"5", seq=1), ADDR, 0.0)
+    assert payloads(rx) == [b"1", b"2", b"3"]
+    assert rx.dropped["queue_full"] == 2
+    rx.mailbox(0).popleft()
+    rx.datagram_received(dgram(b"6", seq=2), ADDR, 0.0)
+    assert payloads(rx) == [b"2", b"3", b"6"]
+
+
+def test_sequence_gaps_and_late_datagrams_are_counted() -> None:
+    rx = Receiver(QueueConfig())
+    for seq in (0, 1, 4, 2, 5):
+        rx.datagram_received(dgram(b"m", seq=seq), ADDR, 0.0)
+    assert rx.datagrams_missing == 2  # 2 and 3 skipped when 4 came
+    assert rx.datagrams_late == 1  # 2 came after 4
+    assert len(payloads(rx)) == 5  # nothing is dropped for being late
+
+
+def test_sequence_wraps_without_a_gap() -> None:
+    rx = Receiver(QueueConfig())
+    for seq in (2**32 - 2, 2**32 - 1, 0, 1):
+        rx.datagram_received(dgram(b"m", seq=seq), ADDR, 0.0)
+    assert (rx.datagrams_missing, rx.datagrams_late) == (0, 0)
+
+
+def _fragments(payload: bytes, max_datagram: int = 300) -> list[bytes]:
+    b = Batcher(QueueConfig(max_datagram=max_datagram, max_message=10**6), sender=9)
+    s = b.stream(ADDR, 0)
+    assert b.push(s, payload) == LARGE
+    return b.fragments(s, payload, 0.0)
+
+
+def test_fragments_reassemble_in_any_order() -> None:
+    big = bytes(range(256)) * 10
+    frags = _fragments(big)
+    rx = Receiver(QueueConfig())
+    for d in reversed(frags):
+        rx.datagram_received(d, ADDR, 0.0)
+    assert payloads(rx) == [big]
+    assert rx.reassembly_bytes == 0 and rx.partials == 0
+
+
+def test_incomplete_message_expires_and_is_counted() -> None:
+    frags = _fragments(b"z" * 1000)
+    rx = Receiver(QueueConfig(reassembly_timeout=2.0))
+    rx.datagram_received(frags[0], ADDR, now=10.0)
+    assert rx.next_deadline() == 12.0
+    assert rx.expire(11.9) == 0
+    assert rx.expire(12.0) == 1
+    assert rx.dropped["fragment_expired"] == 1
+    assert rx.reassembly_bytes == 0
+    for d in frags[1:]:  # the rest, late: a new partial that never completes
+        rx.datagram_received(d, ADDR, now=13.0)
+    assert payloads(rx) == []
+
+
+def test_reassembly_memory_is_bounded() -> None:
+    frags = _fragments(b"q" * 2000)
+    rx = Receiver(QueueConfig(max_reassembly=500))
+    for d in frags:
+        rx.datagram_received(d, ADDR, 0.0)
+    assert rx.dropped["reassembly_full"] >= 1
+    assert rx.reassembly_bytes <= 500
+    assert payloads(rx) == []
+
+
+def test_fragment_count_mismatch_is_malformed() -> None:
+    rx = Receiver(QueueConfig())
+    rx.datagram_received(encode_fragment(b"a", message_id=1, index=0, count=3, flags=0, sender=1, mailbox=0, seq=0), ADDR, 0.0)
+    rx.datagram_received(encode_fragment(b"b", message_id=1, index=1, count=4, flags=0, sender=1, mailbox=0, seq=1), ADDR, 0.0)
+    assert rx.dropped["malformed"] == 1
+    assert rx.partials == 0
+
+
+def test_requests_go_to_the_mailbox_and_replies_to_the_reply_list() -> None:
+    rx = Receiver(QueueConfig())
+    env = struct.Struct(">BQ")
+    rx.datagram_received(dgram(env.pack(KIND_REQUEST, 99) + b"question", mailbox=ENVELOPE_BIT | 3), ADDR, 0.0)
+    rx.datagram_received(dgram(env.pack(KIND_REPLY, 5) + b"answer", mailbox=ENVELOPE_BIT, seq=0, sender=2), ADDR, 0.0)
+    rx.datagram_received(dgram(b"tiny", mailbox=ENVELOPE_BIT, sender=3), ADDR, 0.0)
+    [(payload, meta)] = rx.mailbox(3)
+    assert payload == b"question" and meta[4] == 99 and meta[2] == 3
+    assert list(rx.replies) == [(5, b"answer", ADDR)]
+    assert rx.dropped["bad_envelope"] == 1
+
+
+@settings(max_examples=400)
+@given(st.lists(st.binary(max_size=120), max_size=30), st.booleans())
+def test_receiver_never_raises_and_accounts_for_every_datagram(datagrams: list[bytes], keyed: bool) -> None:
+    rx = Receiver(QueueConfig(key=b"k" if keyed else None, codec="msgpack"))
+    for d in datagrams:
+        rx.datagram_received(d, ADDR, 0.0)
+        rx.datagram_received(b"\xc3\x51\x01" + d, ADDR, 0.0)
+    assert rx.datagrams_received == 2 * len(datagrams)
