@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from cmq import ConfigError, RemoteError, Timeout
-from cmq.routing import Broker, BrokerClient, BrokerConfig, ErrorCode
+from cmq.routing import AsyncBrokerClient, Broker, BrokerClient, BrokerConfig, ErrorCode
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -154,23 +154,30 @@ def test_delete_queue_cancels_its_consumer(broker: Broker, client: BrokerClient)
     assert info.value.code == ErrorCode.NOT_FOUND
 
 
-def test_async_iterator(broker: Broker, client: BrokerClient) -> None:
-    client.declare_exchange("f", "fanout")
-    client.declare_queue("q", max_length=100)
-    client.bind("q", "f")
-    for i in range(10):
-        client.publish("f", "", i)
-    client.flush()
+def test_async_client_and_iterator(broker: Broker) -> None:
+    async def main() -> list[Any]:
+        async with await AsyncBrokerClient.open(broker.address, timeout=WAIT) as client:
+            assert await client.declare_exchange("f", "fanout")
+            await client.declare_queue("q", max_length=100)
+            await client.bind("q", "f")
+            with pytest.raises(RemoteError) as info:
+                await client.declare_exchange("f", "topic")
+            assert info.value.code == ErrorCode.PRECONDITION_FAILED
+            assert await client.publish("f", "", -1, confirm=True) == 1
+            for i in range(10):
+                client.publish_nowait("f", "", i)
+            client.flush()
+            out = []
+            async with await client.consume("q", prefetch=4) as consumer:
+                async for d in consumer:
+                    out.append(d.body)
+                    if len(out) == 11:
+                        break
+            stats = await client.stats()
+            assert stats["delivered"] == 11
+            return out
 
-    async def take() -> list[Any]:
-        out = []
-        async for d in client.consume("q"):
-            out.append(d.body)
-            if len(out) == 10:
-                break
-        return out
-
-    assert asyncio.run(asyncio.wait_for(take(), WAIT)) == list(range(10))
+    assert asyncio.run(asyncio.wait_for(main(), 4 * WAIT)) == list(range(-1, 10))
 
 
 def test_two_consumers_share_a_queue(broker: Broker) -> None:

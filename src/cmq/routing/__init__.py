@@ -3,9 +3,10 @@
 - :mod:`cmq.routing.exchanges`: pure matching (direct, fanout, topic trie).
 - :class:`BrokerCore`: the whole broker as a sans-IO object (``now`` passed in).
 - :class:`Broker`: that core served on a cmq endpoint (``cmq broker --port P``).
-- :class:`BrokerClient`: ``declare_exchange``, ``declare_queue``, ``bind``,
-  ``unbind``, ``publish``, ``consume`` (a :class:`Consumer`, iterable sync or
-  async).
+- :class:`BrokerClient` (threads) and :class:`AsyncBrokerClient` (asyncio):
+  ``declare_exchange``, ``declare_queue``, ``bind``, ``unbind``, ``publish``,
+  ``consume`` (a :class:`Consumer` iterator / :class:`AsyncConsumer` async
+  iterator).
 
 Delivery guarantee: at least once for consumers that acknowledge (the
 default), at most once with ``no_ack``. See :mod:`cmq.routing._core`.
@@ -13,7 +14,14 @@ default), at most once with ``no_ack``. See :mod:`cmq.routing._core`.
 
 from __future__ import annotations
 
-from cmq.routing._client import DEFAULT_MAX_LENGTH, DEFAULT_PREFETCH, BrokerClient, Consumer
+from cmq.routing._client import (
+    DEFAULT_MAX_LENGTH,
+    DEFAULT_PREFETCH,
+    AsyncBrokerClient,
+    AsyncConsumer,
+    BrokerClient,
+    Consumer,
+)
 from cmq.routing._core import BrokerConfig, BrokerCore, BrokerStats, Outgoing, Overflow, QueueStats
 from cmq.routing._protocol import Delivery, ErrorCode
 from cmq.routing._server import Broker
@@ -31,6 +39,8 @@ from cmq.routing.exchanges import (
 __all__ = [
     "DEFAULT_MAX_LENGTH",
     "DEFAULT_PREFETCH",
+    "AsyncBrokerClient",
+    "AsyncConsumer",
     "Binding",
     "Broker",
     "BrokerClient",

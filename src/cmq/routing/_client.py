@@ -2,8 +2,9 @@
 
 Theory of operation
 -------------------
-A :class:`BrokerClient` owns (or borrows) one cmq endpoint and talks to one
-broker with the protocol of :mod:`cmq.routing._protocol`. Requests wait for
+A :class:`BrokerClient` (threads; on :class:`cmq.Queue`) or an
+:class:`AsyncBrokerClient` (asyncio; on :class:`cmq.AsyncQueue`) owns, or
+borrows, one cmq endpoint and talks to one broker with the protocol of :mod:`cmq.routing._protocol`. Requests wait for
 their reply on ``REPLY_MAILBOX`` and are resent with the same ``rid`` when the
 reply does not come within ``timeout / (retries + 1)``; the broker answers a
 resent request from its reply cache, so a resend never does anything twice.
@@ -15,8 +16,12 @@ an unsolicited error; the client collects those and hands them out with
 :meth:`BrokerClient.errors`. ``confirm=True`` waits for the broker instead and
 raises the refusal as :class:`~cmq.RemoteError`.
 
-Consumers. :meth:`BrokerClient.consume` attaches a :class:`Consumer`, which
-is an iterator and an async iterator of :class:`Delivery`. Deliveries of all
+Both are thin drivers of one sans-IO :class:`_Session` (request ids,
+unsolicited errors, consumer buffers, acks, heartbeats), which never waits.
+
+Consumers. :meth:`BrokerClient.consume` attaches a :class:`Consumer`, an
+iterator of :class:`Delivery`; :meth:`AsyncBrokerClient.consume` an
+:class:`AsyncConsumer`, an async iterator. Deliveries of all
 the client's consumers arrive on ``DELIVERY_MAILBOX`` and are sorted into
 per-consumer buffers. While a consumer waits it sends one heartbeat per
 interval for all the client's consumers, and its pending acknowledgements.
@@ -33,12 +38,11 @@ body that runs longer than that timeout sends no heartbeat meanwhile: call
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import contextlib
 import secrets
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from typing import Any, Final, Protocol
 
 from cmq._errors import ConfigError, ProtocolError, RemoteError, Timeout
@@ -73,6 +77,9 @@ from cmq.routing._protocol import (
 __all__ = [
     "DEFAULT_MAX_LENGTH",
     "DEFAULT_PREFETCH",
+    "AsyncBrokerClient",
+    "AsyncConsumer",
+    "AsyncEndpoint",
     "BrokerClient",
     "Consumer",
     "Endpoint",
@@ -109,6 +116,18 @@ class Endpoint(Protocol):
     def close(self) -> None: ...
 
 
+class AsyncEndpoint(Protocol):
+    """What :class:`AsyncBrokerClient` needs of an endpoint (``cmq.AsyncQueue``)."""
+
+    @property
+    def address(self) -> tuple[str, int]: ...
+    def push(self, dest: Any, msg: Any, mailbox: int = 0) -> None: ...
+    def pop_message(self, mailbox: int = 0) -> Any: ...
+    def get_message(self, timeout: float | None = None, mailbox: int = 0) -> Awaitable[Any]: ...
+    def flush(self) -> int: ...
+    def close(self) -> None: ...
+
+
 def _parse_address(broker: str | tuple[str, int]) -> tuple[str, int]:
     if isinstance(broker, tuple):
         return broker
@@ -118,7 +137,7 @@ def _parse_address(broker: str | tuple[str, int]) -> tuple[str, int]:
     return (host or "127.0.0.1", int(port))
 
 
-def check_codec(endpoint: Endpoint) -> None:
+def check_codec(endpoint: object) -> None:
     """Refuse an endpoint whose codec cannot carry broker messages (lists).
 
     Raises:
@@ -135,8 +154,150 @@ def _remote(reply: ErrorReply) -> RemoteError:
     return RemoteError(f"broker refused ({reply.code}): {reply.message}", code=reply.code)
 
 
+class _ConsumerState:
+    """One consumer's buffer, pending acks and auto-ack bookkeeping (no I/O)."""
+
+    def __init__(self, spec: ConsumerSpec, auto_ack: bool) -> None:
+        self.spec = spec
+        self.auto_ack = auto_ack and not spec.no_ack
+        self.buffer: collections.deque[Delivery] = collections.deque()
+        self.acks: list[int] = []
+        self.last: Delivery | None = None
+        self.cancelled_by: RemoteError | None = None
+        self.cancelled = False
+        # Half the window: the broker refills while we work through the rest.
+        self.ack_batch = max(1, spec.prefetch // 2) if spec.prefetch else 64
+
+    def take(self) -> Delivery | None:
+        """The next buffered delivery (auto-acking the one before), or None.
+
+        Raises:
+            RemoteError: the broker cancelled this consumer.
+        """
+        if self.auto_ack and self.last is not None:
+            self.acks.append(self.last.delivery_tag)
+            self.last = None
+        if self.cancelled_by is not None:
+            raise self.cancelled_by
+        if self.buffer:
+            self.last = d = self.buffer.popleft()
+            return d
+        return None
+
+    def ack(self, delivery: Delivery) -> bool:
+        """Note an ack; True when a batch is full and should be sent."""
+        if not self.spec.no_ack:
+            self.acks.append(delivery.delivery_tag)
+        return len(self.acks) >= self.ack_batch
+
+    def ack_payload(self) -> list[Any] | None:
+        """The pending acks as one message (and forget them), or None."""
+        if not self.acks:
+            return None
+        acks, self.acks = self.acks, []
+        return encode(Ack(tag=self.spec.tag, delivery_tags=tuple(acks)))
+
+    def cancel(self) -> None:
+        """Mark cancelled; the broker requeues what was delivered but not acked."""
+        if self.auto_ack and self.last is not None:
+            self.acks.append(self.last.delivery_tag)
+            self.last = None
+        self.cancelled = True
+        self.buffer.clear()
+
+
+class _Session:
+    """The client's protocol state, shared by the sync and async drivers; never waits."""
+
+    def __init__(self, broker: tuple[str, int]) -> None:
+        self.broker = broker
+        # Random start: a restarted client on a reused port must not hit the
+        # broker's reply cache with an old (sender, rid).
+        self.rid = secrets.randbits(30) + 1
+        self.errors: list[RemoteError] = []
+        self.consumers: dict[str, _ConsumerState] = {}
+        self.heartbeat_interval = _DEFAULT_HEARTBEAT
+        self.last_heartbeat = float("-inf")
+        self.unconfirmed = 0
+
+    def request(self, make: Any, **fields: Any) -> tuple[int, list[Any]]:
+        """A new request id and the request's payload."""
+        self.rid = rid = self.rid % (1 << 31) + 1
+        return rid, encode(make(rid=rid, **fields))
+
+    def reply(self, payload: Any) -> OkReply | ErrorReply | None:
+        """Decode a reply; keep unsolicited errors; None for anything else."""
+        try:
+            event = decode(payload)
+        except ProtocolError:
+            return None
+        if isinstance(event, ErrorReply) and event.rid == 0:
+            self.errors.append(_remote(event))
+            return None
+        if isinstance(event, OkReply | ErrorReply):
+            return event
+        return None
+
+    def deliver(self, payload: Any) -> None:
+        """Sort one delivery-mailbox message into its consumer's buffer."""
+        try:
+            event: Event = decode(payload)
+        except ProtocolError:
+            return
+        if isinstance(event, Deliver):
+            c = self.consumers.get(event.tag)
+            if c is not None and not c.cancelled:
+                c.buffer.extend(event.deliveries)
+        elif isinstance(event, Cancelled):
+            c = self.consumers.get(event.tag)
+            if c is not None:
+                c.cancelled_by = RemoteError(
+                    f"broker cancelled the consumer ({event.code}): {event.message}",
+                    code=event.code,
+                )
+
+    def heartbeat(self, now: float) -> list[Any] | None:
+        """A heartbeat for all live consumers (None if there are none)."""
+        self.last_heartbeat = now
+        specs = tuple(c.spec for c in self.consumers.values() if not c.cancelled)
+        return encode(Heartbeat(consumers=specs)) if specs else None
+
+    def heartbeat_due(self, now: float) -> tuple[list[Any] | None, float]:
+        """A heartbeat if one is due, and the seconds until the next one."""
+        left = self.last_heartbeat + self.heartbeat_interval - now
+        if left <= 0:
+            return self.heartbeat(now), self.heartbeat_interval
+        return None, left
+
+
+def _result(reply: OkReply | ErrorReply) -> Any:
+    if isinstance(reply, ErrorReply):
+        raise _remote(reply)
+    return reply.result
+
+
+def _check_client_options(timeout: float, retries: int) -> None:
+    if not timeout > 0 or retries < 0:
+        raise ConfigError("timeout must be > 0 and retries >= 0")
+
+
+def _new_consumer(
+    session: _Session, queue: str, prefetch: int, no_ack: bool, auto_ack: bool, tag: str | None
+) -> _ConsumerState:
+    if prefetch < 0:
+        raise ConfigError(f"prefetch must be >= 0, got {prefetch}")
+    tag = tag or f"c-{secrets.token_hex(6)}"
+    if tag in session.consumers:
+        raise ConfigError(f"consumer tag {tag!r} is in use by this client")
+    state = _ConsumerState(
+        ConsumerSpec(tag=tag, queue=queue, prefetch=prefetch, no_ack=no_ack), auto_ack
+    )
+    session.consumers[tag] = state
+    return state
+
+
 class BrokerClient:
-    """A connection-free client of one cmq broker.
+    """A client of one cmq broker, on a :class:`cmq.Queue` (threads).
 
     ``BrokerClient("127.0.0.1:5700")`` opens its own endpoint on an ephemeral
     port; pass ``endpoint=`` to share one (the client uses its mailboxes 1
@@ -154,9 +315,8 @@ class BrokerClient:
         timeout: float = DEFAULT_TIMEOUT,
         retries: int = DEFAULT_RETRIES,
     ) -> None:
-        if not timeout > 0 or retries < 0:
-            raise ConfigError("timeout must be > 0 and retries >= 0")
-        self.broker = _parse_address(broker)
+        _check_client_options(timeout, retries)
+        self._s = _Session(_parse_address(broker))
         self.timeout = timeout
         self.retries = retries
         if endpoint is None:
@@ -168,16 +328,16 @@ class BrokerClient:
             check_codec(endpoint)
             self._owns_endpoint = False
         self.endpoint: Endpoint = endpoint
-        # Random start: a restarted client on a reused port must not hit the
-        # broker's reply cache with an old (sender, rid).
-        self._rid = secrets.randbits(30) + 1
-        self._errors: list[RemoteError] = []
-        self._consumers: dict[str, Consumer] = {}
-        self._heartbeat_interval = _DEFAULT_HEARTBEAT
-        self._last_heartbeat = time.monotonic()
-        self._unconfirmed = 0
 
-    # -- requests ----------------------------------------------------------
+    @property
+    def broker(self) -> tuple[str, int]:
+        """The broker's address."""
+        return self._s.broker
+
+    def _send(self, payload: list[Any] | None) -> None:
+        if payload is not None:
+            self.endpoint.push(self._s.broker, payload, BROKER_MAILBOX)
+            self.endpoint.flush()
 
     def _request(self, make: Any, **fields: Any) -> Any:
         """Send a request, wait for its reply and return the ``ok`` result.
@@ -186,40 +346,21 @@ class BrokerClient:
             RemoteError: the broker refused the request (``code`` says why).
             Timeout: no reply after ``retries`` resends.
         """
-        self._rid = rid = self._rid % (1 << 31) + 1
-        payload = encode(make(rid=rid, **fields))
+        rid, payload = self._s.request(make, **fields)
         step = self.timeout / (self.retries + 1)
         for _ in range(self.retries + 1):
-            self.endpoint.push(self.broker, payload, BROKER_MAILBOX)
-            self.endpoint.flush()
+            self._send(payload)
             deadline = time.monotonic() + step
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
+            while (remaining := deadline - time.monotonic()) > 0:
                 try:
                     msg = self.endpoint.get_message(timeout=remaining, mailbox=REPLY_MAILBOX)
                 except Timeout:
                     break
-                reply = self._reply(msg)
+                reply = self._s.reply(msg.payload)
                 if reply is not None and reply.rid == rid:
-                    if isinstance(reply, ErrorReply):
-                        raise _remote(reply)
-                    return reply.result
-        raise Timeout(f"no reply from broker {self.broker[0]}:{self.broker[1]} in {self.timeout} s")
-
-    def _reply(self, msg: _Message) -> OkReply | ErrorReply | None:
-        """Decode a reply; keep unsolicited errors; None for anything else."""
-        try:
-            event = decode(msg.payload)
-        except ProtocolError:
-            return None
-        if isinstance(event, ErrorReply) and event.rid == 0:
-            self._errors.append(_remote(event))
-            return None
-        if isinstance(event, OkReply | ErrorReply):
-            return event
-        return None
+                    return _result(reply)
+        host, port = self._s.broker
+        raise Timeout(f"no reply from broker {host}:{port} in {self.timeout} s")
 
     def declare_exchange(self, name: str, type: str = "direct") -> bool:
         """Declare exchange ``name`` of ``type``; True if it was created now.
@@ -255,10 +396,9 @@ class BrokerClient:
                 arguments), ``bad-request`` (bad overflow or max_length).
             Timeout: the broker did not answer.
         """
-        result: dict[str, Any] = self._request(
-            DeclareQueue, name=name, max_length=max_length, overflow=overflow
+        return dict(
+            self._request(DeclareQueue, name=name, max_length=max_length, overflow=overflow)
         )
-        return result
 
     def delete_queue(self, name: str) -> int:
         """Delete queue ``name``; return how many messages went with it.
@@ -303,8 +443,7 @@ class BrokerClient:
         Raises:
             Timeout: the broker did not answer.
         """
-        result: dict[str, Any] = self._request(GetStats)
-        return result
+        return dict(self._request(GetStats))
 
     def publish(
         self, exchange: str, routing_key: str, body: Any, *, confirm: bool = False
@@ -321,32 +460,28 @@ class BrokerClient:
             TypeError: ``body`` is not MessagePack-able.
         """
         if confirm:
-            return int(
-                self._request(Publish, exchange=exchange, routing_key=routing_key, body=body)[
-                    "routed"
-                ]
-            )
-        self.endpoint.push(self.broker, ["p", 0, exchange, routing_key, body], BROKER_MAILBOX)
-        self._unconfirmed += 1
-        if self._unconfirmed & 63 == 0:
+            result = self._request(Publish, exchange=exchange, routing_key=routing_key, body=body)
+            return int(result["routed"])
+        # The wire form of Publish(rid=0, ...), built inline: this is the hot path.
+        self.endpoint.push(self._s.broker, ["p", 0, exchange, routing_key, body], BROKER_MAILBOX)
+        self._s.unconfirmed += 1
+        if self._s.unconfirmed & 63 == 0:
             self._collect_errors()  # keep the reply mailbox from growing
         return None
 
     def _collect_errors(self) -> None:
         while (msg := self.endpoint.pop_message(REPLY_MAILBOX)) is not None:
-            self._reply(msg)
+            self._s.reply(msg.payload)
 
     def errors(self) -> list[RemoteError]:
         """Return and forget the refusals of unconfirmed publishes received so far."""
         self._collect_errors()
-        out, self._errors = self._errors, []
+        out, self._s.errors = self._s.errors, []
         return out
 
     def flush(self) -> None:
         """Send everything batched now."""
         self.endpoint.flush()
-
-    # -- consumers ---------------------------------------------------------
 
     def consume(
         self,
@@ -357,81 +492,51 @@ class BrokerClient:
         auto_ack: bool = True,
         tag: str | None = None,
     ) -> Consumer:
-        """Attach a consumer to ``queue`` and return it (iterate it, sync or async).
+        """Attach a consumer to ``queue`` and return it (an iterator of deliveries).
 
         ``prefetch`` bounds unacknowledged deliveries (0: no bound; ignored
         with ``no_ack``, which is at most once and fastest). With
         ``auto_ack=False`` call :meth:`Consumer.ack` yourself.
 
         Raises:
+            ConfigError: a bad prefetch, or ``tag`` already used by this client.
             RemoteError: ``not-found`` (no such queue), ``in-use`` (tag taken).
             Timeout: the broker did not answer.
         """
-        if prefetch < 0:
-            raise ConfigError(f"prefetch must be >= 0, got {prefetch}")
-        tag = tag or f"c-{secrets.token_hex(6)}"
-        consumer = Consumer(
-            self, ConsumerSpec(tag=tag, queue=queue, prefetch=prefetch, no_ack=no_ack), auto_ack
-        )
-        self._consumers[tag] = consumer
+        state = _new_consumer(self._s, queue, prefetch, no_ack, auto_ack, tag)
         try:
-            result = self._request(Consume, tag=tag, queue=queue, prefetch=prefetch, no_ack=no_ack)
+            result = self._request(
+                Consume, tag=state.spec.tag, queue=queue, prefetch=prefetch, no_ack=no_ack
+            )
         except BaseException:
-            del self._consumers[tag]
+            del self._s.consumers[state.spec.tag]
             raise
-        self._heartbeat_interval = float(result["heartbeat"])
-        return consumer
+        self._s.heartbeat_interval = float(result["heartbeat"])
+        self._s.last_heartbeat = time.monotonic()
+        return Consumer(self, state)
 
     def heartbeat(self) -> None:
         """Tell the broker this client's consumers are alive (waiting consumers do this)."""
-        self._last_heartbeat = time.monotonic()
-        if self._consumers:
-            specs = tuple(c.spec for c in self._consumers.values() if not c.cancelled)
-            self.endpoint.push(self.broker, encode(Heartbeat(consumers=specs)), BROKER_MAILBOX)
-            self.endpoint.flush()
+        self._send(self._s.heartbeat(time.monotonic()))
 
-    def _heartbeat_due(self, now: float) -> float:
-        """Send a heartbeat if one is due; return seconds until the next one."""
-        left = self._last_heartbeat + self._heartbeat_interval - now
-        if left <= 0:
-            self.heartbeat()
-            return self._heartbeat_interval
-        return left
-
-    def _dispatch(self, payload: Any) -> None:
-        """Sort one delivery-mailbox message into its consumer's buffer."""
-        try:
-            event: Event = decode(payload)
-        except ProtocolError:
-            return
-        if isinstance(event, Deliver):
-            c = self._consumers.get(event.tag)
-            if c is not None and not c.cancelled:
-                c._buffer.extend(event.deliveries)
-        elif isinstance(event, Cancelled):
-            c = self._consumers.get(event.tag)
-            if c is not None:
-                c._cancelled_by = RemoteError(
-                    f"broker cancelled the consumer ({event.code}): {event.message}",
-                    code=event.code,
-                )
+    def _take_waiting(self) -> None:
+        while (msg := self.endpoint.pop_message(DELIVERY_MAILBOX)) is not None:
+            self._s.deliver(msg.payload)
 
     def _pump(self, timeout: float) -> None:
         """Wait up to ``timeout`` for deliveries, then take all that are waiting."""
-        ep = self.endpoint
         try:
-            msg = ep.get_message(timeout=timeout, mailbox=DELIVERY_MAILBOX)
+            msg = self.endpoint.get_message(timeout=timeout, mailbox=DELIVERY_MAILBOX)
         except Timeout:
             return
-        self._dispatch(msg.payload)
-        while (msg := ep.pop_message(DELIVERY_MAILBOX)) is not None:
-            self._dispatch(msg.payload)
+        self._s.deliver(msg.payload)
+        self._take_waiting()
 
     def close(self) -> None:
         """Cancel the consumers (best effort) and close the endpoint if it is ours."""
-        for c in list(self._consumers.values()):
+        for tag in list(self._s.consumers):
             with contextlib.suppress(Timeout, RemoteError):  # else the broker expires it
-                c.cancel()
+                Consumer(self, self._s.consumers[tag]).cancel()
         if self._owns_endpoint:
             self.endpoint.close()
 
@@ -443,43 +548,30 @@ class BrokerClient:
 
 
 class Consumer:
-    """Deliveries from one queue: ``for d in consumer`` or ``async for d in consumer``.
+    """Deliveries from one queue: ``for delivery in consumer: ...``.
 
-    Iteration ends only by ``break`` (or :meth:`cancel`); :meth:`get` takes
-    one delivery with a timeout.
+    Iteration ends only by ``break`` or an error; :meth:`get` takes one
+    delivery with a timeout; leaving a ``with`` block cancels.
     """
 
-    def __init__(self, client: BrokerClient, spec: ConsumerSpec, auto_ack: bool) -> None:
+    def __init__(self, client: BrokerClient, state: _ConsumerState) -> None:
         self.client = client
-        self.spec = spec
-        self.auto_ack = auto_ack and not spec.no_ack
-        self._buffer: collections.deque[Delivery] = collections.deque()
-        self._acks: list[int] = []
-        self._last: Delivery | None = None
-        self._cancelled_by: RemoteError | None = None
-        self.cancelled = False
-        # Half the window: the broker refills while we work through the rest.
-        self._ack_batch = max(1, spec.prefetch // 2) if spec.prefetch else 64
+        self._c = state
 
     @property
     def tag(self) -> str:
         """The consumer tag."""
-        return self.spec.tag
+        return self._c.spec.tag
+
+    @property
+    def auto_ack(self) -> bool:
+        """Whether a delivery is acknowledged when the next one is asked for."""
+        return self._c.auto_ack
 
     def ack(self, delivery: Delivery) -> None:
         """Acknowledge ``delivery`` (sent with the next batch of acks)."""
-        if self.spec.no_ack:
-            return
-        self._acks.append(delivery.delivery_tag)
-        if len(self._acks) >= self._ack_batch:
-            self._send_acks()
-
-    def _send_acks(self) -> None:
-        if self._acks:
-            acks, self._acks = self._acks, []
-            payload = encode(Ack(tag=self.spec.tag, delivery_tags=tuple(acks)))
-            self.client.endpoint.push(self.client.broker, payload, BROKER_MAILBOX)
-            self.client.endpoint.flush()
+        if self._c.ack(delivery):
+            self.client._send(self._c.ack_payload())
 
     def get_nowait(self) -> Delivery | None:
         """The next delivery if one is here, else None. Never blocks.
@@ -487,22 +579,13 @@ class Consumer:
         Raises:
             RemoteError: the broker cancelled this consumer (queue deleted).
         """
-        if self._cancelled_by is not None:
-            raise self._cancelled_by
-        if self.auto_ack and self._last is not None:
-            self.ack(self._last)
-            self._last = None
-        if not self._buffer:
-            ep = self.client.endpoint
-            while (msg := ep.pop_message(DELIVERY_MAILBOX)) is not None:
-                self.client._dispatch(msg.payload)
-            if self._cancelled_by is not None:
-                raise self._cancelled_by
-        if self._buffer:
-            d = self._buffer.popleft()
-            self._last = d
-            return d
-        return None
+        d = self._c.take()
+        if d is None:
+            self.client._take_waiting()
+            d = self._c.take()
+        if len(self._c.acks) >= self._c.ack_batch:
+            self.client._send(self._c.ack_payload())
+        return d
 
     def get(self, timeout: float | None = None) -> Delivery:
         """The next delivery, waiting up to ``timeout`` seconds (None: forever).
@@ -516,12 +599,13 @@ class Consumer:
             d = self.get_nowait()
             if d is not None:
                 return d
-            self._send_acks()  # before waiting, so the broker can refill
+            self.client._send(self._c.ack_payload())  # before waiting: the broker refills
             now = time.monotonic()
-            wait = self.client._heartbeat_due(now)
+            beat, wait = self.client._s.heartbeat_due(now)
+            self.client._send(beat)
             if deadline is not None:
                 if now >= deadline:
-                    raise Timeout(f"no delivery from queue {self.spec.queue!r} in {timeout} s")
+                    raise Timeout(f"no delivery from queue {self._c.spec.queue!r} in {timeout} s")
                 wait = min(wait, deadline - now)
             self.client._pump(wait)
 
@@ -531,42 +615,307 @@ class Consumer:
     def __next__(self) -> Delivery:
         return self.get()
 
-    def __aiter__(self) -> AsyncIterator[Delivery]:
-        return self
-
-    async def __anext__(self) -> Delivery:
-        # The non-blocking path first; a wait goes to a worker thread in
-        # short slices so cancelling the task is noticed within one slice.
-        while True:
-            d = self.get_nowait()
-            if d is not None:
-                return d
-            try:
-                return await asyncio.to_thread(self.get, 0.05)
-            except Timeout:
-                continue
-
     def cancel(self) -> None:
         """Detach from the queue; unacknowledged deliveries go back to it.
 
         Raises:
             Timeout: the broker did not answer.
         """
-        if self.cancelled:
+        if self._c.cancelled:
             return
-        if self.auto_ack and self._last is not None:
-            self.ack(self._last)
-            self._last = None
-        self._send_acks()
-        self.cancelled = True
-        self._buffer.clear()  # the broker requeues these: they were never acked
+        self._c.cancel()
+        self.client._send(self._c.ack_payload())
         try:
-            self.client._request(Cancel, tag=self.spec.tag)
+            self.client._request(Cancel, tag=self._c.spec.tag)
         finally:
-            self.client._consumers.pop(self.spec.tag, None)
+            self.client._s.consumers.pop(self._c.spec.tag, None)
 
     def __enter__(self) -> Consumer:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.cancel()
+
+
+class AsyncBrokerClient:
+    """A client of one cmq broker, on a :class:`cmq.AsyncQueue` (asyncio).
+
+    Open it with ``await AsyncBrokerClient.open("127.0.0.1:5700")`` (or pass
+    an open ``endpoint=``); the methods are :class:`BrokerClient`'s, as
+    coroutines where they wait. Use it from the loop it was opened on.
+
+    Raises:
+        ConfigError: a bad broker address or option.
+    """
+
+    def __init__(
+        self,
+        broker: str | tuple[str, int],
+        *,
+        endpoint: AsyncEndpoint,
+        timeout: float = DEFAULT_TIMEOUT,
+        retries: int = DEFAULT_RETRIES,
+        owns_endpoint: bool = False,
+    ) -> None:
+        _check_client_options(timeout, retries)
+        check_codec(endpoint)
+        self._s = _Session(_parse_address(broker))
+        self.timeout = timeout
+        self.retries = retries
+        self.endpoint = endpoint
+        self._owns_endpoint = owns_endpoint
+
+    @classmethod
+    async def open(
+        cls,
+        broker: str | tuple[str, int],
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        retries: int = DEFAULT_RETRIES,
+    ) -> AsyncBrokerClient:
+        """Open an endpoint on the running loop and a client on it.
+
+        Raises:
+            ConfigError: a bad broker address or option.
+            TransportError: the OS refused the socket.
+        """
+        from cmq.net.aqueue import AsyncQueue
+
+        endpoint = await AsyncQueue.open(port=0, host="0.0.0.0", codec="msgpack")
+        return cls(broker, endpoint=endpoint, timeout=timeout, retries=retries, owns_endpoint=True)
+
+    @property
+    def broker(self) -> tuple[str, int]:
+        """The broker's address."""
+        return self._s.broker
+
+    def _send(self, payload: list[Any] | None) -> None:
+        if payload is not None:
+            self.endpoint.push(self._s.broker, payload, BROKER_MAILBOX)
+            self.endpoint.flush()
+
+    async def _request(self, make: Any, **fields: Any) -> Any:
+        """As :meth:`BrokerClient._request`."""
+        rid, payload = self._s.request(make, **fields)
+        step = self.timeout / (self.retries + 1)
+        for _ in range(self.retries + 1):
+            self._send(payload)
+            deadline = time.monotonic() + step
+            while (remaining := deadline - time.monotonic()) > 0:
+                try:
+                    msg = await self.endpoint.get_message(timeout=remaining, mailbox=REPLY_MAILBOX)
+                except Timeout:
+                    break
+                reply = self._s.reply(msg.payload)
+                if reply is not None and reply.rid == rid:
+                    return _result(reply)
+        host, port = self._s.broker
+        raise Timeout(f"no reply from broker {host}:{port} in {self.timeout} s")
+
+    async def declare_exchange(self, name: str, type: str = "direct") -> bool:
+        """As :meth:`BrokerClient.declare_exchange` (raises RemoteError, Timeout)."""
+        return bool((await self._request(DeclareExchange, name=name, type=type))["created"])
+
+    async def delete_exchange(self, name: str) -> bool:
+        """As :meth:`BrokerClient.delete_exchange` (raises RemoteError, Timeout)."""
+        return bool((await self._request(DeleteExchange, name=name))["deleted"])
+
+    async def declare_queue(
+        self, name: str, *, max_length: int = DEFAULT_MAX_LENGTH, overflow: str = "drop-old"
+    ) -> dict[str, Any]:
+        """As :meth:`BrokerClient.declare_queue` (raises RemoteError, Timeout)."""
+        return dict(
+            await self._request(DeclareQueue, name=name, max_length=max_length, overflow=overflow)
+        )
+
+    async def delete_queue(self, name: str) -> int:
+        """As :meth:`BrokerClient.delete_queue` (raises Timeout)."""
+        return int((await self._request(DeleteQueue, name=name))["messages"])
+
+    async def purge_queue(self, name: str) -> int:
+        """As :meth:`BrokerClient.purge_queue` (raises RemoteError, Timeout)."""
+        return int((await self._request(PurgeQueue, name=name))["messages"])
+
+    async def bind(self, queue: str, exchange: str, routing_key: str = "") -> bool:
+        """As :meth:`BrokerClient.bind` (raises RemoteError, Timeout)."""
+        return bool(
+            (await self._request(Bind, queue=queue, exchange=exchange, key=routing_key))["created"]
+        )
+
+    async def unbind(self, queue: str, exchange: str, routing_key: str = "") -> bool:
+        """As :meth:`BrokerClient.unbind` (raises RemoteError, Timeout)."""
+        return bool(
+            (await self._request(Unbind, queue=queue, exchange=exchange, key=routing_key))[
+                "deleted"
+            ]
+        )
+
+    async def stats(self) -> dict[str, Any]:
+        """As :meth:`BrokerClient.stats` (raises Timeout)."""
+        return dict(await self._request(GetStats))
+
+    async def publish(
+        self, exchange: str, routing_key: str, body: Any, *, confirm: bool = False
+    ) -> int | None:
+        """As :meth:`BrokerClient.publish`; only ``confirm=True`` waits.
+
+        Raises:
+            RemoteError, Timeout: (confirm only) as :meth:`BrokerClient.publish`.
+            TypeError: ``body`` is not MessagePack-able.
+        """
+        if confirm:
+            result = await self._request(
+                Publish, exchange=exchange, routing_key=routing_key, body=body
+            )
+            return int(result["routed"])
+        self.publish_nowait(exchange, routing_key, body)
+        return None
+
+    def publish_nowait(self, exchange: str, routing_key: str, body: Any) -> None:
+        """Publish without confirm and without awaiting (a loop can call it a million times).
+
+        Raises:
+            TypeError: ``body`` is not MessagePack-able.
+        """
+        self.endpoint.push(self._s.broker, ["p", 0, exchange, routing_key, body], BROKER_MAILBOX)
+        self._s.unconfirmed += 1
+        if self._s.unconfirmed & 63 == 0:
+            self._collect_errors()
+
+    def _collect_errors(self) -> None:
+        while (msg := self.endpoint.pop_message(REPLY_MAILBOX)) is not None:
+            self._s.reply(msg.payload)
+
+    def errors(self) -> list[RemoteError]:
+        """Return and forget the refusals of unconfirmed publishes received so far."""
+        self._collect_errors()
+        out, self._s.errors = self._s.errors, []
+        return out
+
+    def flush(self) -> None:
+        """Send everything batched now."""
+        self.endpoint.flush()
+
+    async def consume(
+        self,
+        queue: str,
+        *,
+        prefetch: int = DEFAULT_PREFETCH,
+        no_ack: bool = False,
+        auto_ack: bool = True,
+        tag: str | None = None,
+    ) -> AsyncConsumer:
+        """As :meth:`BrokerClient.consume`; returns an async iterator of deliveries.
+
+        Raises:
+            ConfigError, RemoteError, Timeout: as :meth:`BrokerClient.consume`.
+        """
+        state = _new_consumer(self._s, queue, prefetch, no_ack, auto_ack, tag)
+        try:
+            result = await self._request(
+                Consume, tag=state.spec.tag, queue=queue, prefetch=prefetch, no_ack=no_ack
+            )
+        except BaseException:
+            del self._s.consumers[state.spec.tag]
+            raise
+        self._s.heartbeat_interval = float(result["heartbeat"])
+        self._s.last_heartbeat = time.monotonic()
+        return AsyncConsumer(self, state)
+
+    def heartbeat(self) -> None:
+        """Tell the broker this client's consumers are alive (waiting consumers do this)."""
+        self._send(self._s.heartbeat(time.monotonic()))
+
+    def _take_waiting(self) -> None:
+        while (msg := self.endpoint.pop_message(DELIVERY_MAILBOX)) is not None:
+            self._s.deliver(msg.payload)
+
+    async def _pump(self, timeout: float) -> None:
+        try:
+            msg = await self.endpoint.get_message(timeout=timeout, mailbox=DELIVERY_MAILBOX)
+        except Timeout:
+            return
+        self._s.deliver(msg.payload)
+        self._take_waiting()
+
+    async def aclose(self) -> None:
+        """Cancel the consumers (best effort) and close the endpoint if it is ours."""
+        for tag in list(self._s.consumers):
+            with contextlib.suppress(Timeout, RemoteError):
+                await AsyncConsumer(self, self._s.consumers[tag]).cancel()
+        if self._owns_endpoint:
+            self.endpoint.close()
+
+    async def __aenter__(self) -> AsyncBrokerClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class AsyncConsumer:
+    """Deliveries from one queue: ``async for delivery in consumer: ...``."""
+
+    def __init__(self, client: AsyncBrokerClient, state: _ConsumerState) -> None:
+        self.client = client
+        self._c = state
+
+    @property
+    def tag(self) -> str:
+        """The consumer tag."""
+        return self._c.spec.tag
+
+    def ack(self, delivery: Delivery) -> None:
+        """Acknowledge ``delivery`` (sent with the next batch of acks)."""
+        if self._c.ack(delivery):
+            self.client._send(self._c.ack_payload())
+
+    def get_nowait(self) -> Delivery | None:
+        """As :meth:`Consumer.get_nowait` (raises RemoteError when cancelled by the broker)."""
+        d = self._c.take()
+        if d is None:
+            self.client._take_waiting()
+            d = self._c.take()
+        if len(self._c.acks) >= self._c.ack_batch:
+            self.client._send(self._c.ack_payload())
+        return d
+
+    async def get(self, timeout: float | None = None) -> Delivery:
+        """As :meth:`Consumer.get` (raises Timeout, RemoteError)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            d = self.get_nowait()
+            if d is not None:
+                return d
+            self.client._send(self._c.ack_payload())
+            now = time.monotonic()
+            beat, wait = self.client._s.heartbeat_due(now)
+            self.client._send(beat)
+            if deadline is not None:
+                if now >= deadline:
+                    raise Timeout(f"no delivery from queue {self._c.spec.queue!r} in {timeout} s")
+                wait = min(wait, deadline - now)
+            await self.client._pump(wait)
+
+    def __aiter__(self) -> AsyncIterator[Delivery]:
+        return self
+
+    async def __anext__(self) -> Delivery:
+        return await self.get()
+
+    async def cancel(self) -> None:
+        """As :meth:`Consumer.cancel` (raises Timeout)."""
+        if self._c.cancelled:
+            return
+        self._c.cancel()
+        self.client._send(self._c.ack_payload())
+        try:
+            await self.client._request(Cancel, tag=self._c.spec.tag)
+        finally:
+            self.client._s.consumers.pop(self._c.spec.tag, None)
+
+    async def __aenter__(self) -> AsyncConsumer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.cancel()
