@@ -63,6 +63,10 @@ class Stats:
     dropped: Mapping[str, int] = field(default_factory=_frozen)
     kernel_drops: int | None = None
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.dropped, MappingProxyType):
+            object.__setattr__(self, "dropped", _frozen(self.dropped))
+
     @property
     def total_dropped(self) -> int:
         """Sum of all ``dropped`` counters."""

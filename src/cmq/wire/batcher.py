@@ -151,8 +151,13 @@ class Batcher:
         return OPENED if opened or len(frames) == 1 else QUEUED
 
     def is_idle(self, s: Stream, now: float) -> bool:
-        """Whether ``s``'s last datagram left at least ``idle_gap`` before ``now``."""
-        return now - s.last_send >= self.config.idle_gap
+        """Whether ``s``'s last datagram left at least ``idle_gap`` before ``now``.
+
+        A destination never sent to is idle, unless ``idle_gap`` is infinite
+        (always batch).
+        """
+        gap = self.config.idle_gap
+        return now - s.last_send >= gap and gap != float("inf")
 
     def arm(self, s: Stream, now: float) -> float:
         """Schedule ``s``'s open batch to leave by ``now + timeout``; returns that deadline."""

@@ -1,0 +1,363 @@
+"""cmq.Queue over loopback: the paper's push/pop, batching, fragments, keys, requests."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+import cmq
+from cmq.patterns import replace, retry
+
+from .conftest import dest, wait_until
+
+MakeQueue = Callable[..., cmq.Queue]
+
+
+def drain(q: cmq.Queue, n: int, timeout: float = 5.0, mailbox: int = 0) -> list[object]:
+    out: list[object] = []
+    while len(out) < n:
+        out.append(q.get(timeout=timeout, mailbox=mailbox))
+        out += q.pop_many(n - len(out), mailbox=mailbox)
+    return out
+
+
+def test_push_pop_round_trip_in_order(pair: tuple[cmq.Queue, cmq.Queue]) -> None:
+    a, b = pair
+    msgs = [b"m%d" % i for i in range(5000)]
+    for m in msgs:
+        a.push(dest(b), m)
+    a.flush()
+    assert drain(b, len(msgs)) == msgs
+    assert b.pop() is None
+    st = b.stats()
+    assert st.messages_received == 5000
+    assert st.datagrams_received < 5000  # batched
+    assert st.total_dropped == 0
+
+
+def test_pop_never_blocks(pair: tuple[cmq.Queue, cmq.Queue]) -> None:
+    _, b = pair
+    assert b.pop() is None
+    assert b.pop(mailbox=12) is None
+    assert b.pop_message() is None
+    assert b.pop_many() == []
+
+
+def test_destination_spellings_share_one_stream(pair: tuple[cmq.Queue, cmq.Queue]) -> None:
+    a, b = pair
+    a.push(f"127.0.0.1:{b.port}", b"1")
+    a.push(("127.0.0.1", b.port), b"2")
+    a.push(["127.0.0.1", b.port], b"3")  # unhashable spelling still works
+    a.push(f"localhost:{b.port}", b"4")
+    assert drain(b, 4) == [b"1", b"2", b"3", b"4"]
+    assert a.stats().destinations == 1
+
+
+def test_mailboxes(pair: tuple[cmq.Queue, cmq.Queue]) -> None:
+    a, b = pair
+    a.push(dest(b), b"zero")
+    a.push(dest(b), b"seven", mailbox=7)
+    assert b.get(timeout=2, mailbox=7) == b"seven"
+    assert b.get(timeout=2) == b"zero"
+    msg = None
+    a.push(dest(b), b"again", mailbox=7)
+    msg = b.get_message(timeout=2, mailbox=7)
+    assert (msg.payload, msg.mailbox, msg.sender[1], msg.sender_id) == (b"again", 7, a.port, a.sender_id)
+
+
+def test_idle_destination_gets_the_message_at_once(make_queue: MakeQueue) -> None:
+    """A lone message leaves without waiting for the batch timeout (here an hour)."""
+    a, b = make_queue(timeout=3600.0), make_queue()
+    a.push(dest(b), b"now")
+    assert b.get(timeout=2) == b"now"
+
+
+def test_batched_message_leaves_by_its_timeout(make_queue: MakeQueue) -> None:
+    a, b = make_queue(idle_gap=float("inf"), timeout=0.01), make_queue()
+    a.push(dest(b), b"batched")
+    assert a.stats().pending == 1
+    assert b.get(timeout=2) == b"batched"  # the I/O thread sent it, nobody flushed
+
+
+def test_full_batch_leaves_at_once(make_queue: MakeQueue) -> None:
+    a, b = make_queue(idle_gap=float("inf"), timeout=3600.0, qthresh=64), make_queue()
+    for i in range(16):
+        a.push(dest(b), b"%03d" % i)  # 4 bytes framed each: 64 bytes at the 16th
+    assert drain(b, 16, timeout=2) == [b"%03d" % i for i in range(16)]
+    assert a.stats().datagrams_sent == 1
+
+
+def test_large_message_is_fragmented_and_reassembled(make_queue: MakeQueue) -> None:
+    a, b = make_queue(max_datagram=1472), make_queue()
+    big = os.urandom(1_000_000)
+    a.push(dest(b), b"before")
+    a.push(dest(b), big)
+    a.push(dest(b), b"after")
+    assert drain(b, 3) == [b"before", big, b"after"]
+    assert a.stats().fragments_sent == -(-len(big) // (1472 - 16 - 8))
+
+
+def test_message_over_max_message_raises_and_sends_nothing(make_queue: MakeQueue) -> None:
+    a, b = make_queue(max_message=1000), make_queue()
+    with pytest.raises(cmq.MessageTooLarge, match="max_message=1000"):
+        a.push(dest(b), b"x" * 1001)
+    assert a.stats().datagrams_sent == 0
+    a.push(dest(b), b"x" * 1000)
+    assert b.get(timeout=2) == b"x" * 1000
+
+
+def test_msgpack_codec_carries_values(make_queue: MakeQueue) -> None:
+    a, b = make_queue(codec="msgpack"), make_queue(codec="msgpack")
+    values = [1, "two", [3, 4.5], {"k": b"bytes"}, None, True]
+    for v in values:
+        a.push(dest(b), v)
+    assert drain(b, len(values)) == values
+    with pytest.raises(TypeError, match="MessagePack"):
+        a.push(dest(b), object())
+
+
+def test_raw_codec_rejects_non_bytes(pair: tuple[cmq.Queue, cmq.Queue]) -> None:
+    a, b = pair
+    with pytest.raises(TypeError, match="bytes-like"):
+        a.push(dest(b), "text")
+    a.push(dest(b), bytearray(b"ba"))
+    a.push(dest(b), memoryview(b"mv"))
+    assert drain(b, 2) == [b"ba", b"mv"]
+
+
+def test_keyed_endpoints_drop_and_count_untagged_datagrams(make_queue: MakeQueue) -> None:
+    key = b"shared secret"
+    a, b, stranger = make_queue(key=key), make_queue(key=key), make_queue()
+    stranger.push(dest(b), b"forged")
+    make_queue(key=b"other").push(dest(b), b"wrong key")
+    a.push(dest(b), b"genuine")
+    assert b.get(timeout=2) == b"genuine"
+    assert wait_until(lambda: b.stats().dropped["bad_tag"] == 2)
+    assert b.pop() is None
+
+
+def test_selective_receive_leaves_the_others_in_order(pair: tuple[cmq.Queue, cmq.Queue]) -> None:
+    a, b = pair
+    for m in (b"a1", b"b1", b"a2", b"b2"):
+        a.push(dest(b), m)
+    assert b.receive(lambda m: m.startswith(b"b"), timeout=2) == b"b1"
+    assert b.receive(lambda m: m == b"b2", timeout=2) == b"b2"
+    assert drain(b, 2) == [b"a1", b"a2"]
+    with pytest.raises(cmq.Timeout):
+        b.receive(lambda m: False, timeout=0.05)
+
+
+def test_blocking_get_times_out(pair: tuple[cmq.Queue, cmq.Queue]) -> None:
+    _, b = pair
+    t0 = time.monotonic()
+    with pytest.raises(cmq.Timeout):
+        b.get(timeout=0.05)
+    assert time.monotonic() - t0 >= 0.05
+
+
+def test_iteration_ends_when_closed(pair: tuple[cmq.Queue, cmq.Queue]) -> None:
+    a, b = pair
+    for m in (b"1", b"2", b"3"):
+        a.push(dest(b), m)
+    got: list[bytes] = []
+
+    def consume() -> None:
+        for m in b:
+            got.append(m)
+            if len(got) == 3:
+                threading.Thread(target=b.close).start()
+
+    t = threading.Thread(target=consume)
+    t.start()
+    t.join(5)
+    assert not t.is_alive()
+    assert got == [b"1", b"2", b"3"]
+
+
+def test_close_wakes_a_blocked_reader_and_later_calls_raise(pair: tuple[cmq.Queue, cmq.Queue]) -> None:
+    a, b = pair
+    errors: list[BaseException] = []
+
+    def reader() -> None:
+        try:
+            b.get()
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    t = threading.Thread(target=reader)
+    t.start()
+    assert wait_until(lambda: b._rx_lock.locked())
+    b.close()
+    t.join(5)
+    assert not t.is_alive()
+    assert isinstance(errors[0], cmq.Closed)
+    with pytest.raises(cmq.Closed):
+        b.push(dest(a), b"x")
+    with pytest.raises(cmq.Closed):
+        b.pop()
+    b.close()  # idempotent
+
+
+def test_request_reply(pair: tuple[cmq.Queue, cmq.Queue]) -> None:
+    a, b = pair
+
+    def serve() -> None:
+        for _ in range(3):
+            m = b.get_message(timeout=5)
+            assert m.is_request
+            b.reply(m, m.payload.upper())
+
+    t = threading.Thread(target=serve)
+    t.start()
+    assert [a.request(dest(b), w, timeout=2) for w in (b"one", b"two", b"three")] == [b"ONE", b"TWO", b"THREE"]
+    t.join()
+    # The envelope never shows in the user's payload or mailbox range.
+    a.push(dest(b), b"plain")
+    m = b.get_message(timeout=2)
+    assert (m.payload, m.correlation, m.is_request) == (b"plain", None, False)
+    with pytest.raises(cmq.ConfigError, match="not a request"):
+        b.reply(m, b"x")
+
+
+def test_request_times_out_when_nobody_answers(pair: tuple[cmq.Queue, cmq.Queue]) -> None:
+    a, b = pair
+    with pytest.raises(cmq.Timeout):
+        a.request(dest(b), b"hello?", timeout=0.05)
+    assert b.get_message(timeout=1).is_request  # it did arrive
+
+
+def test_future_resolves_and_late_reply_is_counted(pair: tuple[cmq.Queue, cmq.Queue]) -> None:
+    a, b = pair
+    fut = a.request_future(dest(b), b"q", timeout=5)
+    m = b.get_message(timeout=2)
+    b.reply(m, b"answer")
+    assert fut.result(timeout=2) == b"answer"
+    b.reply(m, b"duplicate")  # a second answer to the same request
+    assert wait_until(lambda: (a.pop(), a.stats().dropped["late_reply"])[1] == 1)
+
+
+def test_future_remedy_resends_with_a_new_future_id(pair: tuple[cmq.Queue, cmq.Queue]) -> None:
+    """The paper's future-type message passing: on timeout, resend (replace) or report."""
+    a, b = pair
+    seen: list[int] = []
+    fut = retry(a, dest(b), b"ping", timeout=0.05, attempts=3)
+    for _ in range(2):  # ignore the first two attempts
+        seen.append(b.get_message(timeout=2).correlation or 0)
+    third = b.get_message(timeout=2)
+    b.reply(third, b"pong")
+    assert fut.result(timeout=2) == b"pong"
+    assert len({*seen, third.correlation}) == 3  # each attempt has its own id
+
+
+def test_replace_sends_fresh_data_and_reports_after_the_last_attempt(pair: tuple[cmq.Queue, cmq.Queue]) -> None:
+    a, b = pair
+    fut = replace(a, dest(b), lambda n: b"reading #%d" % n, timeout=0.03, attempts=3)
+    with pytest.raises(cmq.Timeout):
+        fut.result(timeout=5)
+    got = [b.get(timeout=2) for _ in range(3)]
+    assert got == [b"reading #1", b"reading #2", b"reading #3"]
+
+
+def test_replace_does_not_hold_up_other_traffic(pair: tuple[cmq.Queue, cmq.Queue]) -> None:
+    a, b = pair
+    fut = replace(a, dest(b), lambda n: b"req", timeout=0.05, attempts=50)
+    for i in range(100):
+        a.push(dest(b), b"%d" % i, mailbox=1)
+    assert drain(b, 100, mailbox=1) == [b"%d" % i for i in range(100)]
+    assert not fut.done()
+    fut.cancel()
+
+
+def test_on_timeout_errors_are_reported_through_the_future(pair: tuple[cmq.Queue, cmq.Queue]) -> None:
+    a, b = pair
+
+    def broken(_attempt: int) -> object:
+        raise RuntimeError("remedy failed")
+
+    fut = a.request_future(dest(b), b"x", timeout=0.02, on_timeout=broken)
+    with pytest.raises(RuntimeError, match="remedy failed"):
+        fut.result(timeout=5)
+
+
+def test_pending_requests_fail_with_closed_on_close(pair: tuple[cmq.Queue, cmq.Queue]) -> None:
+    a, b = pair
+    fut = a.request_future(dest(b), b"x", timeout=60)
+    a.close()
+    with pytest.raises(cmq.Closed):
+        fut.result(timeout=2)
+
+
+def test_bad_arguments_fail_at_once_with_clear_messages(make_queue: MakeQueue) -> None:
+    a = make_queue()
+    with pytest.raises(cmq.TransportError, match="in use"):
+        cmq.Queue(a.port, "127.0.0.1")
+    with pytest.raises(cmq.ConfigError, match="codec"):
+        cmq.Queue(0, "127.0.0.1", codec="xml")
+    with pytest.raises(cmq.ConfigError, match="qthresh"):
+        cmq.Queue(0, "127.0.0.1", qthresh=-5)
+    with pytest.raises(cmq.ConfigError, match="unknown option"):
+        cmq.Queue(0, "127.0.0.1", qtresh=5)
+    with pytest.raises(cmq.ConfigError, match="port"):
+        cmq.Queue(70000, "127.0.0.1")
+    with pytest.raises(cmq.ConfigError, match="cannot resolve"):
+        a.push("no-such-host.invalid:4711", b"x")
+    with pytest.raises(cmq.ConfigError, match="port"):
+        a.push("127.0.0.1:0", b"x")
+    with pytest.raises(cmq.ConfigError, match="host:port"):
+        a.push("just-a-host", b"x")
+    with pytest.raises(cmq.ConfigError, match="mailbox"):
+        a.push(("127.0.0.1", 9), b"x", mailbox=-1)
+    with pytest.raises(cmq.ConfigError, match="mailbox"):
+        a.push(("127.0.0.1", 9), b"x", mailbox=2**31)
+
+
+def test_live_endpoint_survives_100k_bad_datagrams(make_queue: MakeQueue) -> None:
+    """Random and truncated datagrams are counted; the next valid message is delivered."""
+    b = make_queue()
+    raw = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    good = cmq.Queue(0, "127.0.0.1")
+    try:
+        sample = b"\xc3\x51\x01\x00" + bytes(12) + b"\x05hello"
+        rng = __import__("random").Random(7)
+        sent = 0
+        for chunk in range(20):
+            for i in range(5000):
+                kind = i % 3
+                if kind == 0:
+                    d = rng.randbytes(rng.randrange(0, 64))
+                elif kind == 1:
+                    d = sample[: rng.randrange(0, len(sample) - 1)]
+                else:
+                    d = b"\xc3\x51\x01\x00" + rng.randbytes(12) + bytes([rng.randrange(10, 255)])
+                raw.sendto(d, dest(b))
+            sent += 5000
+            # Let the receiver catch up, so the kernel buffer never overflows.
+            assert wait_until(lambda: b.stats().datagrams_received + (b.stats().kernel_drops or 0) >= sent, 30)
+        st = b.stats()
+        assert st.datagrams_received + (st.kernel_drops or 0) == 100_000
+        # Every one was counted; none became a message (a bare header is a
+        # valid, empty datagram, the rest are malformed).
+        assert st.messages_received == 0
+        assert st.dropped["malformed"] > 90_000
+        good.push(dest(b), b"still alive")
+        assert b.get(timeout=2) == b"still alive"
+    finally:
+        raw.close()
+        good.close()
+
+
+def test_stats_is_a_frozen_snapshot(pair: tuple[cmq.Queue, cmq.Queue]) -> None:
+    a, b = pair
+    st = a.stats()
+    a.push(dest(b), b"x")
+    assert st.messages_sent == 0
+    with pytest.raises(AttributeError):
+        st.messages_sent = 5  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        st.dropped["malformed"] = 1  # type: ignore[index]
+    assert a.stats().as_dict()["messages_sent"] == 1
