@@ -282,7 +282,9 @@ def _table(scenario: str, pin: str, results: list[runner.Result]) -> None:
                 f"{st['p99_us']:.1f}",
                 f"{st['stdev_us']:.1f}",
             )
-    Console().print(table)
+    # Off a terminal rich assumes 80 columns and squeezes the headers.
+    console = Console() if sys.stdout.isatty() else Console(width=120)
+    console.print(table)
 
 
 def _destinations(args: argparse.Namespace) -> int:

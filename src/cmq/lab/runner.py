@@ -48,7 +48,7 @@ import statistics
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -424,6 +424,15 @@ def _plan(
     return skipped, runs
 
 
+def _options_for(
+    mod: ModuleType, options: Mapping[str, Mapping[str, Any]] | None
+) -> dict[str, Any]:
+    """The ``options`` parameter for ``mod``'s roles, if any were given."""
+    if not options or mod.NAME not in options:
+        return {}
+    return {"options": dict(options[mod.NAME])}
+
+
 def _check_rounds(rounds: int) -> None:
     if rounds < 1:
         raise ConfigError(f"rounds must be at least 1, not {rounds}")
@@ -439,13 +448,16 @@ def run_throughput(
     rounds: int = 1,
     progress: Progress | None = None,
     prefix: Sequence[str] = (),
+    options: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[Result]:
     """Throughput of each system at each size, sender and receiver in two processes.
 
     The sender sends as fast as it can, ``count`` messages or for
     ``duration`` seconds (with both, whichever ends first). ``prefix`` is
     put before each worker's argv (the lab runs workers in a network
-    namespace with ``["ip", "netns", "exec", NAME]``).
+    namespace with ``["ip", "netns", "exec", NAME]``). ``options`` maps a
+    system's name to keyword options its roles take (for ``cmq``:
+    :class:`cmq.QueueConfig` fields such as ``qthresh`` and ``timeout``).
 
     Returns skips first, then one result per run in the order they ran.
     Raises :class:`~cmq.ConfigError` on a bad argument (unknown system or
@@ -479,9 +491,16 @@ def run_throughput(
                     "idle": idle,
                     "deadline": deadline,
                     "cpu": rcpu,
+                    **_options_for(mod, options),
                 },
                 client_role="throughput_sender",
-                client_params={"size": size, "count": count, "duration": duration, "cpu": scpu},
+                client_params={
+                    "size": size,
+                    "count": count,
+                    "duration": duration,
+                    "cpu": scpu,
+                    **_options_for(mod, options),
+                },
                 server_deadline=deadline,
                 client_timeout=_READY_TIMEOUT + send_time + _GRACE,
                 prefix=prefix,
@@ -518,6 +537,7 @@ def _run_round_trips(
     rounds: int,
     progress: Progress | None,
     prefix: Sequence[str],
+    options: Mapping[str, Mapping[str, Any]] | None,
 ) -> list[Result]:
     mods, size_list = _validate(systems, sizes)
     if count < 1:
@@ -552,9 +572,10 @@ def _run_round_trips(
                     "idle": idle,
                     "deadline": deadline,
                     "cpu": rcpu,
+                    **_options_for(mod, options),
                 },
                 client_role=f"{mode}_client",
-                client_params={**client_params, "size": size},
+                client_params={**client_params, "size": size, **_options_for(mod, options)},
                 server_deadline=deadline,
                 client_timeout=_READY_TIMEOUT + client_time,
                 prefix=prefix,
@@ -589,6 +610,7 @@ def run_pingpong(
     rounds: int = 1,
     progress: Progress | None = None,
     prefix: Sequence[str] = (),
+    options: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[Result]:
     """Ping-pong (the next message after the reply) of ``count`` messages.
 
@@ -608,6 +630,7 @@ def run_pingpong(
         rounds=rounds,
         progress=progress,
         prefix=prefix,
+        options=options,
     )
 
 
@@ -622,6 +645,7 @@ def run_pingping(
     rounds: int = 1,
     progress: Progress | None = None,
     prefix: Sequence[str] = (),
+    options: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[Result]:
     """Ping-ping (asynchronous: up to ``window`` messages in flight).
 
@@ -639,6 +663,7 @@ def run_pingping(
         rounds=rounds,
         progress=progress,
         prefix=prefix,
+        options=options,
     )
 
 
