@@ -263,7 +263,7 @@ def test_cli_serve_stops_on_close(monkeypatch: pytest.MonkeyPatch) -> None:
 
     def serve_once(self: Broker) -> None:
         started.append(self)
-        self.close()  # as SIGTERM would
+        self.stop()  # as SIGTERM does
         real_serve(self)
 
     monkeypatch.setattr(_server.Broker, "serve_forever", serve_once)

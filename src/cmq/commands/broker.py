@@ -150,7 +150,9 @@ def _serve(args: argparse.Namespace) -> int:
     if args.ack_timeout is not None:
         options["ack_timeout"] = args.ack_timeout
     broker = Broker(port=args.port, host=args.host, config=BrokerConfig(**options))
-    signal.signal(signal.SIGTERM, lambda *_: broker.close())
+    # Only set a flag here: closing from a signal handler could interrupt the
+    # endpoint while it holds its own locks.
+    signal.signal(signal.SIGTERM, lambda *_: broker.stop())
     host, port = broker.address
     print(f"cmq broker serving on {host}:{port}", flush=True)
     try:

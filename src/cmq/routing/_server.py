@@ -120,6 +120,10 @@ class Broker:
         except CmqError:
             self.send_errors += 1
 
+    def stop(self) -> None:
+        """Ask :meth:`serve_forever` to return (safe from a signal handler)."""
+        self._stop.set()
+
     def start(self) -> Broker:
         """Serve in a daemon thread; return self."""
         self._thread = threading.Thread(target=self.serve_forever, name="cmq-broker", daemon=True)
