@@ -12,6 +12,8 @@ from typing import Any
 from cmq._config import QueueConfig
 from cmq._errors import ConfigError, TransportError
 
+_IP_MULTICAST_ALL = getattr(socket, "IP_MULTICAST_ALL", 49)
+
 __all__ = ["kernel_drops", "open_socket", "parse_address", "resolve"]
 
 
@@ -95,6 +97,13 @@ def open_socket(host: str, port: int, config: QueueConfig) -> socket.socket:
         _set_buffer(sock, getattr(socket, "SO_RCVBUFFORCE", 33), socket.SO_RCVBUF, config.rcvbuf)
         _set_buffer(sock, getattr(socket, "SO_SNDBUFFORCE", 32), socket.SO_SNDBUF, config.sndbuf)
         if family == socket.AF_INET:
+            # Linux otherwise hands a group's datagrams to every socket bound
+            # to the port once any socket on the host joined: only members
+            # should get them.
+            try:
+                sock.setsockopt(socket.IPPROTO_IP, _IP_MULTICAST_ALL, 0)
+            except OSError:
+                pass
             sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, config.multicast_ttl)
             sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, int(config.multicast_loop))
         else:
@@ -109,9 +118,7 @@ def open_socket(host: str, port: int, config: QueueConfig) -> socket.socket:
 
 
 def membership(group: str, interface: str | None) -> tuple[int, int, bytes]:
-    """(level, option suffix bytes) for joining ``group``; option is ADD/DROP chosen by caller.
-
-    Returns ``(family, level, mreq)``.
+    """``(family, level, mreq)`` for joining or leaving multicast ``group`` on ``interface``.
 
     Raises:
         ConfigError: ``group`` is not a multicast address.
