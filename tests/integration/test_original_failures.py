@@ -11,7 +11,6 @@ import socket
 import threading
 from collections.abc import Callable
 
-
 import cmq
 
 from .conftest import dest, wait_until

@@ -325,7 +325,7 @@ def test_live_endpoint_survives_100k_bad_datagrams(make_queue: MakeQueue) -> Non
         sample = b"\xc3\x51\x01\x00" + bytes(12) + b"\x05hello"
         rng = __import__("random").Random(7)
         sent = 0
-        for chunk in range(20):
+        for _chunk in range(20):
             for i in range(5000):
                 kind = i % 3
                 if kind == 0:
@@ -337,7 +337,7 @@ def test_live_endpoint_survives_100k_bad_datagrams(make_queue: MakeQueue) -> Non
                 raw.sendto(d, dest(b))
             sent += 5000
             # Let the receiver catch up, so the kernel buffer never overflows.
-            assert wait_until(lambda: b.stats().datagrams_received + (b.stats().kernel_drops or 0) >= sent, 30)
+            assert wait_until(lambda sent=sent: b.stats().datagrams_received + (b.stats().kernel_drops or 0) >= sent, 30)
         st = b.stats()
         assert st.datagrams_received + (st.kernel_drops or 0) == 100_000
         # Every one was counted; none became a message (a bare header is a
