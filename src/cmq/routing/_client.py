@@ -256,6 +256,11 @@ class _Session:
                     code=event.code,
                 )
 
+    def attached(self, result: Any, now: float) -> None:
+        """Take the heartbeat interval from the broker's ``consume`` reply."""
+        self.heartbeat_interval = float(result["heartbeat"])
+        self.last_heartbeat = now
+
     def heartbeat(self, now: float) -> list[Any] | None:
         """A heartbeat for all live consumers (None if there are none)."""
         self.last_heartbeat = now
@@ -511,8 +516,7 @@ class BrokerClient:
         except BaseException:
             del self._s.consumers[state.spec.tag]
             raise
-        self._s.heartbeat_interval = float(result["heartbeat"])
-        self._s.last_heartbeat = time.monotonic()
+        self._s.attached(result, time.monotonic())
         return Consumer(self, state)
 
     def heartbeat(self) -> None:
@@ -818,8 +822,7 @@ class AsyncBrokerClient:
         except BaseException:
             del self._s.consumers[state.spec.tag]
             raise
-        self._s.heartbeat_interval = float(result["heartbeat"])
-        self._s.last_heartbeat = time.monotonic()
+        self._s.attached(result, time.monotonic())
         return AsyncConsumer(self, state)
 
     def heartbeat(self) -> None:

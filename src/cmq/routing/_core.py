@@ -232,6 +232,7 @@ class BrokerStats:
     malformed: int
     resent_requests: int
     stale_acks: int
+    send_failed: int
     per_queue: tuple[QueueStats, ...] = field(default=())
 
     def as_dict(self) -> dict[str, Any]:
@@ -423,6 +424,10 @@ class BrokerCore:
                 self._requeue(c.queue, [c.unacked.pop(d)[0] for d in overdue])
                 self._dispatch(c.queue, now)
 
+    def note_send_failed(self, n: int = 1) -> None:
+        """Count messages the driver could not hand to the OS (shown in stats)."""
+        self._totals["send_failed"] += n
+
     def stats(self) -> BrokerStats:
         """A frozen snapshot of the counters and of every queue."""
         per_queue = tuple(self._queue_stats(q) for q in self._queues.values())
@@ -443,6 +448,7 @@ class BrokerCore:
                     "malformed",
                     "resent_requests",
                     "stale_acks",
+                    "send_failed",
                 )
             },
         )

@@ -63,7 +63,6 @@ class Broker:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.send_errors = 0
 
     @property
     def address(self) -> Address:
@@ -108,17 +107,21 @@ class Broker:
 
     def _send(self, out: list[Any]) -> None:
         ep = self.endpoint
+        failed = 0
         for o in out:
             try:
                 ep.push(o.dest, o.payload, o.mailbox)
             except CmqError:
                 # A client that went away must not stop the broker; its
                 # consumer expires and its messages are requeued.
-                self.send_errors += 1
+                failed += 1
         try:
             ep.flush()
         except CmqError:
-            self.send_errors += 1
+            failed += 1
+        if failed:
+            with self._lock:
+                self.core.note_send_failed(failed)
 
     def stop(self) -> None:
         """Ask :meth:`serve_forever` to return (safe from a signal handler)."""
