@@ -1,0 +1,85 @@
+"""A short real run of every system, each role in its own process.
+
+Small counts, no timing assertions: these show that each adapter works end to
+end (and that a missing server is skipped with the reason), not how fast.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from cmq.lab import runner
+from cmq.lab.systems import SYSTEMS, load
+
+SIZE = 64
+COUNT = 2000
+ROUND_TRIPS = 30
+
+
+def _by_system(results: list[runner.Result]) -> dict[str, runner.Result]:
+    return {r.system: r for r in results}
+
+
+@pytest.fixture(scope="module")
+def throughput() -> dict[str, runner.Result]:
+    return _by_system(runner.run_throughput(SYSTEMS, [SIZE], count=COUNT, pin="none"))
+
+
+@pytest.fixture(scope="module")
+def pingpong() -> dict[str, runner.Result]:
+    return _by_system(runner.run_pingpong(SYSTEMS, [SIZE], count=ROUND_TRIPS, pin="same"))
+
+
+@pytest.fixture(scope="module")
+def pingping() -> dict[str, runner.Result]:
+    return _by_system(
+        runner.run_pingping(SYSTEMS, [SIZE], count=ROUND_TRIPS, window=4, pin="spread")
+    )
+
+
+def _measured(results: dict[str, runner.Result], system: str) -> runner.Result:
+    r = results[system]
+    if isinstance(r, runner.Skipped):
+        pytest.skip(f"{system}: {r.reason}")
+    assert not isinstance(r, runner.Failed), r.error
+    return r
+
+
+@pytest.mark.parametrize("system", SYSTEMS)
+def test_throughput(throughput: dict[str, runner.Result], system: str) -> None:
+    r = _measured(throughput, system)
+    assert isinstance(r, runner.ThroughputResult)
+    assert r.sent == COUNT
+    assert 0 < r.delivered <= COUNT
+    if not load(system).DATAGRAM:
+        assert r.delivered == COUNT
+    assert r.receiver["stopped"] in ("end", "idle")
+    assert r.seconds >= 0 and r.msgs_per_s >= 0
+
+
+@pytest.mark.parametrize("system", SYSTEMS)
+def test_pingpong(pingpong: dict[str, runner.Result], system: str) -> None:
+    r = _measured(pingpong, system)
+    assert isinstance(r, runner.RoundTripResult)
+    assert r.sent == ROUND_TRIPS and r.round_trips + r.lost == ROUND_TRIPS
+    assert r.round_trips > 0
+    if not load(system).DATAGRAM:
+        assert r.lost == 0
+    assert all(lat > 0 for lat in r.latencies_ns)
+
+
+@pytest.mark.parametrize("system", SYSTEMS)
+def test_pingping(pingping: dict[str, runner.Result], system: str) -> None:
+    r = _measured(pingping, system)
+    assert isinstance(r, runner.RoundTripResult)
+    assert r.mode == "pingping"
+    assert r.round_trips + r.lost == ROUND_TRIPS and r.round_trips > 0
+    assert all(lat > 0 for lat in r.latencies_ns)
+
+
+def test_a_worker_error_is_a_failed_run_with_the_reason() -> None:
+    # cmq's roles take QueueConfig options; a bad one fails in the worker,
+    # and the run reports it instead of hanging or crashing the runner.
+    [r] = runner.run_pingpong(["cmq"], [4], count=1, options={"cmq": {"qthresh": -1}})
+    assert isinstance(r, runner.Failed)
+    assert "qthresh" in r.error and r.system == "cmq" and r.size == 4
