@@ -146,3 +146,33 @@ def test_public_names_are_exported() -> None:
     public = {n for n in vars(cmq.routing) if not n.startswith("_")}
     modules = {"exchanges"}
     assert public - modules - {"annotations"} == set(cmq.routing.__all__)
+
+
+def test_publish_window_survives_loss_and_routes_each_once() -> None:
+    """Lose every other request and every third reply; resends fix it, no duplicates."""
+    from cmq.routing._client import _Window
+
+    p = Pair()
+    p.request(DeclareQueue, name="q", max_length=3, overflow="reject")
+    msgs = [("", "q", i) for i in range(5)]
+    results: list[Any] = [None] * len(msgs)
+    w = _Window(p.session, msgs, 0, 5, results)
+    sent = 0
+    for _attempt in range(4):
+        for payload in w.payloads():
+            sent += 1
+            if sent % 2:
+                continue  # the request is lost
+            p.core.receive(payload, ME, p.now)
+        for k, o in enumerate(p.core.messages_to_send()):
+            reply = p.session.reply(o.payload)
+            if reply is not None and k % 3 != 2:  # some replies are lost too
+                w.on_reply(reply)
+        if not w.pending:
+            break
+    assert not w.pending
+    assert p.core.stats().per_queue[0].ready == 3  # each routed once: no duplicates
+    routed = [r for r in results if r == 1]
+    refused = [r for r in results if isinstance(r, RemoteError)]
+    assert len(routed) == 3 and len(refused) == 2
+    assert all(r.code == "queue-full" for r in refused)

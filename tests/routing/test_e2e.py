@@ -105,6 +105,21 @@ def test_overflow_reject_reaches_publisher(broker: Broker, client: BrokerClient)
     assert broker.stats().rejected == 2
 
 
+def test_publish_many_confirms_each(broker: Broker, client: BrokerClient) -> None:
+    client.declare_queue("q", max_length=1000, overflow="reject")
+    client.declare_queue("tiny", max_length=1, overflow="reject")
+    msgs = [("", "q", i) for i in range(600)] + [
+        ("", "tiny", "a"),
+        ("", "tiny", "b"),
+        ("nope", "k", 0),
+    ]
+    results = client.publish_many(msgs, window=128)
+    assert results[:601] == [1] * 601
+    assert isinstance(results[601], RemoteError) and results[601].code == ErrorCode.QUEUE_FULL
+    assert isinstance(results[602], RemoteError) and results[602].code == ErrorCode.NOT_FOUND
+    assert broker.stats().per_queue[0].ready == 600
+
+
 def test_lost_consumer_is_reattached_and_gets_its_messages(
     broker: Broker, client: BrokerClient
 ) -> None:
