@@ -340,6 +340,23 @@ class BrokerCore:
         A payload that is not a broker message is counted as ``malformed``
         (and answered with ``bad-request`` when it carries a request id).
         """
+        # Hot path: an unconfirmed publish ["p", 0, exchange, key, body] is
+        # checked inline and routed without building an event object, which
+        # was a third of the cost per message.
+        if (
+            type(payload) is list
+            and len(payload) == 5
+            and payload[0] == "p"
+            and type(payload[1]) is int
+            and payload[1] == 0
+            and type(payload[2]) is str
+            and type(payload[3]) is str
+        ):
+            try:
+                self._route(payload[2], payload[3], payload[4], now)
+            except _Refused as exc:
+                self._reply(sender, ErrorReply(rid=0, code=exc.code, message=str(exc)))
+            return
         try:
             event = decode(payload)
         except ProtocolError as exc:
@@ -516,6 +533,9 @@ class BrokerCore:
     def _dispatch(self, q: _Queue, now: float) -> None:
         consumers, ready = q.consumers, q.ready
         n = len(consumers)
+        if n == 1 and ready:
+            self._dispatch_one(q, consumers[0], now)
+            return
         i, idle = q.rr, 0
         while ready and n and idle < n:
             c = consumers[i % n]
@@ -533,6 +553,27 @@ class BrokerCore:
             self._with_pending[(c.addr, c.tag)] = c
             self._count(q, "delivered")
         q.rr = i % n if n else 0
+
+    def _dispatch_one(self, q: _Queue, c: _Consumer, now: float) -> None:
+        """``_dispatch`` for the common single consumer: no round robin."""
+        ready = q.ready
+        if c.no_ack or not c.prefetch:
+            take = len(ready)
+        else:
+            take = min(len(ready), c.prefetch - len(c.unacked))
+        if take <= 0:
+            return
+        dtag = c.next_dtag
+        pending, unacked, no_ack = c.pending, c.unacked, c.no_ack
+        for _ in range(take):
+            msg = ready.popleft()
+            if not no_ack:
+                unacked[dtag] = (msg, now)
+            pending.append([dtag, msg[0], msg[1], msg[2], msg[3]])
+            dtag += 1
+        c.next_dtag = dtag
+        self._with_pending[(c.addr, c.tag)] = c
+        self._count(q, "delivered", take)
 
     def _attach(self, sender: Address, spec: ConsumerSpec, now: float) -> _Consumer:
         q = self._queue(spec.queue)
@@ -686,22 +727,27 @@ class BrokerCore:
         return {"deleted": ex.unbind(ev.queue, ev.key)}
 
     def _publish(self, ev: Publish, sender: Address, now: float) -> Any:
+        return {"routed": self._route(ev.exchange, ev.routing_key, ev.body, now)}
+
+    def _route(self, exchange: str, routing_key: str, body: Any, now: float) -> int:
+        """Put a published message in every queue it routes to; return how many."""
         self._totals["published"] += 1
-        ex = self._exchanges.get(ev.exchange)
+        ex = self._exchanges.get(exchange)
         if ex is None:
             self._totals["unroutable"] += 1
-            raise _Refused(ErrorCode.NOT_FOUND, f"no exchange {ev.exchange!r}")
-        names = ex.route(ev.routing_key)
+            raise _Refused(ErrorCode.NOT_FOUND, f"no exchange {exchange!r}")
+        names = ex.route(routing_key)
         if not names:
             self._totals["unroutable"] += 1
-            return {"routed": 0}
-        msg: _Msg = (ev.exchange, ev.routing_key, ev.body, False)
-        refused = [name for name in names if not self._enqueue(self._queues[name], msg, now)]
+            return 0
+        msg: _Msg = (exchange, routing_key, body, False)
+        queues = self._queues
+        refused = [name for name in names if not self._enqueue(queues[name], msg, now)]
         if refused:
             raise _Refused(
                 ErrorCode.QUEUE_FULL, f"queue full, message refused by {sorted(refused)}"
             )
-        return {"routed": len(names)}
+        return len(names)
 
     def _consume(self, ev: Consume, sender: Address, now: float) -> Any:
         _check_name("consumer tag", ev.tag)

@@ -246,23 +246,30 @@ class TopicExchange(Exchange):
     def __init__(self) -> None:
         super().__init__()
         self._root = _Node(is_hash=False)
-        self._start: frozenset[_Node] = frozenset({self._root})
+        self._start: tuple[_Node, ...] = (self._root,)
 
     def route(self, routing_key: str) -> Set[str]:
         states = self._start
-        for word in split_key(routing_key):
-            nxt: set[_Node] = set()
+        for word in routing_key.split(".") if routing_key else ():
+            nxt: list[_Node] = []
             for node in states:
                 child = node.words.get(word)
                 if child is not None:
-                    nxt.add(child)
+                    nxt.append(child)
                 if node.star is not None:
-                    nxt.add(node.star)
+                    nxt.append(node.star)
                 if node.is_hash:
-                    nxt.add(node)  # "#" swallows this word too
+                    nxt.append(node)  # "#" swallows this word too
             if not nxt:
                 return _EMPTY
-            states = frozenset(_closure(nxt))
+            # The common case, one live node without a "#" edge below it,
+            # skips the set work: a literal binding costs dict lookups only.
+            if len(nxt) > 1 or nxt[0].hash is not None:
+                states = tuple(_closure(set(nxt)))
+            else:
+                states = (nxt[0],)
+        if len(states) == 1:
+            return states[0].queues
         out: set[str] = set()
         for node in states:
             out |= node.queues
@@ -273,7 +280,7 @@ class TopicExchange(Exchange):
         for word in split_key(key):
             node = self._child(node, word)
         node.queues.add(queue)
-        self._start = frozenset(_closure({self._root}))
+        self._start = tuple(_closure({self._root}))
 
     def _child(self, node: _Node, word: str) -> _Node:
         if word == "#":
@@ -307,7 +314,7 @@ class TopicExchange(Exchange):
                 parent.star = None
             else:
                 del parent.words[word]
-        self._start = frozenset(_closure({self._root}))
+        self._start = tuple(_closure({self._root}))
 
 
 _TYPES: dict[ExchangeType, type[Exchange]] = {
