@@ -219,10 +219,20 @@ def test_bad_requests_get_clear_errors_and_change_nothing(
 
 def test_malformed_payloads_are_counted_and_answered_when_possible() -> None:
     h = Harness()
-    for junk in (None, 5, [], ["nope"], ["p", 0, "x"], ["bind", 7, 1, 2, 3], b"\x00"):
-        h.core.receive(junk, PUB, 0.0)
+    junk = (
+        None,
+        5,
+        [],
+        ["nope"],
+        ["p", 0, "x"],
+        ["p", False, "", "q", 1],
+        ["bind", 7, 1, 2, 3],
+        b"\x00",
+    )
+    for payload in junk:
+        h.core.receive(payload, PUB, 0.0)
     out = h.core.messages_to_send()
-    assert h.core.stats().malformed == 7
+    assert h.core.stats().malformed == len(junk)
     # Only the one that carried a request id got an answer.
     assert [decode(o.payload).code for o in out] == [ErrorCode.BAD_REQUEST]  # type: ignore[union-attr]
 

@@ -257,6 +257,24 @@ def test_cli_verbs(broker: Broker, capsys: pytest.CaptureFixture[str]) -> None:
     assert 'stock.ibm.x\t{"a": 1}\n' in out
     assert cmq("broker", "stats", "--broker", addr) == 0
     assert '"acked": 2' in capsys.readouterr().out
+    assert (
+        cmq(
+            "broker",
+            "declare-queue",
+            "one",
+            "--max-length",
+            "1",
+            "--overflow",
+            "reject",
+            "--broker",
+            addr,
+        )
+        == 0
+    )
+    assert cmq("broker", "publish", "", "one", "a", "b", "--confirm", "--broker", addr) == 1
+    assert cmq("broker", "publish", "", "one", "c", "--broker", addr) == 1
+    err = capsys.readouterr().err
+    assert err.count("queue-full") == 2
 
 
 def test_cli_reports_broker_errors(broker: Broker, capsys: pytest.CaptureFixture[str]) -> None:

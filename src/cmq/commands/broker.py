@@ -20,9 +20,12 @@ import argparse
 import json
 import signal
 import sys
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from cmq._errors import Timeout
+from cmq._errors import RemoteError, Timeout
+
+if TYPE_CHECKING:
+    from cmq.routing import BrokerClient
 
 __all__ = ["DEFAULT_PORT", "configure", "run"]
 
@@ -201,24 +204,29 @@ def _client_verb(args: argparse.Namespace) -> int:
     return 0
 
 
-def _publish(client: Any, args: argparse.Namespace) -> int:
-    bodies = args.body
-    if bodies == ["-"]:
-        bodies = (line.rstrip("\n") for line in sys.stdin)
-    n = 0
-    for text in bodies:
-        body = json.loads(text) if args.json else text
-        client.publish(args.exchange, args.routing_key, body, confirm=args.confirm)
-        n += 1
-    client.flush()
-    errors = client.errors()
+def _publish(client: BrokerClient, args: argparse.Namespace) -> int:
+    texts = args.body
+    if texts == ["-"]:
+        texts = [line.rstrip("\n") for line in sys.stdin]
+    messages = [(args.exchange, args.routing_key, json.loads(t) if args.json else t) for t in texts]
+    if args.confirm:
+        results = client.publish_many(messages)
+        errors = [r for r in results if isinstance(r, RemoteError)]
+        routed = sum(r for r in results if isinstance(r, int))
+        print(f"published {len(messages)} message(s), {routed} queue copies", file=sys.stderr)
+    else:
+        for exchange, key, body in messages:
+            client.publish(exchange, key, body)
+        # One round trip: refusals the broker sent before its answer are in.
+        client.stats()
+        errors = client.errors()
+        print(f"published {len(messages)} message(s)", file=sys.stderr)
     for exc in errors:
-        print(f"cmq broker publish: {exc.code}: {exc}", file=sys.stderr)
-    print(f"published {n} message(s)", file=sys.stderr)
+        print(f"cmq broker publish: {exc}", file=sys.stderr)
     return 1 if errors else 0
 
 
-def _consume(client: Any, args: argparse.Namespace) -> int:
+def _consume(client: BrokerClient, args: argparse.Namespace) -> int:
     n = 0
     with client.consume(args.queue, prefetch=args.prefetch, no_ack=args.no_ack) as consumer:
         while not args.count or n < args.count:
