@@ -62,6 +62,10 @@ __all__ = ["RETRY_SECONDS", "RedisClusterStore"]
 #: How long an operation keeps retrying through a failover before it fails
 #: with StoreUnavailable (a failover with cluster-node-timeout 1-5 s fits).
 RETRY_SECONDS = 20.0
+#: The slot map (and so how many replicas each master has, which decides
+#: what WAIT waits for) is re-read when older than this, seconds: a replica
+#: that joins or finishes its sync is waited for from then on.
+SLOT_MAP_TTL = 2.0
 _REGISTRY = "cmq:queues"
 _FIELDS = ("meta", "attr", "seq", "vis", "inv", "msg", "grp", "rc", "fr", "tok", "dd")
 
@@ -255,6 +259,7 @@ class RedisClusterStore(Store):
         # slot -> (master address, number of live replicas)
         self._slots: list[tuple[tuple[str, int], int] | None] = [None] * 16384
         self._refresh_lock = asyncio.Lock()
+        self._refreshed_at = 0.0
 
     async def open(self) -> None:
         """Read the slot map. Raises StoreUnavailable."""
@@ -276,7 +281,10 @@ class RedisClusterStore(Store):
 
     async def _refresh(self) -> None:
         """Reload the slot map from the first node that answers."""
+        requested = time.monotonic()
         async with self._refresh_lock:
+            if self._refreshed_at > requested:
+                return  # another task refreshed it while this one waited
             last: BaseException | None = None
             for addr in [*self._seeds, *self._clients]:
                 try:
@@ -292,6 +300,7 @@ class RedisClusterStore(Store):
                     for slot in range(int(start), int(end) + 1):
                         table[slot] = (owner, len(replicas))
                 self._slots = table
+                self._refreshed_at = time.monotonic()
                 return
             raise StoreUnavailable(f"no Redis Cluster node answers: {last}") from last
 
@@ -307,6 +316,14 @@ class RedisClusterStore(Store):
         deadline = time.monotonic() + RETRY_SECONDS
         delay = 0.05
         while True:
+            if time.monotonic() - self._refreshed_at > SLOT_MAP_TTL:
+                try:
+                    await self._refresh()
+                except StoreUnavailable:
+                    if time.monotonic() >= deadline:
+                        raise
+                    await asyncio.sleep(delay)
+                    continue
             try:
                 return await self._call_once(script, name, slot, keys, args, wait)
             except rexc.ResponseError as exc:
