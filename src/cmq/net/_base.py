@@ -267,10 +267,12 @@ class Endpoint:
         now = self._now()
         if r == OPENED:
             if self._batcher.is_idle(s, now):
+                self._batcher.sent_idle(s)
                 self._send_stream(s, now)
             else:
                 self._deadline_armed(self._batcher.arm(s, now))
         elif r == FULL:
+            self._batcher.filled(s, now)
             self._send_stream(s, now)
         elif r == LARGE:
             if len(payload) > self._max_message:

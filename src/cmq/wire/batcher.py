@@ -13,7 +13,9 @@ to an open batch) costs one call and one comparison:
 ``OPENED``    the batch was empty: the caller reads the clock, and either
               sends at once (the destination is idle, see below) or arms
               the batch's deadline with :meth:`Batcher.arm`
-``FULL``      the batch holds ``qthresh`` bytes: the caller takes it now
+``FULL``      the batch holds its limit (``qthresh`` bytes, or more
+              under load, see below): the caller calls
+              :meth:`Batcher.filled` and takes it now
 ``LARGE``     the payload does not fit one datagram: it was *not*
               appended; the caller sends it with :meth:`Batcher.fragments`
 ============  =====================================================
@@ -31,6 +33,16 @@ exactly the prefix it encoded (``del frames[:n]``), so a payload appended
 while a take runs in another thread stays for the next datagram. Takes of one
 stream must not run concurrently (the driver holds a lock per take, i.e. per
 datagram, never per message), which also keeps datagrams in sequence order.
+
+Under load the limit grows: a batch that fills within ``timeout`` of the
+stream's previous datagram (pushes come faster than ``qthresh`` bytes per
+``timeout``) doubles its
+stream's limit, up to one datagram (``max_datagram``); a batch that leaves
+by its deadline halves it again, and a message to an idle destination resets
+it to ``qthresh``. So ``qthresh`` is the batch size at a moderate rate, and
+at full rate batches grow until a datagram carries what arrives in about one
+``timeout`` (ØMQ v0.1's "batch whatever accumulated while the link was
+busy", without a hand-off thread).
 
 Deadlines live in one heap of ``(deadline, tiebreak, stream, generation)``;
 ``take`` bumps the stream's generation, so an entry of a batch that already
@@ -60,13 +72,15 @@ Address = tuple[str, int] | tuple[str, int, int, int]
 class Stream:
     """The batch and sequence state of one (address, mailbox) pair."""
 
-    __slots__ = ("addr", "frames", "gen", "last_send", "mailbox", "room", "seq")
+    __slots__ = ("addr", "frames", "gen", "last_send", "limit", "mailbox", "room", "seq")
 
     def __init__(self, addr: Address, mailbox: int, qthresh: int) -> None:
         self.addr = addr
         self.mailbox = mailbox
         self.frames: list[bytes] = []
-        # Bytes the batch may still take before it is full (a hint: see push).
+        # The current batch size limit, and the bytes the open batch may
+        # still take before it reaches it (a hint: see push).
+        self.limit = qthresh
         self.room = qthresh
         self.seq = 0
         self.gen = 0
@@ -165,6 +179,20 @@ class Batcher:
         heapq.heappush(self._heap, (deadline, next(self._tiebreak), s, s.gen))
         return deadline
 
+    def filled(self, s: Stream, now: float) -> None:
+        """``s``'s batch reached its limit at ``now``: grow the limit if that took less than ``timeout``.
+
+        Measured from the previous datagram of the stream: a batch that
+        fills within one timeout of it means the rate exceeds ``limit``
+        bytes per ``timeout``.
+        """
+        if now - s.last_send < self.config.timeout:
+            s.limit = min(s.limit * 2, self._max_body)
+
+    def sent_idle(self, s: Stream) -> None:
+        """``s`` was idle and its message leaves alone: back to ``qthresh``."""
+        s.limit = self._qthresh
+
     # -- turning batches into datagrams -----------------------------------
 
     def take(self, s: Stream, now: float) -> list[bytes]:
@@ -179,7 +207,7 @@ class Batcher:
             return []
         del frames[: len(chunk)]
         s.gen += 1
-        s.room = self._qthresh
+        s.room = s.limit
         out: list[bytes] = []
         limit = self._max_body
         start = 0
@@ -250,6 +278,8 @@ class Batcher:
         while heap and heap[0][0] <= now:
             _, _, s, gen = heapq.heappop(heap)
             if gen == s.gen and s.frames:
+                # It left by its deadline: the rate is below the limit.
+                s.limit = max(s.limit // 2, self._qthresh)
                 out.append(s)
         return out
 
