@@ -148,3 +148,22 @@ def test_send_loop_counts_sends_and_failures() -> None:
     assert out["sent"] == 900 and out["failed"] == 100
     with pytest.raises(ValueError):
         _common.send_loop(send, b"abc", count=None, duration=None)
+
+
+def test_a_reply_from_a_receive_that_overran_its_timeout_is_lost() -> None:
+    # Some libraries check their timeouts coarsely (msgpack-rpc: once a
+    # second); the loop holds every system to the same rule.
+    import time
+
+    peer = EchoPeer()
+
+    def slow_recv(left: float) -> bytes | None:
+        end = time.monotonic() + 2 * left  # overrun the time left (busy, no sleep)
+        while time.monotonic() < end:
+            pass
+        return peer.recv(left)
+
+    out = _common.pingpong_loop(peer.send, slow_recv, size=8, count=3, timeout=1e-4)
+    assert out["recv_ns"] == [-1, -1, -1] and out["late"] == 3
+    out = _common.pingping_loop(peer.send, slow_recv, size=8, count=3, timeout=1e-4, window=2)
+    assert out["recv_ns"] == [-1, -1, -1]

@@ -127,14 +127,17 @@ def pingpong_loop(
 
     A round trip whose reply does not come within ``timeout`` seconds is lost
     (``recv_ns`` is -1) and the next one starts: lost round trips are counted,
-    never waited out. Replies that carry another sequence number (late replies
-    to lost round trips) are counted as ``stale`` and skipped.
+    never waited out. A reply that comes back from a receive that overran the
+    timeout is lost too, and counted as ``late``: the rule is the same for
+    every system, however exactly its receive honours a timeout. Replies that
+    carry another sequence number (late replies to lost round trips) are
+    counted as ``stale`` and skipped.
     """
     clock = time.monotonic_ns
     timeout_ns = int(timeout * 1e9)
     send_ns = [0] * count
     recv_ns = [-1] * count
-    stale = 0
+    stale = late = 0
     for seq in range(count):
         msg = numbered(seq, size)
         want = seq & _SEQ_MASK
@@ -152,10 +155,13 @@ def pingpong_loop(
             t1 = clock()
             got = seq_of(reply)
             if got is None or got == want:
-                recv_ns[seq] = t1
+                if t1 > deadline:
+                    late += 1  # a receive that overran its timeout: lost all the same
+                else:
+                    recv_ns[seq] = t1
                 break
             stale += 1
-    return {"send_ns": send_ns, "recv_ns": recv_ns, "stale": stale, "late": 0}
+    return {"send_ns": send_ns, "recv_ns": recv_ns, "stale": stale, "late": late}
 
 
 def pingping_loop(
@@ -204,8 +210,11 @@ def pingping_loop(
         got = seq_of(reply)
         if got is None or not 0 <= got < next_seq or recv_ns[got] >= 0:
             stale += 1
-        elif expired[got]:
+        elif expired[got] or t1 - send_ns[got] > timeout_ns:
             late += 1
+            if not expired[got]:
+                expired[got] = True
+                inflight -= 1
         else:
             recv_ns[got] = t1
             inflight -= 1
@@ -227,7 +236,7 @@ async def pingpong_loop_async(
     timeout_ns = int(timeout * 1e9)
     send_ns = [0] * count
     recv_ns = [-1] * count
-    stale = 0
+    stale = late = 0
     for seq in range(count):
         msg = numbered(seq, size)
         want = seq & _SEQ_MASK
@@ -245,10 +254,13 @@ async def pingpong_loop_async(
             t1 = clock()
             got = seq_of(reply)
             if got is None or got == want:
-                recv_ns[seq] = t1
+                if t1 > deadline:
+                    late += 1  # a receive that overran its timeout: lost all the same
+                else:
+                    recv_ns[seq] = t1
                 break
             stale += 1
-    return {"send_ns": send_ns, "recv_ns": recv_ns, "stale": stale, "late": 0}
+    return {"send_ns": send_ns, "recv_ns": recv_ns, "stale": stale, "late": late}
 
 
 async def pingping_loop_async(
@@ -289,8 +301,11 @@ async def pingping_loop_async(
         got = seq_of(reply)
         if got is None or not 0 <= got < next_seq or recv_ns[got] >= 0:
             stale += 1
-        elif expired[got]:
+        elif expired[got] or t1 - send_ns[got] > timeout_ns:
             late += 1
+            if not expired[got]:
+                expired[got] = True
+                inflight -= 1
         else:
             recv_ns[got] = t1
             inflight -= 1
