@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from cmq import ConfigError, RemoteError, Timeout
+from cmq import Closed, ConfigError, RemoteError, Timeout
 from cmq.routing import AsyncBrokerClient, Broker, BrokerClient, BrokerConfig, ErrorCode
 
 pytestmark = pytest.mark.timeout(30)
@@ -157,6 +157,9 @@ def test_cancel_returns_unacked_messages_to_the_queue(broker: Broker, client: Br
         drain(c, 5)
     with client.consume("q") as c2:
         assert [d.body for d in drain(c2, 5)] == [0, 1, 2, 3, 4]
+    assert list(c2) == []  # a cancelled consumer's iteration just ends
+    with pytest.raises(Closed):
+        c2.get(timeout=WAIT)
 
 
 def test_delete_queue_cancels_its_consumer(broker: Broker, client: BrokerClient) -> None:

@@ -48,7 +48,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Iterable, Iterator
 from typing import Any, Final, Protocol
 
-from cmq._errors import ConfigError, ProtocolError, RemoteError, Timeout
+from cmq._errors import Closed, ConfigError, ProtocolError, RemoteError, Timeout
 from cmq.routing._protocol import (
     BROKER_MAILBOX,
     DELIVERY_MAILBOX,
@@ -176,12 +176,15 @@ class _ConsumerState:
 
         Raises:
             RemoteError: the broker cancelled this consumer.
+            Closed: this consumer was cancelled here.
         """
         if self.auto_ack and self.last is not None:
             self.acks.append(self.last.delivery_tag)
             self.last = None
         if self.cancelled_by is not None:
             raise self.cancelled_by
+        if self.cancelled:
+            raise Closed(f"consumer {self.spec.tag!r} was cancelled")
         if self.buffer:
             self.last = d = self.buffer.popleft()
             return d
@@ -675,6 +678,7 @@ class Consumer:
 
         Raises:
             RemoteError: the broker cancelled this consumer (queue deleted).
+            Closed: the consumer was cancelled.
         """
         d = self._c.take()
         if d is None:
@@ -690,6 +694,7 @@ class Consumer:
         Raises:
             Timeout: nothing arrived in time.
             RemoteError: the broker cancelled this consumer (queue deleted).
+            Closed: the consumer was cancelled.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -710,7 +715,12 @@ class Consumer:
         return self
 
     def __next__(self) -> Delivery:
-        return self.get()
+        # Iteration ends quietly when the consumer was cancelled here (say by
+        # another thread); a broker-side cancel still raises RemoteError.
+        try:
+            return self.get()
+        except Closed:
+            raise StopIteration from None
 
     def cancel(self) -> None:
         """Detach from the queue; unacknowledged deliveries go back to it.
@@ -1028,7 +1038,10 @@ class AsyncConsumer:
         return self
 
     async def __anext__(self) -> Delivery:
-        return await self.get()
+        try:
+            return await self.get()
+        except Closed:
+            raise StopAsyncIteration from None
 
     async def cancel(self) -> None:
         """As :meth:`Consumer.cancel` (raises Timeout)."""
