@@ -213,7 +213,10 @@ def _publish(client: BrokerClient, args: argparse.Namespace) -> int:
         results = client.publish_many(messages)
         errors = [r for r in results if isinstance(r, RemoteError)]
         routed = sum(r for r in results if isinstance(r, int))
-        print(f"published {len(messages)} message(s), {routed} queue copies", file=sys.stderr)
+        print(
+            f"published {len(messages)} message(s), routed to {routed} queue(s) in all",
+            file=sys.stderr,
+        )
     else:
         for exchange, key, body in messages:
             client.publish(exchange, key, body)
