@@ -83,3 +83,24 @@ def test_a_worker_error_is_a_failed_run_with_the_reason() -> None:
     [r] = runner.run_pingpong(["cmq"], [4], count=1, options={"cmq": {"qthresh": -1}})
     assert isinstance(r, runner.Failed)
     assert "qthresh" in r.error and r.system == "cmq" and r.size == 4
+
+
+def test_each_side_can_run_under_its_own_command_prefix() -> None:
+    # The lab puts the two sides in two network namespaces with
+    # ``ip netns exec``; ``env`` is a prefix that runs anywhere.
+    [r] = runner.run_pingpong(
+        ["udp"],
+        [4],
+        count=3,
+        server_prefix=["env", "CMQ_BENCH_SIDE=server"],
+        client_prefix=["env", "CMQ_BENCH_SIDE=client"],
+        bind="127.0.0.1",
+    )
+    assert isinstance(r, runner.RoundTripResult), r
+    assert r.round_trips + r.lost == 3
+
+
+def test_a_prefix_that_fails_is_a_failed_run() -> None:
+    [r] = runner.run_pingpong(["udp"], [4], count=1, prefix=["false"])
+    assert isinstance(r, runner.Failed)
+    assert "exited" in r.error

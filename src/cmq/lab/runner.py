@@ -336,6 +336,28 @@ class _Worker:
                 stream.close()
 
 
+@dataclass(frozen=True)
+class _Where:
+    """Where the two processes of a run go: command prefixes and bind address."""
+
+    server_prefix: Sequence[str]
+    client_prefix: Sequence[str]
+    bind: str
+
+
+def _where(
+    prefix: Sequence[str],
+    server_prefix: Sequence[str] | None,
+    client_prefix: Sequence[str] | None,
+    bind: str,
+) -> _Where:
+    return _Where(
+        server_prefix=list(prefix if server_prefix is None else server_prefix),
+        client_prefix=list(prefix if client_prefix is None else client_prefix),
+        bind=bind,
+    )
+
+
 def _argv(mod: ModuleType, role: str, params: dict[str, Any], prefix: Sequence[str]) -> list[str]:
     cmd: list[str] = mod.command()
     return [*prefix, *cmd, role, json.dumps(params)]
@@ -350,16 +372,21 @@ def _pair(
     client_params: dict[str, Any],
     server_deadline: float,
     client_timeout: float,
-    prefix: Sequence[str],
+    where: _Where,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Run a receiving and a sending role; both results, or ``_RunError``."""
     name = mod.NAME
-    server = _Worker(_argv(mod, server_role, server_params, prefix), f"{name} {server_role}")
+    server_params = {**server_params, "bind": where.bind}
+    server = _Worker(
+        _argv(mod, server_role, server_params, where.server_prefix), f"{name} {server_role}"
+    )
     client: _Worker | None = None
     try:
         peer = server.expect("READY", _READY_TIMEOUT)
         client_params = {**client_params, "peer": peer}
-        client = _Worker(_argv(mod, client_role, client_params, prefix), f"{name} {client_role}")
+        client = _Worker(
+            _argv(mod, client_role, client_params, where.client_prefix), f"{name} {client_role}"
+        )
         client_result = client.expect("RESULT", client_timeout)
         server_result = server.expect("RESULT", server_deadline + _GRACE)
         return server_result, client_result
@@ -448,14 +475,20 @@ def run_throughput(
     rounds: int = 1,
     progress: Progress | None = None,
     prefix: Sequence[str] = (),
+    server_prefix: Sequence[str] | None = None,
+    client_prefix: Sequence[str] | None = None,
+    bind: str = "127.0.0.1",
     options: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[Result]:
     """Throughput of each system at each size, sender and receiver in two processes.
 
     The sender sends as fast as it can, ``count`` messages or for
     ``duration`` seconds (with both, whichever ends first). ``prefix`` is
-    put before each worker's argv (the lab runs workers in a network
-    namespace with ``["ip", "netns", "exec", NAME]``). ``options`` maps a
+    put before each worker's argv; ``server_prefix`` / ``client_prefix``
+    override it for the receiving / sending side, and ``bind`` is the address
+    the receiving side listens on (the lab puts the two sides on the two
+    hosts of a :class:`cmq.lab.netns.HostPair`: the prefixes are its
+    ``command("b")`` and ``command("a")``, ``bind`` its ``addr_b``). ``options`` maps a
     system's name to keyword options its roles take (for ``cmq``:
     :class:`cmq.QueueConfig` fields such as ``qthresh`` and ``timeout``).
 
@@ -472,6 +505,7 @@ def run_throughput(
         raise ConfigError(f"duration must be above 0 seconds, not {duration}")
     _check_rounds(rounds)
     rcpu, scpu = cpus_for(pin)
+    where = _where(prefix, server_prefix, client_prefix, bind)
     skipped, runs = _plan(mods, size_list, rounds)
     results: list[Result] = list(skipped)
     # Count mode has no time bound of its own: allow 20 s plus 10 µs a message.
@@ -503,7 +537,7 @@ def run_throughput(
                 },
                 server_deadline=deadline,
                 client_timeout=_READY_TIMEOUT + send_time + _GRACE,
-                prefix=prefix,
+                where=where,
             )
         except _RunError as exc:
             results.append(Failed(system=mod.NAME, size=size, error=str(exc)))
@@ -536,7 +570,7 @@ def _run_round_trips(
     window: int,
     rounds: int,
     progress: Progress | None,
-    prefix: Sequence[str],
+    where: _Where,
     options: Mapping[str, Mapping[str, Any]] | None,
 ) -> list[Result]:
     mods, size_list = _validate(systems, sizes)
@@ -578,7 +612,7 @@ def _run_round_trips(
                 client_params={**client_params, "size": size, **_options_for(mod, options)},
                 server_deadline=deadline,
                 client_timeout=_READY_TIMEOUT + client_time,
-                prefix=prefix,
+                where=where,
             )
         except _RunError as exc:
             results.append(Failed(system=mod.NAME, size=size, error=str(exc)))
@@ -610,12 +644,17 @@ def run_pingpong(
     rounds: int = 1,
     progress: Progress | None = None,
     prefix: Sequence[str] = (),
+    server_prefix: Sequence[str] | None = None,
+    client_prefix: Sequence[str] | None = None,
+    bind: str = "127.0.0.1",
     options: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[Result]:
     """Ping-pong (the next message after the reply) of ``count`` messages.
 
     A round trip without its reply after ``timeout`` seconds is lost and
-    counted, and the next one starts. Returns skips first, then one
+    counted, and the next one starts. ``prefix``, ``server_prefix``,
+    ``client_prefix``, ``bind`` and ``options`` are as for
+    :func:`run_throughput` (the server is the receiving side). Returns skips first, then one
     :class:`RoundTripResult` (or :class:`Failed`) per run.
     Raises :class:`~cmq.ConfigError` on a bad argument.
     """
@@ -629,7 +668,7 @@ def run_pingpong(
         window=1,
         rounds=rounds,
         progress=progress,
-        prefix=prefix,
+        where=_where(prefix, server_prefix, client_prefix, bind),
         options=options,
     )
 
@@ -645,6 +684,9 @@ def run_pingping(
     rounds: int = 1,
     progress: Progress | None = None,
     prefix: Sequence[str] = (),
+    server_prefix: Sequence[str] | None = None,
+    client_prefix: Sequence[str] | None = None,
+    bind: str = "127.0.0.1",
     options: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[Result]:
     """Ping-ping (asynchronous: up to ``window`` messages in flight).
@@ -662,7 +704,7 @@ def run_pingping(
         window=window,
         rounds=rounds,
         progress=progress,
-        prefix=prefix,
+        where=_where(prefix, server_prefix, client_prefix, bind),
         options=options,
     )
 
