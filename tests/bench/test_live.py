@@ -104,3 +104,9 @@ def test_a_prefix_that_fails_is_a_failed_run() -> None:
     [r] = runner.run_pingpong(["udp"], [4], count=1, prefix=["false"])
     assert isinstance(r, runner.Failed)
     assert "exited" in r.error
+
+
+def test_a_missing_program_is_a_failed_run() -> None:
+    [r] = runner.run_pingpong(["udp"], [4], count=1, prefix=["/nonexistent/cmq-bench-prefix"])
+    assert isinstance(r, runner.Failed)
+    assert "cannot start /nonexistent/cmq-bench-prefix" in r.error

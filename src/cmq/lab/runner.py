@@ -275,14 +275,17 @@ class _Worker:
         src = str(Path(cmq.__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
         self.label = label
-        self.proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
+        try:
+            self.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+        except OSError as exc:
+            raise _RunError(f"{label}: cannot start {argv[0]}: {exc.strerror or exc}") from exc
         self._lines: queue.Queue[str | None] = queue.Queue()
         self._stderr: list[str] = []
         assert self.proc.stdout is not None and self.proc.stderr is not None
@@ -318,7 +321,10 @@ class _Worker:
                     f"{self.label}: exited (code {self.proc.returncode}) before {tag}{self._tail()}"
                 )
             if line.startswith(tag + " "):
-                value: dict[str, Any] = json.loads(line[len(tag) + 1 :])
+                try:
+                    value: dict[str, Any] = json.loads(line[len(tag) + 1 :])
+                except json.JSONDecodeError as exc:
+                    raise _RunError(f"{self.label}: unreadable {tag} line: {exc}") from None
                 return value
 
     def _tail(self) -> str:
