@@ -215,3 +215,39 @@ def test_push_work_does_not_depend_on_the_number_of_destinations(n: int) -> None
         assert b.push(s, b"y") == QUEUED
     assert b.armed == min(n, 50)
     assert b.destinations == n
+
+
+def test_batch_limit_grows_under_load_and_shrinks_back() -> None:
+    """qthresh is the batch size at a moderate rate; at full rate batches grow to one datagram."""
+    b = make(qthresh=100, timeout=0.001, max_datagram=1000)
+    s = b.stream(DEST, 0)
+    assert s.limit == 100
+    now = 1.0
+    for _ in range(5):  # batches that fill within a timeout of the previous datagram
+        while b.push(s, b"x" * 20) != FULL:
+            pass
+        b.filled(s, now)
+        b.take(s, now)
+        now += 0.0001
+    assert s.limit == 1000 - 16  # one datagram's body, no more
+    # A batch that leaves by its deadline halves the limit...
+    b.push(s, b"y")
+    b.arm(s, now)
+    assert b.due(now + 0.001) == [s]
+    assert s.limit == (1000 - 16) // 2
+    # ... and a message to an idle destination resets it.
+    b.sent_idle(s)
+    assert s.limit == 100
+
+
+def test_slow_batches_do_not_grow() -> None:
+    b = make(qthresh=100, timeout=0.001)
+    s = b.stream(DEST, 0)
+    now = 1.0
+    for _ in range(3):
+        while b.push(s, b"x" * 20) != FULL:
+            pass
+        b.filled(s, now)
+        b.take(s, now)
+        now += 0.01  # ten timeouts between datagrams
+    assert s.limit == 100
