@@ -32,7 +32,9 @@ def redis_cluster() -> Iterator[LocalRedisCluster]:
         cluster.stop()
 
 
-def store_url(kind: str, request: pytest.FixtureRequest, tmp_factory: pytest.TempPathFactory) -> str:
+def store_url(
+    kind: str, request: pytest.FixtureRequest, tmp_factory: pytest.TempPathFactory
+) -> str:
     if kind == "memory":
         return "memory:"
     if kind == "sqlite":
@@ -42,7 +44,9 @@ def store_url(kind: str, request: pytest.FixtureRequest, tmp_factory: pytest.Tem
 
 
 @pytest.fixture(scope="session", params=STORES)
-def node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+def node(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Node]:
     n = Node(store_url(request.param, request, tmp_path_factory))
     try:
         yield n

@@ -82,7 +82,9 @@ class Node:
         finally:
             conn.close()
 
-    def sqs(self, action: str, params: dict[str, Any] | bytes) -> tuple[int, dict[str, Any], dict[str, str]]:
+    def sqs(
+        self, action: str, params: dict[str, Any] | bytes
+    ) -> tuple[int, dict[str, Any], dict[str, str]]:
         body = params if isinstance(params, bytes) else json.dumps(params).encode()
         status, headers, data = self.raw(
             "POST",

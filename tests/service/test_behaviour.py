@@ -179,9 +179,9 @@ def test_receive_attribute_name_filters(sqs: Any, queue: str) -> None:
             "other": {"DataType": "String", "StringValue": "3"},
         },
     )
-    msg = sqs.receive_message(
-        QueueUrl=queue, MessageAttributeNames=["app.*"], VisibilityTimeout=0
-    )["Messages"][0]
+    msg = sqs.receive_message(QueueUrl=queue, MessageAttributeNames=["app.*"], VisibilityTimeout=0)[
+        "Messages"
+    ][0]
     assert set(msg["MessageAttributes"]) == {"app.one", "app.two"}
     msg = sqs.receive_message(QueueUrl=queue, VisibilityTimeout=0)["Messages"][0]
     assert "MessageAttributes" not in msg
@@ -215,20 +215,30 @@ def test_batches(sqs: Any, queue: str) -> None:
     assert {e["Id"] for e in deleted["Successful"]} == {"d0", "d1"}
     assert deleted["Failed"][0]["Code"] == "ReceiptHandleIsInvalid"
     counts = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["All"])["Attributes"]
-    assert counts["ApproximateNumberOfMessages"] == counts["ApproximateNumberOfMessagesNotVisible"] == "0"
+    assert (
+        counts["ApproximateNumberOfMessages"]
+        == counts["ApproximateNumberOfMessagesNotVisible"]
+        == "0"
+    )
 
 
 @pytest.mark.parametrize(
     ("entries", "code"),
     [
         ([], "AWS.SimpleQueueService.EmptyBatchRequest"),
-        ([{"Id": str(i), "MessageBody": "x"} for i in range(11)],
-         "AWS.SimpleQueueService.TooManyEntriesInBatchRequest"),
-        ([{"Id": "a", "MessageBody": "x"}, {"Id": "a", "MessageBody": "y"}],
-         "AWS.SimpleQueueService.BatchEntryIdsNotDistinct"),
+        (
+            [{"Id": str(i), "MessageBody": "x"} for i in range(11)],
+            "AWS.SimpleQueueService.TooManyEntriesInBatchRequest",
+        ),
+        (
+            [{"Id": "a", "MessageBody": "x"}, {"Id": "a", "MessageBody": "y"}],
+            "AWS.SimpleQueueService.BatchEntryIdsNotDistinct",
+        ),
         ([{"Id": "bad id!", "MessageBody": "x"}], "AWS.SimpleQueueService.InvalidBatchEntryId"),
-        ([{"Id": "a", "MessageBody": "x" * 200_000}, {"Id": "b", "MessageBody": "x" * 100_000}],
-         "AWS.SimpleQueueService.BatchRequestTooLong"),
+        (
+            [{"Id": "a", "MessageBody": "x" * 200_000}, {"Id": "b", "MessageBody": "x" * 100_000}],
+            "AWS.SimpleQueueService.BatchRequestTooLong",
+        ),
     ],
 )
 def test_batch_request_errors(sqs: Any, queue: str, entries: list[Any], code: str) -> None:
@@ -366,7 +376,9 @@ def _send_numbers(sqs: Any, url: str, n: int) -> None:
     for start in range(0, n, 10):
         sqs.send_message_batch(
             QueueUrl=url,
-            Entries=[{"Id": str(i), "MessageBody": str(i)} for i in range(start, min(n, start + 10))],
+            Entries=[
+                {"Id": str(i), "MessageBody": str(i)} for i in range(start, min(n, start + 10))
+            ],
         )
 
 
@@ -403,10 +415,14 @@ def test_k_bounds_the_window(sqs: Any) -> None:
 
 def test_redrive_to_dead_letter_queue(sqs: Any) -> None:
     dlq = sqs.create_queue(QueueName=unique("dlq"))["QueueUrl"]
-    arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"][
+        "QueueArn"
+    ]
     src = sqs.create_queue(
         QueueName=unique("src"),
-        Attributes={"RedrivePolicy": json.dumps({"deadLetterTargetArn": arn, "maxReceiveCount": 2})},
+        Attributes={
+            "RedrivePolicy": json.dumps({"deadLetterTargetArn": arn, "maxReceiveCount": 2})
+        },
     )["QueueUrl"]
     sent = sqs.send_message(QueueUrl=src, MessageBody="poison")
     for count in (1, 2):
@@ -425,7 +441,11 @@ def test_redrive_to_dead_letter_queue(sqs: Any) -> None:
     with pytest.raises(ClientError) as exc:
         sqs.set_queue_attributes(
             QueueUrl=src,
-            Attributes={"RedrivePolicy": json.dumps({"deadLetterTargetArn": arn + "x", "maxReceiveCount": 2})},
+            Attributes={
+                "RedrivePolicy": json.dumps(
+                    {"deadLetterTargetArn": arn + "x", "maxReceiveCount": 2}
+                )
+            },
         )
     assert _error_code(exc) == "InvalidAttributeValue"
 
@@ -434,12 +454,14 @@ def test_redrive_to_dead_letter_queue(sqs: Any) -> None:
 
 
 def test_fifo_group_order_and_blocking(sqs: Any) -> None:
-    url = sqs.create_queue(
-        QueueName=unique("f") + ".fifo", Attributes={"FifoQueue": "true"}
-    )["QueueUrl"]
+    url = sqs.create_queue(QueueName=unique("f") + ".fifo", Attributes={"FifoQueue": "true"})[
+        "QueueUrl"
+    ]
     for i, group in enumerate("aabba"):
         r = sqs.send_message(
-            QueueUrl=url, MessageBody=f"{group}{i}", MessageGroupId=group,
+            QueueUrl=url,
+            MessageBody=f"{group}{i}",
+            MessageGroupId=group,
             MessageDeduplicationId=f"d{i}",
         )
         assert r["SequenceNumber"].isdigit()
@@ -484,7 +506,10 @@ def test_fifo_validation(sqs: Any) -> None:
     assert _error_code(exc) == "InvalidParameterValue"  # no dedup id, no content dedup
     with pytest.raises(ClientError) as exc:
         sqs.send_message(
-            QueueUrl=url, MessageBody="x", MessageGroupId="g", MessageDeduplicationId="d",
+            QueueUrl=url,
+            MessageBody="x",
+            MessageGroupId="g",
+            MessageDeduplicationId="d",
             DelaySeconds=1,
         )
     assert _error_code(exc) == "InvalidParameterValue"
@@ -507,7 +532,7 @@ def test_error_shape_on_the_wire(node: Node) -> None:
 
 def test_metrics(node: Node, sqs: Any, queue: str) -> None:
     sqs.send_message(QueueUrl=queue, MessageBody="m")
-    status, headers, body = node.raw("GET", "/metrics", b"", {})
+    status, _, body = node.raw("GET", "/metrics", b"", {})
     assert status == 200
     text = body.decode()
     name = queue.rsplit("/", 1)[1]

@@ -16,6 +16,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from botocore.exceptions import BotoCoreError, ClientError
 
 from cmq.service.redis_local import LocalRedisCluster
 from tests.service.conftest import store_url, unique
@@ -71,7 +72,7 @@ class _Load:
             i += 1
             try:
                 client.send_message(QueueUrl=url, MessageBody=body)
-            except Exception:
+            except (BotoCoreError, ClientError):
                 continue  # not acknowledged: no promise made
             with self.lock:
                 self.acked.add(body)
@@ -86,7 +87,7 @@ class _Load:
                     with self.lock:
                         self.received.add(m["Body"])
                     client.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
-            except Exception:
+            except (BotoCoreError, ClientError):
                 continue
 
     def finish(self) -> None:
@@ -168,9 +169,9 @@ def test_sqlite_restart_keeps_messages_and_visibility(how: str, tmp_path: Path) 
         client.send_message_batch(
             QueueUrl=url, Entries=[{"Id": str(i), "MessageBody": str(i)} for i in range(5)]
         )
-        inflight = client.receive_message(QueueUrl=url, MaxNumberOfMessages=2, VisibilityTimeout=600)[
-            "Messages"
-        ]
+        inflight = client.receive_message(
+            QueueUrl=url, MaxNumberOfMessages=2, VisibilityTimeout=600
+        )["Messages"]
         assert [m["Body"] for m in inflight] == ["0", "1"]
     finally:
         node.kill9() if how == "kill9" else node.stop()
@@ -204,20 +205,37 @@ def _malformed(i: int, url: str) -> tuple[str | None, bytes]:
         ("SendMessage", json.dumps({"QueueUrl": 5, "MessageBody": "x"}).encode()),
         ("SendMessage", json.dumps({"QueueUrl": url, "MessageBody": ["x"]}).encode()),
         ("SendMessage", json.dumps({"QueueUrl": url}).encode()),
-        ("SendMessage", json.dumps({"QueueUrl": url, "MessageBody": "x", "DelaySeconds": -1}).encode()),
-        ("SendMessage", json.dumps({"QueueUrl": url, "MessageBody": "x",
-                                    "MessageAttributes": {"a": "b"}}).encode()),
+        (
+            "SendMessage",
+            json.dumps({"QueueUrl": url, "MessageBody": "x", "DelaySeconds": -1}).encode(),
+        ),
+        (
+            "SendMessage",
+            json.dumps(
+                {"QueueUrl": url, "MessageBody": "x", "MessageAttributes": {"a": "b"}}
+            ).encode(),
+        ),
         ("ReceiveMessage", json.dumps({"QueueUrl": url, "MaxNumberOfMessages": "abc"}).encode()),
         ("ReceiveMessage", json.dumps({"QueueUrl": url, "WaitTimeSeconds": 21}).encode()),
         ("ReceiveMessage", json.dumps({"QueueUrl": url, "MaxNumberOfMessages": True}).encode()),
-        ("DeleteMessage", json.dumps({"QueueUrl": url, "ReceiptHandle": handle_junk[i % 7]}).encode()),
-        ("ChangeMessageVisibility", json.dumps(
-            {"QueueUrl": url, "ReceiptHandle": handle_junk[i % 7], "VisibilityTimeout": 1}).encode()),
+        (
+            "DeleteMessage",
+            json.dumps({"QueueUrl": url, "ReceiptHandle": handle_junk[i % 7]}).encode(),
+        ),
+        (
+            "ChangeMessageVisibility",
+            json.dumps(
+                {"QueueUrl": url, "ReceiptHandle": handle_junk[i % 7], "VisibilityTimeout": 1}
+            ).encode(),
+        ),
         ("DeleteMessageBatch", json.dumps({"QueueUrl": url, "Entries": "nope"}).encode()),
         ("SendMessageBatch", json.dumps({"QueueUrl": url, "Entries": [{"Id": 1}]}).encode()),
         ("CreateQueue", json.dumps({"QueueName": "a b c"}).encode()),
         ("CreateQueue", json.dumps({"QueueName": "ok", "Attributes": {"X": 1}}).encode()),
-        ("SetQueueAttributes", json.dumps({"QueueUrl": url, "Attributes": {"ConsistencyK": "-3"}}).encode()),
+        (
+            "SetQueueAttributes",
+            json.dumps({"QueueUrl": url, "Attributes": {"ConsistencyK": "-3"}}).encode(),
+        ),
         (f"NoSuchAction{i}", b"{}"),
         (None, b"{}"),
         ("ListQueues", json.dumps({"MaxResults": 0}).encode()),
@@ -255,7 +273,8 @@ def _oversized(node: Node) -> bytes:
         s.sendall(
             b"POST / HTTP/1.1\r\nHost: x\r\nX-Amz-Target: AmazonSQS.SendMessage\r\n"
             b"Content-Type: application/x-amz-json-1.0\r\nContent-Length: 3145728\r\n\r\n"
-            + b"{" * 65536
+            + b"{"
+            * 65536
         )
         return s.recv(200)
 

@@ -65,7 +65,7 @@ class SqsApp:
             if message["type"] == "lifespan.startup":
                 try:
                     await self.store.open()
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - reported to uvicorn, which exits
                     await send({"type": "lifespan.startup.failed", "message": str(exc)})
                     return
                 await send({"type": "lifespan.startup.complete"})
@@ -106,8 +106,7 @@ class SqsApp:
         try:
             if length > self.max_request_bytes:
                 raise errors.RequestTooLarge(
-                    f"The request body has {length} bytes; the limit is "
-                    f"{self.max_request_bytes}."
+                    f"The request body has {length} bytes; the limit is {self.max_request_bytes}."
                 )
             body = await self._read_body(receive)
             request = decode_request(target, body)
@@ -120,7 +119,7 @@ class SqsApp:
         except errors.SqsError as exc:
             reply = encode_error(exc)
             code = exc.type_name
-        except Exception:
+        except Exception:  # noqa: BLE001 - the edge: a bug is a 500, never a dead node
             _log.exception("internal error in %s", action)
             reply = encode_error(errors.SqsError("The service met an internal error."))
             code = "InternalError"

@@ -319,9 +319,7 @@ class QueueService:
         for attr in wanted - {"All"}:
             if attr not in _SETTABLE and attr not in _COMPUTED_ATTRIBUTES:
                 raise errors.InvalidAttributeName(f"Unknown Attribute {attr}.")
-        out = {
-            k: v for k, v in record.attributes.items() if everything or k in wanted
-        }
+        out = {k: v for k, v in record.attributes.items() if everything or k in wanted}
         if everything or wanted & set(_COMPUTED_ATTRIBUTES[:3]):
             counts = await self.store.counts(name, self._clock())
             computed = {
@@ -438,7 +436,8 @@ class QueueService:
         got = await self.store.receive(queue.name, spec)
         if not queue.dead_letter or not got:
             return got
-        keep, dead = [], []
+        keep: list[Received] = []
+        dead: list[Received] = []
         for r in got:
             (dead if r.receive_count > queue.max_receive_count else keep).append(r)
         if dead:
@@ -764,8 +763,7 @@ def _int(p: Mapping[str, Any], key: str, lo: int, hi: int) -> int:
         raise errors.InvalidParameterValue(f"Value for parameter {key} must be an integer.")
     if not lo <= value <= hi:
         raise errors.InvalidParameterValue(
-            f"Value {value} for parameter {key} is invalid. Reason: must be between {lo} "
-            f"and {hi}."
+            f"Value {value} for parameter {key} is invalid. Reason: must be between {lo} and {hi}."
         )
     return value
 
@@ -802,8 +800,7 @@ def _entries(p: Mapping[str, Any]) -> list[dict[str, Any]]:
         raise errors.InvalidParameterValue("Value for parameter Entries must be a list of objects.")
     if len(entries) > MAX_BATCH:
         raise errors.TooManyEntriesInBatchRequest(
-            f"Maximum number of entries per request are {MAX_BATCH}. You have sent "
-            f"{len(entries)}."
+            f"Maximum number of entries per request are {MAX_BATCH}. You have sent {len(entries)}."
         )
     ids = []
     for e in entries:

@@ -59,40 +59,67 @@ class LocalRedisCluster:
             node_dir = os.path.join(self.directory, str(port))
             os.makedirs(node_dir)
             self.procs[port] = subprocess.Popen(
-                [server, "--port", str(port), "--cluster-port", str(bus),
-                 "--bind", "127.0.0.1", "--cluster-enabled", "yes",
-                 "--cluster-config-file", "nodes.conf",
-                 "--cluster-node-timeout", str(NODE_TIMEOUT_MS),
-                 "--cluster-replica-validity-factor", "0",
-                 "--save", "", "--appendonly", "no", "--daemonize", "no",
-                 # Replicas sync at once instead of after the default 5 s.
-                 "--repl-diskless-sync-delay", "0",
-                 "--dir", node_dir, "--logfile", "redis.log"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                [
+                    server,
+                    "--port",
+                    str(port),
+                    "--cluster-port",
+                    str(bus),
+                    "--bind",
+                    "127.0.0.1",
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    str(NODE_TIMEOUT_MS),
+                    "--cluster-replica-validity-factor",
+                    "0",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--daemonize",
+                    "no",
+                    # Replicas sync at once instead of after the default 5 s.
+                    "--repl-diskless-sync-delay",
+                    "0",
+                    "--dir",
+                    node_dir,
+                    "--logfile",
+                    "redis.log",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
             )
             self.ports.append(port)
         deadline = time.monotonic() + timeout
         for port in self.ports:
             self._until(deadline, lambda p=port: self._cli(p, "PING") == "PONG")
         subprocess.run(
-            [cli, "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports),
-             "--cluster-replicas", str(self.replicas), "--cluster-yes"],
-            check=True, capture_output=True, timeout=timeout,
+            [
+                cli,
+                "--cluster",
+                "create",
+                *(f"127.0.0.1:{p}" for p in self.ports),
+                "--cluster-replicas",
+                str(self.replicas),
+                "--cluster-yes",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=timeout,
         )
         self.wait_ok(deadline - time.monotonic())
-        # A new replica first does a full sync; until its link is up it does
-        # not count for WAIT, nor does CLUSTER SLOTS list it.
+        # A new replica first does a full sync; until it is online it does
+        # not count for WAIT.
         for port in self.ports:
             self._until(
                 deadline,
-                lambda p=port: "role:master" in (info := self._cli(p, "INFO", "replication"))
-                or "master_link_status:up" in info,
-            )
-        if self.replicas:
-            self._until(
-                deadline,
-                lambda: len(self._cli(self.ports[0], "CLUSTER", "SLOTS").split())
-                >= self.masters * (2 + 3 * (1 + self.replicas)),
+                lambda p=port: (
+                    "role:slave" in (info := self._cli(p, "INFO", "replication"))
+                    or info.count("state=online") >= self.replicas
+                ),
             )
         return self
 

@@ -12,6 +12,7 @@ import json
 import os
 import socket
 import sys
+from typing import Any
 
 import uvicorn
 from uvicorn.supervisors import Multiprocess
@@ -38,9 +39,8 @@ def build_app(config: ServiceConfig) -> SqsApp:
 def app_from_env() -> SqsApp:
     """App factory for worker processes: the config comes from CMQ_SERVE_CONFIG."""
     raw = json.loads(os.environ[CONFIG_ENV])
-    store = StoreConfig(**{**raw.pop("store"), "nodes": ()})
-    nodes = tuple(tuple(n) for n in raw.pop("nodes"))
-    store = dataclasses.replace(store, nodes=nodes)  # type: ignore[arg-type]
+    nodes = tuple((str(host), int(port)) for host, port in raw.pop("nodes"))
+    store = StoreConfig(**{**raw.pop("store"), "nodes": nodes})
     return build_app(ServiceConfig(store=store, **raw))
 
 
@@ -66,7 +66,7 @@ def serve(config: ServiceConfig) -> None:
 
     Raises OSError when the address cannot be bound.
     """
-    common: dict[str, object] = {
+    common: dict[str, Any] = {
         "host": config.host,
         "port": config.port,
         "log_level": "warning",
@@ -76,7 +76,7 @@ def serve(config: ServiceConfig) -> None:
         "timeout_keep_alive": 60,
     }
     if config.workers == 1:
-        uv = uvicorn.Config(build_app(config), **common)  # type: ignore[arg-type]
+        uv = uvicorn.Config(build_app(config), **common)
     else:
         raw = dataclasses.asdict(config)
         raw["nodes"] = raw["store"].pop("nodes")
@@ -85,7 +85,7 @@ def serve(config: ServiceConfig) -> None:
             "cmq.service.server:app_from_env",
             factory=True,
             workers=config.workers,
-            **common,  # type: ignore[arg-type]
+            **common,
         )
     sock = _bind(config.host, config.port)
     host, port = sock.getsockname()[:2]
@@ -94,4 +94,4 @@ def serve(config: ServiceConfig) -> None:
     if config.workers == 1:
         uvicorn.Server(uv).run(sockets=[sock])
     else:
-        Multiprocess(uv, target=uvicorn.Server(uv).run, sockets=[sock]).run()
+        Multiprocess(uv, sockets=[sock]).run()

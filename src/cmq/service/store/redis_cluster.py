@@ -77,12 +77,14 @@ for _, s in ipairs(due) do
 end
 """
 
-_PRELUDE = """
-local K = {}
-local names = {%s}
+_PRELUDE = (
+    "\nlocal K = {}\nlocal names = {"
+    + ", ".join(f"'{f}'" for f in _FIELDS)
+    + """}
 for i, n in ipairs(names) do K[n] = KEYS[i] end
 if redis.call('EXISTS', K.meta) == 0 then return redis.error_reply('NOQUEUE') end
-""" % ", ".join(f"'{f}'" for f in _FIELDS)
+"""
+)
 
 _SCRIPTS = {
     "create": """
@@ -288,21 +290,41 @@ class RedisClusterStore(Store):
             last: BaseException | None = None
             for addr in [*self._seeds, *self._clients]:
                 try:
-                    slots = await self._client(addr).execute_command("CLUSTER SLOTS")
+                    slots = await self._client(addr).execute_command("CLUSTER SLOTS")  # type: ignore[no-untyped-call]
                 except (rexc.RedisError, OSError) as exc:
                     last = exc
                     continue
                 table: list[tuple[tuple[str, int], int] | None] = [None] * 16384
+                online: dict[tuple[str, int], int] = {}
                 for entry in slots:
-                    start, end, master, *replicas = entry
+                    start, end, master = entry[0], entry[1], entry[2]
                     host = master[0].decode() if isinstance(master[0], bytes) else master[0]
                     owner = ((host or addr[0]), int(master[1]))
+                    if owner not in online:
+                        online[owner] = await self._online_replicas(owner)
                     for slot in range(int(start), int(end) + 1):
-                        table[slot] = (owner, len(replicas))
+                        table[slot] = (owner, online[owner])
                 self._slots = table
                 self._refreshed_at = time.monotonic()
                 return
             raise StoreUnavailable(f"no Redis Cluster node answers: {last}") from last
+
+    async def _online_replicas(self, addr: tuple[str, int]) -> int:
+        """Replicas that the master itself reports online: the ones WAIT counts.
+
+        (CLUSTER SLOTS lists a new replica only seconds after it is in sync.)
+        """
+        try:
+            info = await self._client(addr).info("replication")
+        except (rexc.RedisError, OSError):
+            return 0
+        return sum(
+            1
+            for key, value in info.items()
+            if key.startswith("slave")
+            and isinstance(value, dict)
+            and value.get("state") == "online"
+        )
 
     async def _call(
         self, script: str, name: str, args: Sequence[Any], *, wait: bool = False
@@ -328,9 +350,7 @@ class RedisClusterStore(Store):
                 return await self._call_once(script, name, slot, keys, args, wait)
             except rexc.ResponseError as exc:
                 if str(exc).startswith("NOQUEUE"):
-                    raise QueueDoesNotExist(
-                        f"The specified queue {name} does not exist."
-                    ) from None
+                    raise QueueDoesNotExist(f"The specified queue {name} does not exist.") from None
                 if not isinstance(exc, _RETRYABLE) and not str(exc).startswith(
                     ("MOVED", "ASK", "CLUSTERDOWN", "TRYAGAIN", "READONLY", "LOADING")
                 ):
@@ -405,7 +425,7 @@ class RedisClusterStore(Store):
             try:
                 if entry is None:
                     raise rexc.ClusterDownError("registry slot not served")
-                await self._client(entry[0]).execute_command(op, _REGISTRY, name)
+                await self._client(entry[0]).execute_command(op, _REGISTRY, name)  # type: ignore[no-untyped-call]
                 return
             except (rexc.RedisError, OSError) as exc:
                 if time.monotonic() >= deadline:
@@ -428,7 +448,8 @@ class RedisClusterStore(Store):
             names = await self._client(entry[0]).smembers(_REGISTRY)
         except (rexc.RedisError, OSError, AssertionError) as exc:
             raise StoreUnavailable(f"Redis Cluster unavailable: {exc}") from exc
-        return sorted(n.decode() for n in names if n.decode().startswith(prefix))
+        decoded = [n.decode() if isinstance(n, bytes) else str(n) for n in names]
+        return sorted(n for n in decoded if n.startswith(prefix))
 
     async def delete_queue(self, name: str) -> None:
         await self._call("drop", name, [], wait=True)
@@ -457,7 +478,9 @@ class RedisClusterStore(Store):
             ]
         flat = await self._call("send", name, args, wait=True)
         return [
-            SendResult(message_id=flat[i].decode(), seq=int(flat[i + 1]), duplicate=bool(flat[i + 2]))
+            SendResult(
+                message_id=flat[i].decode(), seq=int(flat[i + 1]), duplicate=bool(flat[i + 2])
+            )
             for i in range(0, len(flat), 3)
         ]
 
@@ -511,4 +534,3 @@ def _record(name: str, meta: list[bytes], attrs: list[bytes]) -> QueueRecord:
         created_at=int(m.get("created", "0")),
         modified_at=int(m.get("modified", "0")),
     )
-

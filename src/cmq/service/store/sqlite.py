@@ -215,8 +215,12 @@ class SqliteStore(Store):
             cur = conn.execute(
                 "INSERT OR IGNORE INTO queues (name, attributes, created_at, modified_at) "
                 "VALUES (?, ?, ?, ?)",
-                (record.name, json.dumps(dict(record.attributes)), record.created_at,
-                 record.modified_at),
+                (
+                    record.name,
+                    json.dumps(dict(record.attributes)),
+                    record.created_at,
+                    record.modified_at,
+                ),
             )
             if cur.rowcount:
                 return record, True
