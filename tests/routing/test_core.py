@@ -381,6 +381,18 @@ def test_deliveries_are_batched_per_consumer() -> None:
     assert [d[3] for o in out for d in o.payload[2]] == list(range(10))
 
 
+def test_delivery_batches_are_bounded_in_bytes() -> None:
+    h = Harness(batch_count=100, batch_bytes=1000)
+    h.queue("q")
+    h.consume("q", no_ack=True)
+    for size in (400, 400, 400, 5000, 10):
+        h.core.receive(
+            encode(Publish(rid=0, exchange="", routing_key="q", body=b"x" * size)), PUB, 0.0
+        )
+    out = h.core.messages_to_send()
+    assert [[len(d[3]) for d in o.payload[2]] for o in out] == [[400, 400], [400], [5000], [10]]
+
+
 def test_vanished_consumer_stops_receiving_and_messages_wait() -> None:
     h = Harness(consumer_timeout=5.0)
     h.queue("q")
@@ -483,7 +495,13 @@ def test_stats_reply_is_plain_values() -> None:
 
 @pytest.mark.parametrize(
     "config",
-    [{"consumer_timeout": 0}, {"ack_timeout": -1}, {"batch_count": 0}, {"reply_cache": -1}],
+    [
+        {"consumer_timeout": 0},
+        {"ack_timeout": -1},
+        {"batch_count": 0},
+        {"batch_bytes": 0},
+        {"reply_cache": -1},
+    ],
 )
 def test_config_is_validated(config: dict[str, Any]) -> None:
     with pytest.raises(ConfigError):

@@ -90,6 +90,15 @@ def test_many_messages_in_order_with_acks(broker: Broker, client: BrokerClient) 
     assert client.errors() == []
 
 
+def test_large_messages_are_fragmented_and_delivered(client: BrokerClient) -> None:
+    client.declare_queue("big", max_length=10)
+    bodies = [bytes([i]) * (1 << 20) for i in range(3)]  # 1 MiB each
+    for b in bodies:
+        assert client.publish("", "big", b, confirm=True) == 1
+    with client.consume("big", prefetch=2) as c:
+        assert [d.body for d in drain(c, 3)] == bodies
+
+
 def test_overflow_reject_reaches_publisher(broker: Broker, client: BrokerClient) -> None:
     client.declare_queue("tiny", max_length=2, overflow="reject")
     client.publish("", "tiny", 1, confirm=True)

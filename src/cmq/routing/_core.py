@@ -40,7 +40,7 @@ that comes back after being detached is re-attached by its next heartbeat.
 
 Delivery batching. Deliveries are collected per consumer while a batch of
 received messages is processed and leave as one ``d`` message per consumer of
-up to ``batch_count`` deliveries when the driver asks for
+up to ``batch_count`` deliveries and about ``batch_bytes`` when the driver asks for
 ``messages_to_send()``: the busier the broker, the bigger the batches.
 """
 
@@ -81,6 +81,7 @@ from cmq.routing.exchanges import Exchange, ExchangeType, make_exchange
 
 __all__ = [
     "DEFAULT_ACK_TIMEOUT",
+    "DEFAULT_BATCH_BYTES",
     "DEFAULT_BATCH_COUNT",
     "DEFAULT_CONSUMER_TIMEOUT",
     "Address",
@@ -104,6 +105,10 @@ DEFAULT_ACK_TIMEOUT: Final = 30.0
 # Deliveries per message to a consumer: enough to amortise per-message cost,
 # small enough (with small bodies) to fit a few datagrams.
 DEFAULT_BATCH_COUNT: Final = 256
+# Bytes per delivery message (estimated): a big batch is fragmented by the
+# endpoint, and one lost fragment loses the whole batch, so keep batches to a
+# few datagrams; a larger single message still goes, alone.
+DEFAULT_BATCH_BYTES: Final = 32 * 1024
 DEFAULT_REPLY_CACHE: Final = 4096
 # AMQP 0-9-1 short strings: names and keys are at most 255 bytes.
 MAX_NAME: Final = 255
@@ -149,6 +154,9 @@ class BrokerConfig:
     batch_count: int = DEFAULT_BATCH_COUNT
     """Most deliveries carried by one message to a consumer."""
 
+    batch_bytes: int = DEFAULT_BATCH_BYTES
+    """Most (estimated) body bytes per message to a consumer; a bigger delivery goes alone."""
+
     reply_cache: int = DEFAULT_REPLY_CACHE
     """Replies remembered by (sender, rid) to answer resent requests."""
 
@@ -159,6 +167,8 @@ class BrokerConfig:
             raise ConfigError(f"ack_timeout must be > 0, got {self.ack_timeout!r}")
         if self.batch_count < 1:
             raise ConfigError(f"batch_count must be >= 1, got {self.batch_count!r}")
+        if self.batch_bytes < 1:
+            raise ConfigError(f"batch_bytes must be >= 1, got {self.batch_bytes!r}")
         if self.reply_cache < 0:
             raise ConfigError(f"reply_cache must be >= 0, got {self.reply_cache!r}")
 
@@ -302,6 +312,15 @@ class _Consumer:
         return self.no_ack or not self.prefetch or len(self.unacked) < self.prefetch
 
 
+def _approx_size(body: Any) -> int:
+    """A cheap guess at a body's encoded size (exact for bytes and ASCII str)."""
+    if isinstance(body, bytes | str | bytearray):
+        return len(body)
+    if isinstance(body, list | tuple | dict):
+        return 16 * len(body) + 16  # a guess; containers of big blobs are rare here
+    return 9
+
+
 def _check_name(what: str, name: str) -> None:
     if len(name) > MAX_NAME and len(name.encode()) > MAX_NAME:
         raise _Refused(ErrorCode.BAD_REQUEST, f"{what} is longer than {MAX_NAME} bytes")
@@ -398,16 +417,23 @@ class BrokerCore:
     def messages_to_send(self) -> list[Outgoing]:
         """Return (and forget) everything to push, delivery batches included."""
         out, self._out = self._out, []
-        batch = self.config.batch_count
+        count, limit = self.config.batch_count, self.config.batch_bytes
         for c in self._with_pending.values():
             pending, c.pending = c.pending, []
-            for i in range(0, len(pending), batch):
-                out.append(
-                    Outgoing(
-                        dest=c.addr,
-                        mailbox=DELIVERY_MAILBOX,
-                        payload=["d", c.tag, pending[i : i + batch]],
+            batch: list[list[Any]] = []
+            size = 0
+            for d in pending:
+                n = _approx_size(d[3]) + len(d[1]) + len(d[2]) + 16
+                if batch and (len(batch) >= count or size + n > limit):
+                    out.append(
+                        Outgoing(dest=c.addr, mailbox=DELIVERY_MAILBOX, payload=["d", c.tag, batch])
                     )
+                    batch, size = [], 0
+                batch.append(d)
+                size += n
+            if batch:
+                out.append(
+                    Outgoing(dest=c.addr, mailbox=DELIVERY_MAILBOX, payload=["d", c.tag, batch])
                 )
         self._with_pending.clear()
         return out
