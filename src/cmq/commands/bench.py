@@ -213,6 +213,19 @@ def _report_problems(results: list[runner.Result]) -> bool:
     return failed
 
 
+def _environment() -> dict[str, Any]:
+    """What a reader needs to judge the figures: version, CPUs, and how busy the machine was."""
+    import os
+
+    import cmq
+
+    return {
+        "cmq_version": cmq.__version__,
+        "cpus": sorted(os.sched_getaffinity(0)),
+        "loadavg": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
 def _json_results(results: list[runner.Result], raw: bool) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for r in results:
@@ -356,7 +369,12 @@ def run(args: argparse.Namespace) -> int:
             )
     failed = _report_problems(results)
     if args.json:
-        doc = {"scenario": scenario, "pin": args.pin, "results": _json_results(results, args.raw)}
+        doc = {
+            "scenario": scenario,
+            "pin": args.pin,
+            "results": _json_results(results, args.raw),
+            **_environment(),
+        }
         print(json.dumps(doc))
     else:
         _table(scenario, args.pin, results)

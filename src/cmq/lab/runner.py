@@ -752,15 +752,17 @@ def run_destinations(
     (``max(destinations) * per_destination``) is pushed round-robin to D
     distinct addresses through :class:`cmq.wire.batcher.Batcher` exactly as
     the driver does on a busy link (``stream``, ``push``, ``arm`` when a batch
-    opens, ``take`` when it is full), then everything left is flushed
+    opens, ``filled`` and ``take`` when it is full), then everything left is flushed
     (``due`` at infinity, ``take``): the timed region covers every message
     from push to datagram bytes. No sockets, no clock in the loop.
 
     To compare like with like, ``qthresh`` is set so that a batch holds
     ``per_destination`` messages: then every D makes the same number of
     datagrams of the same size, and only the number of destinations
-    differs (dict size, heap size, cache misses). The idle rule is left out
-    (every batch is armed), as on a link that is never idle.
+    differs (dict size, heap size, cache misses). For the same reason
+    batches never grow (the virtual clock passes a timeout per batch) and
+    the idle rule is left out (every batch is armed, as on a link that is
+    never idle).
     Raises :class:`~cmq.ConfigError` on bad arguments.
     """
     import gc
@@ -776,6 +778,7 @@ def run_destinations(
     messages = max(destinations) * per_destination
     qthresh = per_destination * frame_size(size)
     config = QueueConfig(qthresh=qthresh)
+    step = 2 * config.timeout
     payload = b"x" * size
     opened, full = _batcher.OPENED, _batcher.FULL
     results: list[DestinationsResult] = []
@@ -786,7 +789,7 @@ def run_destinations(
         datagrams = 0
         for _ in range(repeat):
             b = _batcher.Batcher(config, sender=1)
-            stream, push, arm, take = b.stream, b.push, b.arm, b.take
+            stream, push, arm, filled, take = b.stream, b.push, b.arm, b.filled, b.take
             now = 0.0
             gc.collect()
             t0 = time.perf_counter_ns()
@@ -797,6 +800,11 @@ def run_destinations(
                 if r == opened:
                     arm(s, now)
                 elif r == full:
+                    # The virtual clock moves on by more than a timeout per
+                    # batch, so filled() never grows a batch: every D keeps
+                    # the same batch size (see the docstring).
+                    now += step
+                    filled(s, now)
                     sent += len(take(s, now))
             for s in b.due(math.inf):
                 sent += len(take(s, now))
