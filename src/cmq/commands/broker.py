@@ -130,7 +130,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     _client_args(p)
 
     p = verbs.add_parser("bench", help="TE-SPSC (1 vs 1024 bindings) and DE-SPSC against RabbitMQ")
-    p.add_argument("--seconds", type=float, default=2.0, help="length of each measurement")
+    p.add_argument("--seconds", type=float, default=1.5, help="length of each measurement")
+    p.add_argument(
+        "--repeat", type=int, default=2, help="interleaved runs, best kept (default: %(default)s)"
+    )
     p.add_argument("--size", type=int, default=16, help="message body bytes (default: %(default)s)")
     p.add_argument("--amqp-url", default="amqp://guest:guest@127.0.0.1:5672/%2F")
     p.add_argument("--json", action="store_true", help="print the results as JSON")

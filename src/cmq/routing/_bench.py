@@ -21,7 +21,12 @@ spawned process, the publisher is this process. The consumer acknowledges
 cmq's confirms every 256th publish (flow control, since UDP has none);
 pika's relies on TCP. The publisher sends for ``--seconds``, then an end
 marker; the rate is what the consumer received divided by the time from its
-first to its last delivery.
+first to its last delivery. Configurations are run interleaved ``--repeat``
+times and the best run of each is reported (the machine is shared).
+
+The 1-binding case has one literal non-matching binding, the 1024 case a
+third each of literal, ``*`` and ``#`` patterns: the harder comparison, since
+live wildcard nodes cost a little per word whatever their number.
 """
 
 from __future__ import annotations
@@ -206,21 +211,22 @@ def _rabbit_available(url: str) -> str | None:
 def main(args: argparse.Namespace) -> int:
     """Run TE-SPSC (cmq, 1 vs 1024 non-matching bindings) and DE-SPSC (cmq vs RabbitMQ)."""
     body = b"x" * args.size
-    results: list[dict[str, Any]] = []
+    runs: list[dict[str, Any]] = []
+    why_not = _rabbit_available(args.amqp_url)
     proc, addr = _start_cmq_broker()
     try:
-        for extra in (1, 1024):
-            r = _cmq_run(
-                addr,
-                "topic",
-                [MATCHING_BINDING, *non_matching(extra)],
-                MATCHING_KEY,
-                body,
-                args.seconds,
-            )
-            results.append({"bench": "TE-SPSC", "system": "cmq", "non_matching": extra, **r})
-        r = _cmq_run(addr, "direct", ["k"], "k", body, args.seconds)
-        results.append({"bench": "DE-SPSC", "system": "cmq", **r})
+        # Interleaved repeats, best of each kept: the machine is shared, and
+        # a neighbour's burst should not land on one configuration only.
+        for _ in range(args.repeat):
+            for extra in (1, 1024):
+                bindings = [MATCHING_BINDING, *non_matching(extra)]
+                r = _cmq_run(addr, "topic", bindings, MATCHING_KEY, body, args.seconds)
+                runs.append({"bench": "TE-SPSC", "system": "cmq", "non_matching": extra, **r})
+            r = _cmq_run(addr, "direct", ["k"], "k", body, args.seconds)
+            runs.append({"bench": "DE-SPSC", "system": "cmq", **r})
+            if why_not is None:
+                r = _rabbit_run(args.amqp_url, "direct", ["k"], "k", body, args.seconds)
+                runs.append({"bench": "DE-SPSC", "system": "rabbitmq", **r})
     finally:
         proc.terminate()
         try:
@@ -228,21 +234,24 @@ def main(args: argparse.Namespace) -> int:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-    why_not = _rabbit_available(args.amqp_url)
-    if why_not is None:
-        r = _rabbit_run(args.amqp_url, "direct", ["k"], "k", body, args.seconds)
-        results.append({"bench": "DE-SPSC", "system": "rabbitmq", **r})
-    te = [r["msgs_per_s"] for r in results if r["bench"] == "TE-SPSC"]
+    best: dict[tuple[str, str, int], dict[str, Any]] = {}
+    for r in runs:
+        key = (r["bench"], r["system"], r.get("non_matching", 0))
+        if key not in best or r["msgs_per_s"] > best[key]["msgs_per_s"]:
+            best[key] = r
+    results = list(best.values())
+    te = [best[("TE-SPSC", "cmq", n)]["msgs_per_s"] for n in (1, 1024)]
     de = {r["system"]: r["msgs_per_s"] for r in results if r["bench"] == "DE-SPSC"}
     summary: dict[str, Any] = {
         "size": args.size,
         "seconds": args.seconds,
+        "repeat": args.repeat,
         "te_spsc_1024_over_1": te[1] / te[0] if te[0] else None,
         "de_spsc_cmq_over_rabbitmq": de["cmq"] / de["rabbitmq"] if de.get("rabbitmq") else None,
         "rabbitmq": why_not or "measured",
     }
     if args.json:
-        print(json.dumps({"results": results, "summary": summary}, indent=2))
+        print(json.dumps({"best": results, "runs": runs, "summary": summary}, indent=2))
         return 0
     for r in results:
         label = f"{r['bench']} {r['system']:<8}"

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import abc
 import enum
-from collections.abc import Iterator, Set
+from collections.abc import Collection, Iterator, Set
 from dataclasses import dataclass
 
 from cmq._errors import ConfigError
@@ -249,27 +249,27 @@ class TopicExchange(Exchange):
         self._start: tuple[_Node, ...] = (self._root,)
 
     def route(self, routing_key: str) -> Set[str]:
-        states = self._start
+        states: Collection[_Node] = self._start
         for word in routing_key.split(".") if routing_key else ():
             nxt: list[_Node] = []
+            add = nxt.append
             for node in states:
-                child = node.words.get(word)
-                if child is not None:
-                    nxt.append(child)
-                if node.star is not None:
-                    nxt.append(node.star)
+                for target in (node.words.get(word), node.star):
+                    if target is not None:
+                        add(target)
+                        h = target.hash
+                        while h is not None:  # "#" may take zero words
+                            add(h)
+                            h = h.hash
                 if node.is_hash:
-                    nxt.append(node)  # "#" swallows this word too
+                    add(node)  # "#" swallows this word too
             if not nxt:
                 return _EMPTY
-            # The common case, one live node without a "#" edge below it,
-            # skips the set work: a literal binding costs dict lookups only.
-            if len(nxt) > 1 or nxt[0].hash is not None:
-                states = tuple(_closure(set(nxt)))
-            else:
-                states = (nxt[0],)
+            # Deduplicate only when there is more than one live node, which
+            # keeps "#.#.#" patterns polynomial; one literal path stays cheap.
+            states = nxt if len(nxt) == 1 else dict.fromkeys(nxt)
         if len(states) == 1:
-            return states[0].queues
+            return next(iter(states)).queues
         out: set[str] = set()
         for node in states:
             out |= node.queues
