@@ -415,6 +415,21 @@ def test_vanished_consumer_stops_receiving_and_messages_wait() -> None:
     assert h.core.stats().consumers_reattached == 1
 
 
+def test_acks_from_before_a_detach_never_ack_new_deliveries() -> None:
+    h = Harness(consumer_timeout=1.0)
+    h.queue("q")
+    h.consume("q", prefetch=10)
+    for i in range(2):
+        h.publish("", "q", i)
+    old_tags = [d[0] for d in h.deliveries[(C1, "t")]]
+    h.advance(1.5)  # detached; both messages back in the queue
+    h.send(Heartbeat(consumers=(ConsumerSpec(tag="t", queue="q", prefetch=10, no_ack=False),)), C1)
+    h.send(Ack(tag="t", delivery_tags=tuple(old_tags)), C1)  # late acks of the old deliveries
+    q = h.queue_stats("q")
+    assert (q.acked, q.unacked) == (0, 2)  # the redeliveries are still owed an ack
+    assert h.core.stats().stale_acks == 2
+
+
 def test_heartbeats_keep_a_consumer() -> None:
     h = Harness(consumer_timeout=1.0)
     h.queue("q")
@@ -436,7 +451,7 @@ def test_lost_consumer_messages_go_to_the_others() -> None:
     spec_b = ConsumerSpec(tag="b", queue="q", prefetch=1, no_ack=False)
     h.advance(0.6)
     h.send(Heartbeat(consumers=(spec_b,)), C2)
-    h.send(Ack(tag="b", delivery_tags=(1,)), C2)
+    h.send(Ack(tag="b", delivery_tags=(h.deliveries[(C2, "b")][0][0],)), C2)
     h.advance(0.6)  # a is silent for 1.2 s: its message 0 moves to b
     assert h.got(sender=C2, tag="b") == [1, 0]
 

@@ -286,7 +286,6 @@ class _Consumer:
     __slots__ = (
         "addr",
         "last_seen",
-        "next_dtag",
         "no_ack",
         "pending",
         "prefetch",
@@ -302,7 +301,6 @@ class _Consumer:
         self.prefetch = spec.prefetch  # 0: no limit
         self.no_ack = spec.no_ack
         self.last_seen = now
-        self.next_dtag = 1
         # delivery tag -> (message, sent at); insertion order is send order,
         # so the first entry is always the oldest unacknowledged.
         self.unacked: dict[int, tuple[_Msg, float]] = {}
@@ -350,6 +348,10 @@ class BrokerCore:
         self._out: list[Outgoing] = []
         self._replies: dict[tuple[Address, int], Any] = {}
         self._totals: Counter[str] = Counter()
+        # Delivery tags are unique across the broker, not per consumer: acks
+        # sent by a consumer's earlier incarnation (before it was detached
+        # and re-attached) must never match a new delivery.
+        self._next_dtag = 1
 
     # -- driver interface ----------------------------------------------------
 
@@ -571,8 +573,8 @@ class BrokerCore:
                 continue
             idle = 0
             msg = ready.popleft()
-            dtag = c.next_dtag
-            c.next_dtag = dtag + 1
+            dtag = self._next_dtag
+            self._next_dtag = dtag + 1
             if not c.no_ack:
                 c.unacked[dtag] = (msg, now)
             c.pending.append([dtag, msg[0], msg[1], msg[2], msg[3]])
@@ -589,7 +591,7 @@ class BrokerCore:
             take = min(len(ready), c.prefetch - len(c.unacked))
         if take <= 0:
             return
-        dtag = c.next_dtag
+        dtag = self._next_dtag
         pending, unacked, no_ack = c.pending, c.unacked, c.no_ack
         for _ in range(take):
             msg = ready.popleft()
@@ -597,7 +599,7 @@ class BrokerCore:
                 unacked[dtag] = (msg, now)
             pending.append([dtag, msg[0], msg[1], msg[2], msg[3]])
             dtag += 1
-        c.next_dtag = dtag
+        self._next_dtag = dtag
         self._with_pending[(c.addr, c.tag)] = c
         self._count(q, "delivered", take)
 
