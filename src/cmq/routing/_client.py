@@ -4,39 +4,44 @@ Theory of operation
 -------------------
 A :class:`BrokerClient` (threads; on :class:`cmq.Queue`) or an
 :class:`AsyncBrokerClient` (asyncio; on :class:`cmq.AsyncQueue`) owns, or
-borrows, one cmq endpoint and talks to one broker with the protocol of :mod:`cmq.routing._protocol`. Requests wait for
-their reply on ``REPLY_MAILBOX`` and are resent with the same ``rid`` when the
-reply does not come within ``timeout / (retries + 1)``; the broker answers a
-resent request from its reply cache, so a resend never does anything twice.
+borrows, one cmq endpoint and talks to one broker with the protocol of
+:mod:`cmq.routing._protocol`. Both are thin drivers of one sans-IO
+:class:`_Session` (request ids, unsolicited errors, consumer buffers, acks,
+heartbeats), which never waits.
 
-:meth:`BrokerClient.publish_many` is the fast reliable way: a window of
-confirmed publishes in flight, resent until answered, each routed once.
+Requests wait for their reply on ``REPLY_MAILBOX`` and are resent with the
+same ``rid`` when the reply does not come within ``timeout / (retries + 1)``;
+the broker answers a resent request from its reply cache, so a resend never
+does anything twice.
 
-Publishing without ``confirm`` is fire-and-forget: the message is batched by
-the endpoint and the call returns at once. A broker that refuses such a
-message (unknown exchange, a full queue with ``overflow="reject"``) sends back
-an unsolicited error; the client collects those and hands them out with
-:meth:`BrokerClient.errors`. ``confirm=True`` waits for the broker instead and
-raises the refusal as :class:`~cmq.RemoteError`.
+Publishing, three ways:
 
-Both are thin drivers of one sans-IO :class:`_Session` (request ids,
-unsolicited errors, consumer buffers, acks, heartbeats), which never waits.
+==========================  =========================================================
+``publish(...)``            fire-and-forget, batched by the endpoint: at most once.
+                            Refusals (unknown exchange, a full ``reject`` queue) come
+                            back unsolicited and are handed out by ``errors()``.
+``publish(..., confirm=)``  one round trip; a refusal raises ``RemoteError``; resent
+                            until answered and routed once: exactly once into the broker.
+``publish_many(messages)``  the same guarantee, a window of publishes in flight:
+                            the fast reliable way.
+==========================  =========================================================
 
 Consumers. :meth:`BrokerClient.consume` attaches a :class:`Consumer`, an
 iterator of :class:`Delivery`; :meth:`AsyncBrokerClient.consume` an
-:class:`AsyncConsumer`, an async iterator. Deliveries of all
-the client's consumers arrive on ``DELIVERY_MAILBOX`` and are sorted into
-per-consumer buffers. While a consumer waits it sends one heartbeat per
-interval for all the client's consumers, and its pending acknowledgements.
-With ``auto_ack`` (the default) a delivery is acknowledged when the next one
-is asked for, that is after the loop body that handled it finished; acks are
-sent in batches of half the prefetch window, and always before waiting.
+:class:`AsyncConsumer`, an async iterator. Deliveries of all the client's
+consumers arrive on ``DELIVERY_MAILBOX`` and are sorted into per-consumer
+buffers. While a consumer waits it sends one heartbeat per interval for all
+the client's consumers, and its pending acknowledgements. With ``auto_ack``
+(the default) a delivery is acknowledged when the next one is asked for, that
+is after the loop body that handled it finished; acks are sent in batches of
+half the prefetch window, and always before waiting.
 
 Guarantee: without ``no_ack``, at least once. A message whose ack is lost or
 late, or whose consumer went silent longer than the broker's
 ``consumer_timeout``, is delivered again with ``redelivered=True``. A loop
 body that runs longer than that timeout sends no heartbeat meanwhile: call
-:meth:`BrokerClient.heartbeat` from it, or expect redeliveries.
+:meth:`BrokerClient.heartbeat` from it, or expect redeliveries. With
+``no_ack``: at most once, and nothing limits what is in flight.
 """
 
 from __future__ import annotations
