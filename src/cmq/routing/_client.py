@@ -21,7 +21,8 @@ Publishing, three ways:
                             Refusals (unknown exchange, a full ``reject`` queue) come
                             back unsolicited and are handed out by ``errors()``.
 ``publish(..., confirm=)``  one round trip; a refusal raises ``RemoteError``; resent
-                            until answered and routed once: exactly once into the broker.
+                            until answered, and routed once as long as the broker
+                            still remembers the answer (its last ``reply_cache``).
 ``publish_many(messages)``  the same guarantee, a window of publishes in flight:
                             the fast reliable way.
 ==========================  =========================================================
