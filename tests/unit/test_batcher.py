@@ -168,9 +168,9 @@ def test_take_removes_exactly_what_it_encoded() -> None:
     b.push(s, b"first")
     real_encode = batcher_module.encode_frames
 
-    def encode_and_race(payloads: list[bytes], **kw: object) -> bytes:
+    def encode_and_race(*args: object) -> bytes:
         s.frames.append(b"raced")  # what a concurrent push does
-        return real_encode(payloads, **kw)  # type: ignore[arg-type]
+        return real_encode(*args)  # type: ignore[arg-type]
 
     with mock.patch.object(batcher_module, "encode_frames", side_effect=encode_and_race):
         first = b.take(s, 0.0)

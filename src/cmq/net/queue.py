@@ -220,7 +220,7 @@ class Queue(Endpoint):
             remaining = None if deadline is None else deadline - _monotonic()
             if remaining is not None and remaining <= 0:
                 raise Timeout(f"no message in mailbox {mailbox} within {timeout} s")
-            self._read_blocking(remaining, lambda: self._take_ready(mailbox, predicate))
+            self._read_blocking(remaining, mailbox, predicate)
 
     # -- the receive path ---------------------------------------------------
 
@@ -257,38 +257,57 @@ class Queue(Endpoint):
             self._resolve_replies()
         return count
 
-    def _read_blocking(self, remaining: float | None, ready: Callable[[], bool]) -> None:
-        """Wait for datagrams in this thread, up to ``remaining`` seconds, and deliver them."""
+    def _read_blocking(
+        self,
+        remaining: float | None,
+        mailbox: int = 0,
+        predicate: Callable[[Any], bool] | None = None,
+        fut: Future[Any] | None = None,
+    ) -> None:
+        """Wait in this thread for one datagram, up to ``remaining`` seconds, and deliver it.
+
+        Returns early if, once the receive lock is held, what the caller
+        waits for (a message of ``mailbox`` matching ``predicate``, or
+        ``fut`` done) is already there. Only one datagram is read: more
+        would cost a failing non-blocking read per call, and the caller's
+        next read takes them anyway, in order.
+        """
         if not self._rx_lock.acquire(timeout=-1 if remaining is None else max(remaining, 0)):
             return
         try:
-            if ready() or self._closed:
+            if self._closed:
+                return
+            if fut is not None:
+                if fut.done():
+                    return
+            elif self._take_ready(mailbox, predicate):
                 return
             self._set_rcvtimeo(remaining)
             try:
                 n, addr = self._sock.recvfrom_into(self._buf)
-            except (BlockingIOError, TimeoutError):
-                return
             except OSError:
-                return  # closed under us, or an ICMP error; the caller's loop decides
+                return  # timed out (EAGAIN), closed under us, or an ICMP error: the caller decides
             if addr is None:
                 return  # shut down by close()
             self._receiver.datagram_received(self._view[:n].tobytes(), addr, _monotonic())
-            # Whatever arrived with it is taken in too, in order.
-            self._drain(_DRAIN_BATCH)
+            if self._receiver.replies:
+                self._resolve_replies()
         finally:
             self._rx_lock.release()
 
     def _set_rcvtimeo(self, remaining: float | None) -> None:
-        # SO_RCVTIMEO makes the blocking read one system call; it is only
-        # changed when the wait differs, which for a steady request loop is
-        # once. Rounded to whole microseconds, 0 meaning "wait forever".
+        # SO_RCVTIMEO makes the blocking read one system call. It is only
+        # changed when the wait differs by more than 1 ms (or 1 %), so a loop
+        # of get(timeout=t) sets it once; a wait may end that much off.
+        # Whole microseconds, 0 meaning "wait forever".
         want = 0.0 if remaining is None else max(remaining, 1e-6)
-        if want != self._rcvtimeo:
-            sec = int(want)
-            usec = int((want - sec) * 1e6)
-            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("@ll", sec, usec))
-            self._rcvtimeo = want
+        have = self._rcvtimeo
+        if have == want or (have and want and abs(have - want) <= max(0.001, want * 0.01)):
+            return
+        sec = int(want)
+        usec = int((want - sec) * 1e6)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("@ll", sec, usec))
+        self._rcvtimeo = want
 
     # -- requests ----------------------------------------------------------
 
@@ -314,7 +333,7 @@ class Queue(Endpoint):
             if remaining <= 0:
                 fut.cancel()
                 raise Timeout("no reply in time")
-            self._read_blocking(remaining, fut.done)
+            self._read_blocking(remaining, fut=fut)
 
     # -- the I/O thread ----------------------------------------------------
 

@@ -208,6 +208,11 @@ class Batcher:
         del frames[: len(chunk)]
         s.gen += 1
         s.room = s.limit
+        s.last_send = now
+        if len(chunk) == 1 and len(chunk[0]) < self._small:
+            # One short message (the idle rule's case): no size walk.
+            self.messages_sent += 1
+            return [self._encode(s, chunk)]
         out: list[bytes] = []
         limit = self._max_body
         start = 0
@@ -219,14 +224,11 @@ class Batcher:
                 start, size = i, 0
             size += fs
         out.append(self._encode(s, chunk[start:] if start else chunk))
-        s.last_send = now
         self.messages_sent += len(chunk)
         return out
 
     def _encode(self, s: Stream, payloads: list[bytes]) -> bytes:
-        data = encode_frames(
-            payloads, flags=self._flags, sender=self.sender, mailbox=s.mailbox, seq=s.seq, key=self._key
-        )
+        data = encode_frames(payloads, self._flags, self.sender, s.mailbox, s.seq, self._key)
         s.seq = (s.seq + 1) & 0xFFFFFFFF
         self.datagrams_sent += 1
         self.bytes_sent += len(data)

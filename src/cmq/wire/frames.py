@@ -122,7 +122,6 @@ def _header(flags: int, sender: int, mailbox: int, seq: int) -> bytes:
 
 def encode_frames(
     payloads: list[bytes],
-    *,
     flags: int,
     sender: int,
     mailbox: int,

@@ -35,7 +35,7 @@ The table is bounded; the oldest streams are forgotten first.
 from __future__ import annotations
 
 import struct
-from collections import OrderedDict, deque
+from collections import deque
 from itertools import repeat
 from typing import Any, Final
 
@@ -78,6 +78,7 @@ MAX_STREAMS: Final = 65_536
 MAX_MAILBOXES: Final = 65_536
 
 _HEAD = struct.Struct(">2sBBIII")
+_SLOW_FLAGS: Final = FLAG_FRAGMENT | FLAG_TAG | FLAG_CONTROL
 
 # (addr, sender id, mailbox, datagram seq, correlation id or None)
 Meta = tuple[Any, int, int, int, int | None]
@@ -127,7 +128,7 @@ class Receiver:
         self.bytes_received = 0
         self.datagrams_missing = 0
         self.datagrams_late = 0
-        self._expected: OrderedDict[tuple[Any, int, int], int] = OrderedDict()
+        self._expected: dict[tuple[Any, int, int], int] = {}
         self._partials: dict[tuple[Any, int, int, int], _Partial] = {}
         self._reassembly_bytes = 0
 
@@ -153,13 +154,10 @@ class Receiver:
         """Handle one datagram; returns the number of messages delivered. Never raises."""
         self.datagrams_received += 1
         self.bytes_received += len(data)
-        # Fast path: a plain, untagged datagram of short frames, the bulk of
-        # traffic. Everything else goes through the general decoder.
-        if (
-            self._key is None
-            and len(data) >= HEADER_SIZE
-            and data[3] & (FLAG_FRAGMENT | FLAG_TAG | FLAG_CONTROL) == 0
-        ):
+        # Fast path: a plain, untagged datagram of raw messages for an
+        # application mailbox, the bulk of traffic, handled inline.
+        # Everything else goes through the general decoder.
+        if self._key is None and len(data) >= HEADER_SIZE and not data[3] & _SLOW_FLAGS:
             magic, version, flags, sender, mailbox, seq = _HEAD.unpack_from(data)
             if magic != MAGIC or version != VERSION or flags & ~FLAG_MSGPACK:
                 self.dropped["malformed"] += 1
@@ -169,30 +167,46 @@ class Receiver:
             except ProtocolError:
                 self.dropped["malformed"] += 1
                 return 0
-        else:
-            try:
-                header, body = decode(data, self._key)
-            except BadTag:
-                self.dropped["bad_tag"] += 1
-                return 0
-            except ProtocolError:
-                self.dropped["malformed"] += 1
-                return 0
-            flags, sender, mailbox, seq = header.flags, header.sender, header.mailbox, header.seq
-            if flags & FLAG_CONTROL:
-                self.dropped["control"] += 1
-                self._sequence(addr, sender, mailbox, seq)
-                return 0
-            if isinstance(body, list):
-                payloads = body
+            key = (addr, sender, mailbox)
+            table = self._expected
+            if table.get(key) == seq:
+                table[key] = (seq + 1) & 0xFFFFFFFF
             else:
                 self._sequence(addr, sender, mailbox, seq)
-                whole = self._reassemble(addr, sender, mailbox, seq, body.message_id, body.index, body.count, body.data, now)
-                if whole is None:
-                    return 0
-                payloads = [whole]
-                return self._deliver(payloads, flags, addr, sender, mailbox, seq, sequenced=True)
-        return self._deliver(payloads, flags, addr, sender, mailbox, seq, sequenced=False)
+            if flags or mailbox & ENVELOPE_BIT:
+                return self._deliver(payloads, flags, addr, sender, mailbox, seq)
+            dq = self.mailboxes.get(mailbox)
+            if dq is None:
+                dq = self.mailbox(mailbox)
+            n = len(payloads)
+            if len(dq) + n > self._max_queued:
+                return self._deliver(payloads, flags, addr, sender, mailbox, seq)
+            meta = (addr, sender, mailbox, seq, None)
+            if n == 1:
+                dq.append((payloads[0], meta))
+            else:
+                dq.extend(zip(payloads, repeat(meta)))
+            self.messages_received += n
+            return n
+        try:
+            header, body = decode(data, self._key)
+        except BadTag:
+            self.dropped["bad_tag"] += 1
+            return 0
+        except ProtocolError:
+            self.dropped["malformed"] += 1
+            return 0
+        flags, sender, mailbox, seq = header.flags, header.sender, header.mailbox, header.seq
+        self._sequence(addr, sender, mailbox, seq)
+        if flags & FLAG_CONTROL:
+            self.dropped["control"] += 1
+            return 0
+        if isinstance(body, list):
+            return self._deliver(body, flags, addr, sender, mailbox, seq)
+        whole = self._reassemble(addr, sender, mailbox, seq, body.message_id, body.index, body.count, body.data, now)
+        if whole is None:
+            return 0
+        return self._deliver([whole], flags, addr, sender, mailbox, seq)
 
     def _sequence(self, addr: Any, sender: int, mailbox: int, seq: int) -> None:
         key = (addr, sender, mailbox)
@@ -200,9 +214,10 @@ class Receiver:
         expected = table.get(key)
         if expected is None:
             if len(table) >= MAX_STREAMS:
-                table.popitem(last=False)
+                # Forget the oldest stream (insertion order): cheaper than
+                # keeping an LRU order on every datagram.
+                del table[next(iter(table))]
         else:
-            table.move_to_end(key)
             gap = (seq - expected) & 0xFFFFFFFF
             if gap:
                 if gap < 0x8000_0000:
@@ -212,19 +227,7 @@ class Receiver:
                     return
         table[key] = (seq + 1) & 0xFFFFFFFF
 
-    def _deliver(
-        self,
-        payloads: list[Any],
-        flags: int,
-        addr: Any,
-        sender: int,
-        mailbox: int,
-        seq: int,
-        *,
-        sequenced: bool,
-    ) -> int:
-        if not sequenced:
-            self._sequence(addr, sender, mailbox, seq)
+    def _deliver(self, payloads: list[Any], flags: int, addr: Any, sender: int, mailbox: int, seq: int) -> int:
         if mailbox & ENVELOPE_BIT:
             return self._deliver_enveloped(payloads, flags, addr, sender, mailbox, seq)
         if flags & FLAG_MSGPACK:
