@@ -335,12 +335,20 @@ class BrokerCore:
         ConfigError: (constructor) ``config`` is not a :class:`BrokerConfig`.
     """
 
-    def __init__(self, config: BrokerConfig | None = None) -> None:
+    def __init__(
+        self,
+        config: BrokerConfig | None = None,
+        *,
+        endpoint_stats: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
         if config is None:
             config = BrokerConfig()
         if not isinstance(config, BrokerConfig):
             raise ConfigError("config must be a BrokerConfig")
         self.config = config
+        # The driver's endpoint counters (datagrams dropped, kernel drops),
+        # added to the stats reply so one request shows every drop.
+        self._endpoint_stats = endpoint_stats
         self._exchanges: dict[str, Exchange] = {"": make_exchange(ExchangeType.DIRECT)}
         self._queues: dict[str, _Queue] = {}
         self._consumers: dict[tuple[Address, str], _Consumer] = {}
@@ -831,7 +839,10 @@ class BrokerCore:
         return {"cancelled": True}
 
     def _get_stats(self, ev: GetStats, sender: Address, now: float) -> Any:
-        return self.stats().as_dict()
+        out = self.stats().as_dict()
+        if self._endpoint_stats is not None:
+            out["endpoint"] = self._endpoint_stats()
+        return out
 
 
 _Handler = Callable[[BrokerCore, Any, Address, float], Any]

@@ -50,7 +50,6 @@ class Broker:
         config: BrokerConfig | None = None,
         endpoint: Endpoint | None = None,
     ) -> None:
-        self.core = BrokerCore(config)
         if endpoint is None:
             from cmq.net import Queue
 
@@ -60,6 +59,7 @@ class Broker:
             check_codec(endpoint)
             self._owns_endpoint = False
         self.endpoint: Endpoint = endpoint
+        self.core = BrokerCore(config, endpoint_stats=self._endpoint_stats)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -69,6 +69,14 @@ class Broker:
         """Where clients reach the broker (a wildcard host is given as 127.0.0.1)."""
         host, port = self.endpoint.address[:2]
         return ("127.0.0.1" if host in ("0.0.0.0", "::") else host, port)
+
+    def _endpoint_stats(self) -> dict[str, Any]:
+        stats = getattr(self.endpoint, "stats", None)
+        if stats is None:
+            return {}
+        snapshot = stats()
+        as_dict = getattr(snapshot, "as_dict", None)
+        return dict(as_dict()) if as_dict is not None else dict(snapshot)
 
     def stats(self) -> BrokerStats:
         """A snapshot of the broker's counters."""
