@@ -84,7 +84,7 @@ class Broker:
             return self.core.stats()
 
     def serve_forever(self) -> None:
-        """Serve until :meth:`close` is called (from another thread or a signal)."""
+        """Serve until :meth:`stop` or :meth:`close` is called (from another thread or a signal)."""
         ep, core, stop = self.endpoint, self.core, self._stop
         while not stop.is_set():
             deadline = core.next_deadline()
