@@ -11,6 +11,7 @@ without blocking (``_poll``), and the kind of future requests resolve.
 from __future__ import annotations
 
 import secrets
+from abc import ABC, abstractmethod
 import socket
 import struct
 from collections.abc import Callable
@@ -79,7 +80,7 @@ class _NoLock:
         return None
 
 
-class Endpoint:
+class Endpoint(ABC):
     """Shared state and non-waiting operations of a cmq endpoint (see module doc)."""
 
     _kind: ClassVar[str] = "Endpoint"
@@ -126,27 +127,29 @@ class Endpoint:
 
     # -- what a driver supplies ---------------------------------------------
 
+    @abstractmethod
     def _now(self) -> float:
-        raise NotImplementedError  # pragma: no cover - abstract
+        """The driver's monotonic clock, in seconds."""
 
+    @abstractmethod
     def _send_stream(self, s: Stream, now: float, *, raise_errors: bool = True) -> None:
         """Take ``s``'s batch and send its datagrams."""
-        raise NotImplementedError  # pragma: no cover - abstract
 
+    @abstractmethod
     def _send_datagrams(self, s: Stream, datagrams: list[bytes]) -> None:
         """Send already-taken datagrams of ``s`` (fragments), in order."""
-        raise NotImplementedError  # pragma: no cover - abstract
 
+    @abstractmethod
     def _deadline_armed(self, deadline: float) -> None:
         """A batch or request deadline was added; make sure the timer fires by then."""
-        raise NotImplementedError  # pragma: no cover - abstract
 
+    @abstractmethod
     def _poll(self) -> None:
         """Drain what the kernel holds, without blocking."""
-        raise NotImplementedError  # pragma: no cover - abstract
 
+    @abstractmethod
     def _new_future(self) -> Any:
-        raise NotImplementedError  # pragma: no cover - abstract
+        """A future of the driver's kind, for a request's reply."""
 
     # -- identity ----------------------------------------------------------
 
