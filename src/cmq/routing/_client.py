@@ -367,6 +367,10 @@ class BrokerClient:
     port; pass ``endpoint=`` to share one (the client uses its mailboxes 1
     and 2). Use it as a context manager or call :meth:`close`.
 
+    A client belongs to one thread at a time: replies are matched by waiting
+    on one mailbox, so two threads would take each other's. Clients are
+    cheap (one UDP socket): open one per thread.
+
     Raises:
         ConfigError: a bad broker address or option.
     """
