@@ -110,3 +110,12 @@ def test_a_missing_program_is_a_failed_run() -> None:
     [r] = runner.run_pingpong(["udp"], [4], count=1, prefix=["/nonexistent/cmq-bench-prefix"])
     assert isinstance(r, runner.Failed)
     assert "cannot start /nonexistent/cmq-bench-prefix" in r.error
+
+
+def test_receiver_memory_is_sampled_over_the_run() -> None:
+    [r] = runner.run_throughput(["tcp"], [64], count=1000, rss_interval=0.01)
+    assert isinstance(r, runner.ThroughputResult), r
+    assert r.receiver_rss, "at least the first sample, taken at start"
+    times = [t for t, _ in r.receiver_rss]
+    assert times == sorted(times)
+    assert all(rss > 0 for _, rss in r.receiver_rss)

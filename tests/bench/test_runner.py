@@ -139,3 +139,8 @@ def test_destinations_micro_benchmark_shape() -> None:
         }  # fmt: skip
     with pytest.raises(ConfigError):
         runner.run_destinations((0,))
+
+
+def test_bad_rss_interval() -> None:
+    with pytest.raises(ConfigError, match="rss_interval"):
+        runner.run_throughput(["udp"], [4], count=1, rss_interval=0)

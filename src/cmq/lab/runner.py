@@ -135,6 +135,9 @@ class ThroughputResult:
     pin: str
     sender: dict[str, Any] = field(default_factory=dict)
     receiver: dict[str, Any] = field(default_factory=dict)
+    receiver_rss: tuple[tuple[int, int], ...] = ()
+    """``(monotonic_ns, rss_bytes)`` of the receiver process over the run
+    (with ``rss_interval``), sampled from outside it."""
 
     @property
     def msgs_per_s(self) -> float:
@@ -342,6 +345,40 @@ class _Worker:
                 stream.close()
 
 
+class _RssSampler:
+    """Samples a process's resident memory from outside, every ``interval`` s.
+
+    Reading ``/proc/PID/statm`` from the runner costs the measured process
+    nothing, and works the same for every system.
+    """
+
+    def __init__(self, pid: int, interval: float) -> None:
+        self.samples: list[tuple[int, int]] = []
+        self._path = f"/proc/{pid}/statm"
+        self._page = os.sysconf("SC_PAGE_SIZE")
+        self._interval = interval
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                with open(self._path) as f:
+                    rss_pages = int(f.read().split()[1])
+            except (OSError, ValueError, IndexError):
+                return  # the process is gone
+            self.samples.append((time.monotonic_ns(), rss_pages * self._page))
+            if self._done.wait(self._interval):
+                return
+
+    def stop(self) -> list[tuple[int, int]]:
+        """Stop sampling; the samples as ``(monotonic_ns, rss_bytes)``."""
+        self._done.set()
+        self._thread.join()
+        return self.samples
+
+
 @dataclass(frozen=True)
 class _Where:
     """Where the two processes of a run go: command prefixes and bind address."""
@@ -379,14 +416,17 @@ def _pair(
     server_deadline: float,
     client_timeout: float,
     where: _Where,
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Run a receiving and a sending role; both results, or ``_RunError``."""
+    rss_interval: float | None = None,
+) -> tuple[dict[str, Any], dict[str, Any], list[tuple[int, int]]]:
+    """Run a receiving and a sending role: both results and the receiving
+    side's memory samples (when ``rss_interval`` is given), or ``_RunError``."""
     name = mod.NAME
     server_params = {**server_params, "bind": where.bind}
     server = _Worker(
         _argv(mod, server_role, server_params, where.server_prefix), f"{name} {server_role}"
     )
     client: _Worker | None = None
+    sampler = None if rss_interval is None else _RssSampler(server.proc.pid, rss_interval)
     try:
         peer = server.expect("READY", _READY_TIMEOUT)
         client_params = {**client_params, "peer": peer}
@@ -395,8 +435,10 @@ def _pair(
         )
         client_result = client.expect("RESULT", client_timeout)
         server_result = server.expect("RESULT", server_deadline + _GRACE)
-        return server_result, client_result
+        return server_result, client_result, [] if sampler is None else sampler.stop()
     finally:
+        if sampler is not None:
+            sampler.stop()
         for w in (client, server):
             if w is not None:
                 w.stop()
@@ -485,6 +527,7 @@ def run_throughput(
     client_prefix: Sequence[str] | None = None,
     bind: str = "127.0.0.1",
     options: Mapping[str, Mapping[str, Any]] | None = None,
+    rss_interval: float | None = None,
 ) -> list[Result]:
     """Throughput of each system at each size, sender and receiver in two processes.
 
@@ -497,6 +540,8 @@ def run_throughput(
     ``command("b")`` and ``command("a")``, ``bind`` its ``addr_b``). ``options`` maps a
     system's name to keyword options its roles take (for ``cmq``:
     :class:`cmq.QueueConfig` fields such as ``qthresh`` and ``timeout``).
+    With ``rss_interval`` the receiver's resident memory is sampled that
+    often (``ThroughputResult.receiver_rss``), for memory-over-time figures.
 
     Returns skips first, then one result per run in the order they ran.
     Raises :class:`~cmq.ConfigError` on a bad argument (unknown system or
@@ -509,6 +554,8 @@ def run_throughput(
         raise ConfigError(f"count must be at least 1, not {count}")
     if duration is not None and not duration > 0:
         raise ConfigError(f"duration must be above 0 seconds, not {duration}")
+    if rss_interval is not None and not rss_interval > 0:
+        raise ConfigError(f"rss_interval must be above 0 seconds, not {rss_interval}")
     _check_rounds(rounds)
     rcpu, scpu = cpus_for(pin)
     where = _where(prefix, server_prefix, client_prefix, bind)
@@ -522,7 +569,7 @@ def run_throughput(
         idle = _IDLE_DATAGRAM if mod.DATAGRAM else _IDLE_STREAM
         deadline = _STARTUP + send_time + idle + 5.0
         try:
-            recv, send = _pair(
+            recv, send, rss = _pair(
                 mod,
                 server_role="throughput_receiver",
                 server_params={
@@ -544,6 +591,7 @@ def run_throughput(
                 server_deadline=deadline,
                 client_timeout=_READY_TIMEOUT + send_time + _GRACE,
                 where=where,
+                rss_interval=rss_interval,
             )
         except _RunError as exc:
             results.append(Failed(system=mod.NAME, size=size, error=str(exc)))
@@ -558,6 +606,7 @@ def run_throughput(
                 pin=pin,
                 sender=send,
                 receiver=recv,
+                receiver_rss=tuple(rss),
             )
         )
     if progress is not None:
@@ -603,7 +652,7 @@ def _run_round_trips(
         idle = max(5.0, 4 * timeout)
         deadline = _STARTUP + client_time + idle
         try:
-            _, client = _pair(
+            _, client, _ = _pair(
                 mod,
                 server_role=f"{mode}_server",
                 server_params={
