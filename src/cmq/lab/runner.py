@@ -35,6 +35,21 @@ Counting rules:
   not. Latency statistics are over the completed round trips; the raw
   ``send_ns`` / ``recv_ns`` per message (``recv_ns`` -1 when lost) are kept
   for the lab's per-message records.
+
+Use from the lab (every result is a frozen dataclass; ``to_json()`` gives the
+``cmq bench --json`` shape)::
+
+    from cmq.lab import runner
+
+    for r in runner.run_pingpong(["cmq", "udp", "zmq"], [4, 512], count=1000, pin="same"):
+        if isinstance(r, runner.RoundTripResult):
+            for seq, (sent, got) in enumerate(zip(r.send_ns, r.recv_ns)):
+                ...  # one record: r.system, r.size, seq, sent, got, lost = got < 0
+        elif isinstance(r, runner.Skipped):
+            ...  # r.reason says how to get the system
+    runner.run_pingping(systems, sizes, count=1000, window=16, timeout=0.2)
+    runner.run_throughput(["cmq"], [512], duration=2, options={"cmq": {"qthresh": 4096}})
+    runner.run_destinations((1, 1000, 100_000, 1_000_000), per_destination=1)
 """
 
 from __future__ import annotations
