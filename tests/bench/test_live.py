@@ -6,11 +6,15 @@ end (and that a missing server is skipped with the reason), not how fast.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from cmq.lab import runner
 from cmq.lab.systems import SYSTEMS, load
 
+# Spread the two processes when there are two CPUs to spread them over.
+SPREAD = "spread" if len(os.sched_getaffinity(0)) > 1 else "none"
 SIZE = 64
 COUNT = 2000
 ROUND_TRIPS = 30
@@ -32,9 +36,7 @@ def pingpong() -> dict[str, runner.Result]:
 
 @pytest.fixture(scope="module")
 def pingping() -> dict[str, runner.Result]:
-    return _by_system(
-        runner.run_pingping(SYSTEMS, [SIZE], count=ROUND_TRIPS, window=4, pin="spread")
-    )
+    return _by_system(runner.run_pingping(SYSTEMS, [SIZE], count=ROUND_TRIPS, window=4, pin=SPREAD))
 
 
 def _measured(results: dict[str, runner.Result], system: str) -> runner.Result:
