@@ -1,0 +1,159 @@
+"""Run the lab: reproduce the CMQ and ØMQ papers' experiments, aggregate on Spark, write a report.
+
+Experiments (--only takes ids or the short names in brackets):
+
+  cmq-fig5        [fig5]  ping-pong and ping-ping round trips against size, every system
+  cmq-fig6        [fig6]  the same under packet loss (iptables in fresh network
+                          namespaces; needs root)
+  tuning                  cmq throughput and latency over qthresh x timeout
+  scalability     [scale] push cost against 1 .. 1,000,000 destinations; receiver
+                          memory over a long run
+  zmq-throughput  [zmq]   msgs/s and MB/s against size, every system, beside the
+                          ØMQ document's 1 Gb/s analysis
+
+--quick (the default) takes a few minutes; --full runs the papers' scale
+(1000 round trips at every size, the whole tuning grid, a million
+destinations, five minutes of receiver memory). Raw records go to OUT as
+Parquet, the PySpark pipeline aggregates them, and OUT/report.html puts each
+paper's claim beside our result. A system whose server or package is
+missing is skipped with a line saying how to get it. `cmq report OUT`
+rebuilds the page from the records. Examples:
+
+  cmq lab
+  cmq lab --full --out lab-full
+  cmq lab --only fig5,zmq --systems cmq,udp,zmq --out /tmp/lab
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from cmq.commands.bench import parse_sizes, parse_systems
+from cmq.lab.experiments import DEFAULT_LOSS, PROFILE_NAMES
+from cmq.lab.orchestrate import LabConfig, LabResult, Ui, default_out, run_lab
+from cmq.lab.runner import PINS
+
+__all__ = ["configure", "run"]
+
+
+def _experiments(text: str) -> list[str]:
+    from cmq._errors import ConfigError
+    from cmq.lab.experiments import get
+
+    names = [n.strip() for n in text.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"empty experiment name in {text!r}")
+    try:
+        return list(dict.fromkeys(get(n).id for n in names))
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _probability(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"must be a probability in [0, 1), not {text}")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {text}")
+    return value
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add the options of ``cmq lab``."""
+    parser.add_argument("--out", type=Path, default=None,
+                        help="output directory (default: a new cmq-lab/<UTC time>)")  # fmt: skip
+    scale = parser.add_mutually_exclusive_group()
+    scale.add_argument("--quick", dest="profile", action="store_const", const="quick",
+                       help="a few minutes (the default)")  # fmt: skip
+    scale.add_argument("--full", dest="profile", action="store_const", const="full",
+                       help="the papers' scale (about an hour here)")  # fmt: skip
+    # Hidden: "tiny" is for tests of the whole path.
+    scale.add_argument("--profile", dest="profile", choices=PROFILE_NAMES, help=argparse.SUPPRESS)
+    parser.set_defaults(profile="quick")
+    parser.add_argument("--only", type=_experiments, default=[], metavar="EXP,...",
+                        help="run only these experiments (ids or short names, see above)")  # fmt: skip
+    parser.add_argument("--systems", type=parse_systems, default=None, metavar="LIST",
+                        help="systems to compare, comma separated, or 'all' (default all)")  # fmt: skip
+    parser.add_argument("--sizes", type=parse_sizes, default=None, metavar="LIST",
+                        help="message sizes in bytes for the round-trip and throughput "
+                             "experiments, e.g. 4,512,16K (default: the profile's)")  # fmt: skip
+    parser.add_argument("--count", type=_count, default=None, metavar="N",
+                        help="round trips per system and size (default 300 quick, 1000 full)")  # fmt: skip
+    parser.add_argument("--loss", type=_probability, default=DEFAULT_LOSS, metavar="P",
+                        help=f"packet-loss probability of Figure 6 (default {DEFAULT_LOSS}, the paper's)")  # fmt: skip
+    parser.add_argument("--pin", choices=PINS, default="none",
+                        help="CPU pinning of each run's two processes (default none)")  # fmt: skip
+    parser.add_argument("--master", default=None, metavar="URL",
+                        help="Spark master for the pipeline (default: local mode in this process)")  # fmt: skip
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the records of an earlier run in --out")  # fmt: skip
+    parser.add_argument("--no-report", dest="report", action="store_false",
+                        help="write the records only; build the page later with 'cmq report OUT'")  # fmt: skip
+    parser.add_argument("--quiet", action="store_true", help="no progress or skip lines on stderr")
+
+
+def _summary(result: LabResult) -> str:
+    lines = []
+    minutes, seconds = divmod(result.seconds, 60)
+    runs = ", ".join(f"{n} {status}" for status, n in sorted(result.runs.items()))
+    lines.append(
+        f"cmq lab: {result.profile} profile, {len(result.experiments)} experiments, "
+        f"runs: {runs or 'none'}; {int(minutes)}m{seconds:04.1f}s "
+        f"(pipeline {result.pipeline_seconds:.1f}s)"
+    )
+    for text in result.headlines:
+        lines.append(f"  {text}")
+    if result.verdicts:
+        lines.append("claims:")
+        for v in result.verdicts:
+            lines.append(f"  [{v.status}] {v.experiment}: {v.result}")
+    for text in result.skipped:
+        lines.append(f"skipped {text}")
+    for text in result.failures:
+        lines.append(f"failed {text}")
+    if result.report is not None:
+        lines.append(f"report: {result.report.resolve()}")
+    else:
+        lines.append(
+            f"records: {result.out.resolve()} (build the page with: cmq report {result.out})"
+        )
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the lab and print a summary and the report's path; 0 unless a run failed.
+
+    Raises:
+        ConfigError: a bad combination of options, an output directory that
+            holds earlier records, or PySpark missing.
+    """
+    config = LabConfig(
+        out=args.out if args.out is not None else default_out(),
+        profile=args.profile,
+        only=tuple(args.only),
+        systems=tuple(args.systems) if args.systems is not None else None,
+        sizes=tuple(args.sizes) if args.sizes is not None else None,
+        count=args.count,
+        loss=args.loss,
+        pin=args.pin,
+        master=args.master,
+        overwrite=args.overwrite,
+        report=args.report,
+    )
+    result = run_lab(config, ui=Ui(quiet=args.quiet))
+    print(_summary(result))
+    sys.stdout.flush()
+    return 1 if result.failures else 0

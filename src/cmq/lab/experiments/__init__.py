@@ -1,0 +1,338 @@
+"""The lab's experiments: one module each, found and run by ``cmq lab``.
+
+Theory of operation
+-------------------
+Every module of this package (``fig5``, ``fig6``, ``tuning``,
+``scalability``, ``zmq_throughput``; later issues add theirs) defines one
+:class:`LabExperiment` named ``EXPERIMENT`` and passes it to
+:func:`register` at import. The experiment's ``id`` is the one its records
+carry in their ``experiment`` column and the one its claims, figures and
+tables are registered under in the report (:mod:`cmq.pipeline.report`, whose
+built-in claims are in :mod:`cmq.pipeline.claims`): the report's registry
+says what a result *means*, this one says how to *measure* it.
+
+A :class:`LabExperiment` is data plus three functions:
+
+- ``unavailable(ctx)``: ``None``, or one line saying why the whole
+  experiment cannot run here (no root for network namespaces) and how to
+  make it run. The orchestrator then writes a skipped run per system so the
+  report lists it.
+- ``steps(ctx)``: how many progress steps ``run`` will take (one per
+  measured run, about), for the progress bar's total.
+- ``run(ctx)``: measure, writing raw records under ``ctx.out`` with
+  :class:`cmq.lab.records.RecordWriter`, advancing ``ctx.step`` as it goes.
+
+A :class:`Profile` says how much to measure: ``quick`` (the default, a few
+minutes on a 2-core machine), ``full`` (the papers' scale) and ``tiny``
+(tests). Everything an experiment varies comes from its profile, so
+``cmq lab --full`` changes scale without changing code.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+from cmq._errors import ConfigError
+from cmq.lab.systems import SYSTEMS
+
+__all__ = [
+    "DEFAULT_LOSS",
+    "PROFILES",
+    "PROFILE_NAMES",
+    "Context",
+    "LabExperiment",
+    "Profile",
+    "experiments",
+    "get",
+    "register",
+    "resolve",
+]
+
+#: The CMQ paper's loss probability for Figure 6 (1.4 %).
+DEFAULT_LOSS: Final = 0.014
+
+#: The CMQ paper's message sizes for Figures 5 and 6.
+PAPER_SIZES: Final = (4, 16, 64, 256, 512, 1024, 4096, 16384)
+
+
+def _check_sizes(name: str, sizes: Sequence[int]) -> None:
+    if not sizes:
+        raise ConfigError(f"Profile.{name} must not be empty")
+    for s in sizes:
+        if not isinstance(s, int) or isinstance(s, bool) or s < 1:
+            raise ConfigError(f"Profile.{name}: bad size {s!r} (whole bytes, at least 1)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Profile:
+    """How much each experiment measures.
+
+    Raises:
+        ConfigError: on construction, for an empty or non-positive size list,
+            a count, repeat or duration below its minimum, or an unknown
+            system.
+    """
+
+    name: str
+    """``"quick"``, ``"full"``, ``"tiny"`` or ``"custom"`` (after overrides)."""
+    systems: tuple[str, ...] = SYSTEMS
+    """Systems the multi-system experiments compare."""
+    rt_sizes: tuple[int, ...] = PAPER_SIZES
+    """Figure 5: message sizes of ping-pong and ping-ping."""
+    rt_count: int = 1000
+    """Figure 5: round trips per (system, size, scenario); the paper's 1000."""
+    window: int = 16
+    """Ping-ping: messages in flight."""
+    loss_sizes: tuple[int, ...] = PAPER_SIZES
+    """Figure 6: message sizes under loss."""
+    loss_count: int = 1000
+    """Figure 6: round trips per (system, size, scenario)."""
+    tuning_size: int = 64
+    """Tuning: message size of the sweep (small, so batching matters)."""
+    tuning_qthresh: tuple[int, ...] = tuple(64 << k for k in range(11))
+    """Tuning: qthresh values in bytes (64 B to 64 KB)."""
+    tuning_timeouts: tuple[float, ...] = (0.0001, 0.001, 0.01, 0.05, 0.1, 0.2)
+    """Tuning: batch timeouts in seconds (0.1 ms to 200 ms)."""
+    tuning_count: int = 200_000
+    """Tuning: messages per throughput cell."""
+    tuning_rt_count: int = 1000
+    """Tuning: ping-ping round trips per latency cell."""
+    destinations: tuple[int, ...] = (1, 10, 100, 1000, 10_000, 100_000, 1_000_000)
+    """Scalability: destination counts of the push-cost micro-benchmark."""
+    per_destination: int = 2
+    """Scalability: messages per destination at the largest count."""
+    push_repeats: int = 5
+    """Scalability: samples of push cost per destination count."""
+    rss_seconds: float = 300.0
+    """Scalability: length of the receiver-memory run."""
+    rss_interval: float = 2.0
+    """Scalability: seconds between RSS samples."""
+    tp_sizes: tuple[int, ...] = tuple(1 << k for k in range(15))
+    """ØMQ throughput: message sizes (1 B to 16 KB)."""
+    tp_duration: float = 2.0
+    """ØMQ throughput: seconds each sender sends."""
+
+    def __post_init__(self) -> None:
+        for name in ("rt_sizes", "loss_sizes", "tuning_qthresh", "destinations", "tp_sizes"):
+            _check_sizes(name, getattr(self, name))
+        if not self.systems:
+            raise ConfigError("Profile.systems must not be empty")
+        unknown = [s for s in self.systems if s not in SYSTEMS]
+        if unknown:
+            raise ConfigError(f"unknown system {', '.join(unknown)}; known: {', '.join(SYSTEMS)}")
+        for name in ("rt_count", "window", "loss_count", "tuning_size", "tuning_count",
+                     "tuning_rt_count", "per_destination", "push_repeats"):  # fmt: skip
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(
+                    f"Profile.{name} must be a whole number of at least 1, not {value!r}"
+                )
+        if not self.tuning_timeouts or min(self.tuning_timeouts) <= 0:
+            raise ConfigError("Profile.tuning_timeouts must be positive seconds")
+        if not self.rss_seconds > 0 or not 0 < self.rss_interval <= self.rss_seconds:
+            raise ConfigError(
+                "Profile.rss_seconds and rss_interval must be positive, interval <= seconds"
+            )
+        if not self.tp_duration > 0:
+            raise ConfigError("Profile.tp_duration must be above 0 seconds")
+
+
+PROFILES: Final[dict[str, Profile]] = {
+    # The papers' scale: 1000 round trips at every size, the full tuning
+    # grid, a million destinations and five minutes of receiver memory.
+    "full": Profile(name="full"),
+    # A few minutes here (2 cores): the sizes where the papers' claims are
+    # made (4 B, 512 B, 16 KB), fewer round trips, a 3 x 3 tuning grid that
+    # holds the paper's 512 B / 200 ms cell, and short memory run.
+    "quick": Profile(
+        name="quick",
+        rt_sizes=(4, 512, 16384),
+        rt_count=300,
+        loss_sizes=(4, 512),
+        loss_count=300,
+        tuning_qthresh=(64, 512, 4096),
+        tuning_timeouts=(0.0001, 0.005, 0.2),
+        tuning_count=50_000,
+        tuning_rt_count=300,
+        destinations=(1, 100, 10_000, 100_000),
+        per_destination=2,
+        push_repeats=3,
+        rss_seconds=12.0,
+        rss_interval=0.5,
+        tp_sizes=(1, 64, 256, 4096, 16384),
+        tp_duration=0.5,
+    ),
+    # Seconds: for tests of the whole path (records, Spark, report).
+    "tiny": Profile(
+        name="tiny",
+        systems=("cmq", "udp"),
+        rt_sizes=(4, 512),
+        rt_count=50,
+        loss_sizes=(512,),
+        loss_count=50,
+        tuning_qthresh=(64, 512),
+        tuning_timeouts=(0.001, 0.2),
+        tuning_count=5000,
+        tuning_rt_count=50,
+        destinations=(1, 1000),
+        per_destination=2,
+        push_repeats=2,
+        rss_seconds=1.5,
+        rss_interval=0.25,
+        tp_sizes=(64, 512),
+        tp_duration=0.3,
+    ),
+}
+PROFILE_NAMES: Final = tuple(PROFILES)
+
+Step = Callable[[str], None]
+"""Called once per finished progress step with a label of what runs next."""
+Say = Callable[[str], None]
+"""Prints one line for the user (skips, failures) on stderr."""
+
+
+def _quiet(_text: str) -> None:
+    pass
+
+
+@dataclass(frozen=True, kw_only=True)
+class Context:
+    """What an experiment's ``run`` is given.
+
+    Raises:
+        ConfigError: on construction, for a loss probability outside [0, 1)
+            or an empty system list.
+    """
+
+    out: Path
+    """The lab's output directory; records go in its table directories."""
+    profile: Profile
+    """How much to measure."""
+    systems: tuple[str, ...]
+    """Systems to compare (the profile's, or ``--systems``)."""
+    loss: float = DEFAULT_LOSS
+    """Packet-loss probability of the lossy experiments."""
+    pin: str = "none"
+    """CPU pinning of the two processes of a run (see :mod:`cmq.lab.runner`)."""
+    step: Step = _quiet
+    """Advance the progress bar by one."""
+    say: Say = _quiet
+    """Tell the user something (one line)."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.loss < 1.0:
+            raise ConfigError(f"loss {self.loss!r} must be a probability in [0, 1)")
+        if not self.systems:
+            raise ConfigError("no systems to run")
+
+
+def _always(_ctx: Context) -> str | None:
+    return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class LabExperiment:
+    """One experiment ``cmq lab`` can run.
+
+    Raises:
+        ConfigError: on construction, for an id that is not lower-case
+            letters, digits and dashes, or an empty title.
+    """
+
+    id: str
+    """The records' ``experiment`` value and the report's section id."""
+    title: str
+    """One line for progress and summaries."""
+    run: Callable[[Context], None]
+    """Measure and write records (see the module docstring)."""
+    steps: Callable[[Context], int]
+    """How many times ``run`` will call ``ctx.step``."""
+    unavailable: Callable[[Context], str | None] = _always
+    """Why it cannot run here (and how to fix that), or ``None``."""
+    aliases: tuple[str, ...] = ()
+    """Short names ``--only`` also accepts (``"fig5"`` for ``"cmq-fig5"``)."""
+    order: int = 100
+    """Experiments run (and are listed) by (order, id)."""
+    multi_system: bool = True
+    """Whether it compares ``ctx.systems`` (else it measures cmq alone)."""
+    _names: tuple[str, ...] = field(init=False, repr=False, compare=False, default=())
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", self.id):
+            raise ConfigError(
+                f"experiment id {self.id!r} must be lower-case letters, digits, dashes"
+            )
+        if not self.title:
+            raise ConfigError(f"experiment {self.id!r} needs a title")
+        object.__setattr__(self, "_names", (self.id, *self.aliases))
+
+
+_REGISTRY: dict[str, LabExperiment] = {}
+_loaded = False
+
+
+def register(experiment: LabExperiment) -> LabExperiment:
+    """Add ``experiment`` to the lab; returns it.
+
+    Raises:
+        ConfigError: its id or an alias is taken already.
+    """
+    taken = {n: e.id for e in _REGISTRY.values() for n in e._names}
+    for name in experiment._names:
+        if name in taken and taken[name] != experiment.id:
+            raise ConfigError(f"experiment name {name!r} is taken by {taken[name]!r}")
+    if experiment.id in _REGISTRY and _REGISTRY[experiment.id] is not experiment:
+        raise ConfigError(f"experiment {experiment.id!r} is registered already")
+    _REGISTRY[experiment.id] = experiment
+    return experiment
+
+
+def _load() -> None:
+    # Import every module of this package once: each registers itself.
+    # Private modules (helpers, the worker) register nothing.
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    for module in pkgutil.iter_modules(__path__):
+        if not module.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{module.name}")
+
+
+def experiments() -> list[LabExperiment]:
+    """Every registered experiment, in run order."""
+    _load()
+    return sorted(_REGISTRY.values(), key=lambda e: (e.order, e.id))
+
+
+def get(name: str) -> LabExperiment:
+    """The experiment with this id or alias.
+
+    Raises:
+        ConfigError: no experiment has that name.
+    """
+    for e in experiments():
+        if name in e._names:
+            return e
+    known = ", ".join(
+        f"{e.id} ({', '.join(e.aliases)})" if e.aliases else e.id for e in experiments()
+    )
+    raise ConfigError(f"unknown experiment {name!r}; known: {known}")
+
+
+def resolve(names: Sequence[str]) -> list[LabExperiment]:
+    """The experiments named (ids or aliases), in run order; all when empty.
+
+    Raises:
+        ConfigError: an unknown name.
+    """
+    if not names:
+        return experiments()
+    chosen = {get(n).id for n in names}
+    return [e for e in experiments() if e.id in chosen]

@@ -1,0 +1,468 @@
+"""``cmq lab``: run the experiments, aggregate their records on Spark, write the report.
+
+Theory of operation
+-------------------
+1. :class:`LabConfig` (frozen, validated) names the output directory, the
+   profile (``quick`` by default, ``full``, or ``tiny`` for tests) and any
+   overrides (systems, sizes, round-trip count, loss probability, pinning).
+2. Systems that cannot run here (no server, no package) are found once, up
+   front, and reported with one line each saying how to get them;
+   experiments that cannot run here (no root for the lossy namespaces) the
+   same. Both are written as skipped runs, so the report lists them.
+3. Each experiment of :mod:`cmq.lab.experiments` runs in turn, writing raw
+   records under ``out`` (:mod:`cmq.lab.records`) and advancing the
+   progress bar.
+4. The PySpark pipeline aggregates ``out`` (:func:`cmq.pipeline.report.collect`)
+   and the report page is written to ``out/report.html``; the claims'
+   verdicts and a few headline figures come back in :class:`LabResult` for
+   the command's summary.
+
+Nothing here measures anything itself: it only sequences the experiments
+and the pipeline, so ``cmq report DIR`` rebuilds the same page from the
+same records.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import shutil
+import statistics
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from cmq._errors import ConfigError
+from cmq.lab import experiments as lab_experiments
+from cmq.lab import runner
+from cmq.lab import systems as lab_systems
+from cmq.lab.experiments import DEFAULT_LOSS, PROFILES, Context, LabExperiment, Profile
+from cmq.lab.experiments._record import RunBook, skip_all
+from cmq.lab.records import TABLES
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from cmq.pipeline.report import ReportData
+
+__all__ = ["LabConfig", "LabResult", "Ui", "Verdict", "default_out", "run_lab"]
+
+#: Where ``cmq lab`` writes when no ``--out`` is given: a fresh directory per run.
+DEFAULT_OUT_ROOT: Final = Path("cmq-lab")
+
+
+def default_out() -> Path:
+    """A fresh output directory: ``cmq-lab/<UTC time>``."""
+    return DEFAULT_OUT_ROOT / datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LabConfig:
+    """What ``cmq lab`` runs, and where it writes.
+
+    Raises:
+        ConfigError: on construction, for an unknown profile, experiment,
+            system or pinning, a loss probability outside [0, 1), a count
+            below 1, or a bad size.
+    """
+
+    out: Path
+    """Output directory: records, report.html."""
+    profile: str = "quick"
+    """``"quick"`` (a few minutes), ``"full"`` (the papers' scale) or ``"tiny"``."""
+    only: tuple[str, ...] = ()
+    """Experiment ids or aliases to run; empty runs all."""
+    systems: tuple[str, ...] | None = None
+    """Systems to compare; ``None`` takes the profile's (every system)."""
+    sizes: tuple[int, ...] | None = None
+    """Message sizes of the round-trip and throughput experiments, overriding the profile's."""
+    count: int | None = None
+    """Round trips per (system, size) of Figures 5 and 6, overriding the profile's."""
+    loss: float = DEFAULT_LOSS
+    """Packet-loss probability of Figure 6 (the paper's 1.4 %)."""
+    pin: str = "none"
+    """CPU pinning of each run's two processes: ``none``, ``same`` or ``spread``."""
+    master: str | None = None
+    """Spark master URL for the pipeline; ``None`` is local mode in this process."""
+    overwrite: bool = False
+    """Replace the records of an earlier run in ``out`` (else that is an error)."""
+    report: bool = True
+    """Run the Spark pipeline and write the report (off: records only)."""
+
+    def __post_init__(self) -> None:
+        if self.profile not in PROFILES:
+            raise ConfigError(f"unknown profile {self.profile!r}; one of {', '.join(PROFILES)}")
+        lab_experiments.resolve(self.only)  # raises for an unknown name
+        if self.systems is not None:
+            if not self.systems:
+                raise ConfigError("no systems given")
+            for s in self.systems:
+                lab_systems.load(s)  # raises for an unknown system
+        if self.sizes is not None:
+            if not self.sizes:
+                raise ConfigError("no sizes given")
+            for size in self.sizes:
+                if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+                    raise ConfigError(f"bad size {size!r}: whole bytes, at least 1")
+        if self.count is not None and self.count < 1:
+            raise ConfigError(f"count must be at least 1, not {self.count}")
+        if not 0.0 <= self.loss < 1.0:
+            raise ConfigError(f"loss {self.loss!r} must be a probability in [0, 1)")
+        runner.cpus_for(self.pin)  # raises for an unknown mode, or spread on one CPU
+
+    def resolved_profile(self) -> Profile:
+        """The profile with this config's overrides applied."""
+        base = PROFILES[self.profile]
+        changes: dict[str, Any] = {}
+        if self.systems is not None:
+            changes["systems"] = tuple(self.systems)
+        if self.sizes is not None:
+            sizes = tuple(sorted(set(self.sizes)))
+            changes.update(rt_sizes=sizes, loss_sizes=sizes, tp_sizes=sizes)
+        if self.count is not None:
+            changes.update(rt_count=self.count, loss_count=self.count)
+        if not changes:
+            return base
+        return dataclasses.replace(base, name=f"{base.name} (custom)", **changes)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Verdict:
+    """One claim of the report and what we found."""
+
+    experiment: str
+    claim: str
+    status: str
+    result: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class LabResult:
+    """What a lab run did: for the command's summary."""
+
+    out: Path
+    report: Path | None
+    profile: str
+    experiments: tuple[str, ...]
+    seconds: float
+    """Wall time of the whole run, experiments and pipeline."""
+    pipeline_seconds: float
+    runs: dict[str, int] = field(default_factory=dict)
+    """Runs by status (``ok``, ``skipped``, ``failed``)."""
+    skipped: tuple[str, ...] = ()
+    """One line per skipped system or experiment."""
+    failures: tuple[str, ...] = ()
+    """One line per failed run."""
+    verdicts: tuple[Verdict, ...] = ()
+    headlines: tuple[str, ...] = ()
+
+
+class Ui:
+    """Where progress and messages go: a rich progress bar on a terminal,
+    plain lines otherwise, nothing with ``quiet``. All on stderr."""
+
+    def __init__(self, *, quiet: bool = False, bar: bool | None = None) -> None:
+        self.quiet = quiet
+        self.bar = sys.stderr.isatty() if bar is None else bar
+        self._progress: Any = None
+        self._task: Any = None
+        self._console: Any = None
+
+    @contextlib.contextmanager
+    def session(self, total: int) -> Iterator[None]:
+        """Show the progress bar (``total`` steps) while the block runs."""
+        if self.quiet or not self.bar:
+            yield
+            return
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
+        self._console = Console(stderr=True)
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=self._console,
+            transient=True,
+        ) as progress:
+            self._progress = progress
+            self._task = progress.add_task("cmq lab", total=total)
+            try:
+                yield
+            finally:
+                self._progress = None
+
+    def advance(self, label: str, steps: int = 1) -> None:
+        """Move the bar on by ``steps``; ``label`` says what runs now."""
+        if self._progress is not None:
+            self._progress.update(self._task, advance=steps, description=label)
+
+    def extend(self, steps: int) -> None:
+        """Add ``steps`` to the bar's total (an experiment overran its estimate)."""
+        if self._progress is not None:
+            total = self._progress.tasks[0].total or 0
+            self._progress.update(self._task, total=total + steps)
+
+    def say(self, text: str) -> None:
+        """One line for the user."""
+        if self.quiet:
+            return
+        if self._progress is not None:
+            self._progress.console.print(text, markup=False, highlight=False)
+        else:
+            print(text, file=sys.stderr, flush=True)
+
+
+class _Steps:
+    """Counts one experiment's progress steps against its estimate."""
+
+    def __init__(self, ui: Ui, experiment: str, expected: int) -> None:
+        self.ui = ui
+        self.experiment = experiment
+        self.expected = expected
+        self.taken = 0
+
+    def step(self, label: str) -> None:
+        self.taken += 1
+        if self.taken > self.expected:
+            self.ui.extend(1)
+        self.ui.advance(f"{self.experiment}: {label}")
+
+    def finish(self) -> None:
+        # Steps not taken (a system skipped by the runner) are done now.
+        if self.taken < self.expected:
+            self.ui.advance(f"{self.experiment}: done", self.expected - self.taken)
+
+
+def _prepare_out(out: Path, overwrite: bool) -> None:
+    existing = [
+        out / name for name in TABLES if (out / name).is_dir() and any((out / name).iterdir())
+    ]
+    if existing and not overwrite:
+        raise ConfigError(
+            f"{out} already holds lab records; give another --out, or --overwrite to replace them"
+        )
+    # Only our own directories and page are removed, never anything else in out.
+    for directory in existing:
+        shutil.rmtree(directory)
+    with contextlib.suppress(FileNotFoundError):
+        (out / "report.html").unlink()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot create {out}: {exc.strerror}") from exc
+    if not os.access(out, os.W_OK):
+        raise ConfigError(f"cannot write to {out}")
+
+
+def _system_skips(systems: Sequence[str], ui: Ui) -> dict[str, str]:
+    """Why each system that cannot run here cannot, found once and said once."""
+    skips: dict[str, str] = {}
+    for name in systems:
+        why = lab_systems.load(name).available()
+        if why is not None:
+            skips[name] = why
+            ui.say(f"cmq lab: skipping {name}: {why}")
+    return skips
+
+
+def run_lab(
+    config: LabConfig,
+    *,
+    ui: Ui | None = None,
+    spark: SparkSession | None = None,
+) -> LabResult:
+    """Run the experiments of ``config``, then the pipeline and the report.
+
+    ``spark`` reuses a running session (tests); otherwise one is started on
+    ``config.master`` (local mode by default) and left running for the
+    process's life.
+
+    Raises:
+        ConfigError: ``out`` holds earlier records (without ``overwrite``) or
+            cannot be written, or PySpark is missing.
+    """
+    ui = ui or Ui()
+    started = time.monotonic()
+    profile = config.resolved_profile()
+    chosen = lab_experiments.resolve(config.only)
+    out = config.out
+    _prepare_out(out, config.overwrite)
+
+    systems = tuple(profile.systems)
+    if any(e.multi_system for e in chosen):
+        ui.say(f"cmq lab: {profile.name} profile, checking {len(systems)} systems ...")
+        system_skips = _system_skips(systems, ui)
+    else:
+        system_skips = _system_skips(("cmq",), ui)
+    usable = tuple(s for s in systems if s not in system_skips) or ("cmq",)
+
+    skipped: list[str] = [f"{s}: {why}" for s, why in system_skips.items()]
+    failures: list[str] = []
+    plans: list[tuple[LabExperiment, Context, str | None]] = []
+    for exp in chosen:
+        ctx = Context(out=out, profile=profile, systems=usable, loss=config.loss, pin=config.pin)
+        why = exp.unavailable(ctx)
+        plans.append((exp, ctx, why))
+        if why is not None:
+            ui.say(f"cmq lab: skipping {exp.id}: {why}")
+            skipped.append(f"{exp.id}: {why}")
+
+    total = sum(exp.steps(ctx) for exp, ctx, why in plans if why is None) or 1
+    with ui.session(total):
+        for exp, ctx, why in plans:
+            exp_systems = systems if exp.multi_system else ("cmq",)
+            if why is not None:
+                with RunBook(out, exp.id, pin=config.pin) as book:
+                    skip_all(book, exp_systems, why)
+                continue
+            counter = _Steps(ui, exp.id, exp.steps(ctx))
+            ui.advance(f"{exp.id}: starting", 0)
+            if not ui.bar:
+                ui.say(f"cmq lab: {exp.id} ({exp.title}) ...")
+            # Systems found missing up front are written as skipped runs of
+            # every experiment that compares systems, so each section lists them.
+            if exp.multi_system:
+                with RunBook(out, exp.id, pin=config.pin) as book:
+                    for s, reason in system_skips.items():
+                        book.skip(s, reason)
+            exp.run(dataclasses.replace(ctx, step=counter.step, say=ui.say))
+            counter.finish()
+        ui.advance("aggregating the records on Spark", 0)
+
+    from cmq.lab.records import read_table
+
+    runs = read_table(out, "runs").to_pylist()
+    counts: dict[str, int] = {}
+    for r in runs:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+        if r["status"] == "failed":
+            failures.append(f"{r['experiment']} {r['system']}: {r['reason']}")
+
+    report_path: Path | None = None
+    verdicts: list[Verdict] = []
+    headlines: list[str] = []
+    pipeline_started = time.monotonic()
+    if config.report:
+        ui.say("cmq lab: aggregating the records on Spark and writing the report ...")
+        report_path, data = _report(out, spark=spark, master=config.master)
+        ran = {e.id for e in chosen}
+        verdicts = _verdicts(data, ran)
+        headlines = headline_figures(data)
+    pipeline_seconds = time.monotonic() - pipeline_started
+    return LabResult(
+        out=out,
+        report=report_path,
+        profile=profile.name,
+        experiments=tuple(e.id for e in chosen),
+        seconds=time.monotonic() - started,
+        pipeline_seconds=pipeline_seconds,
+        runs=counts,
+        skipped=tuple(skipped),
+        failures=tuple(failures),
+        verdicts=tuple(verdicts),
+        headlines=tuple(headlines),
+    )
+
+
+def _report(
+    out: Path, *, spark: SparkSession | None, master: str | None
+) -> tuple[Path, ReportData]:
+    """Aggregate on Spark, write ``out/report.html``; the page's path and data."""
+    from cmq.pipeline.report import collect, render_html
+
+    if spark is None:
+        from cmq.pipeline.session import SessionConfig, build_session
+
+        spark = build_session(SessionConfig(master=master) if master else SessionConfig())
+    data = collect(spark, out)
+    page = render_html(data, source=str(out))
+    target = out / "report.html"
+    tmp = target.with_name(f".{target.name}.tmp")
+    tmp.write_text(page, encoding="utf-8")
+    os.replace(tmp, target)
+    return target, data
+
+
+def _verdicts(data: ReportData, ran: set[str]) -> list[Verdict]:
+    from cmq.pipeline.report import experiments
+
+    found = []
+    for exp in experiments():
+        if exp.id not in ran:
+            continue
+        for claim in exp.claims:
+            try:
+                v = claim.judge(data)
+                status, result = v.status, v.result
+            except Exception as exc:  # noqa: BLE001 - the report shows a broken judge the same way
+                status, result = "inconclusive", f"could not judge: {type(exc).__name__}: {exc}"
+            found.append(Verdict(experiment=exp.id, claim=claim.text, status=status, result=result))
+    return found
+
+
+def _fmt_us(ns: float) -> str:
+    us = ns / 1e3
+    return f"{us:,.0f} µs" if us >= 100 else f"{us:,.1f} µs"
+
+
+def headline_figures(data: ReportData) -> list[str]:
+    """A few lines of the figures a reader looks for first, from the aggregates."""
+    lines: list[str] = []
+    rows = [r for r in data.rows("cmq-fig5", scenario="pingpong") if r["mean_ns"] is not None]
+    if rows:
+        size = 512 if any(r["size"] == 512 for r in rows) else min(r["size"] for r in rows)
+        at = sorted((r for r in rows if r["size"] == size), key=lambda r: r["mean_ns"])
+        lines.append(
+            f"ping-pong {size} B, mean round trip: "
+            + ", ".join(f"{r['system']} {_fmt_us(r['mean_ns'])}" for r in at)
+        )
+    lossy = [r for r in data.rows("cmq-fig6", scenario="pingpong") if r["mean_ns"] is not None]
+    if lossy:
+        size = 512 if any(r["size"] == 512 for r in lossy) else min(r["size"] for r in lossy)
+        at = sorted((r for r in lossy if r["size"] == size), key=lambda r: r["mean_ns"])
+        lines.append(
+            f"ping-pong {size} B under loss, mean (sd): "
+            + ", ".join(
+                f"{r['system']} {_fmt_us(r['mean_ns'])} ({_fmt_us(r['stddev_ns'] or 0)})"
+                for r in at
+            )
+        )
+    tp = [r for r in data.rows("zmq-throughput") if r["msgs_per_s"] is not None]
+    if tp:
+        for size in sorted({min(r["size"] for r in tp), max(r["size"] for r in tp)}):
+            at = sorted((r for r in tp if r["size"] == size), key=lambda r: -r["msgs_per_s"])
+            lines.append(
+                f"throughput {size} B: "
+                + ", ".join(
+                    f"{r['system']} {r['msgs_per_s'] / 1e3:,.0f}k msgs/s ({r['mb_per_s']:,.1f} MB/s)"
+                    for r in at
+                )
+            )
+    push = [r for r in data.sample_rows("scalability", metric="push_ns") if r["x"] is not None]
+    if push:
+        pts = sorted((r["x"], r["mean"]) for r in push)
+        lines.append(
+            "push cost: "
+            + ", ".join(f"{x:,.0f} destinations {m:,.0f} ns" for x, m in (pts[0], pts[-1]))
+        )
+    rss = data.series_rows("scalability", metric="rss_bytes")
+    if rss:
+        values = [r["value"] for r in rss]
+        lines.append(
+            f"receiver RSS: {values[0] / 1e6:.1f} MB at start, {values[-1] / 1e6:.1f} MB after "
+            f"{rss[-1]['t_s']:.0f} s (median {statistics.median(values) / 1e6:.1f} MB)"
+        )
+    return lines
