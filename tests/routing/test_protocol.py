@@ -99,7 +99,7 @@ junk = st.recursive(
 ops = st.sampled_from(["p", "a", "h", "d", "ok", "err", "bind", "consume", "queue.declare", "x"])
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(payload=junk | st.tuples(ops, st.lists(junk, max_size=6)).map(lambda t: [t[0], *t[1]]))
 def test_decode_or_protocol_error_nothing_else(payload: Any) -> None:
     try:
