@@ -321,7 +321,9 @@ class RecordWriter:
         self._reason = ""
         self._closed = False
         # Experiments pass the same params dict for thousands of rows: encode once.
-        self._last_params: tuple[int, str] | None = None
+        # Held by reference, not by id(): a freed dict's id is soon reused by
+        # the next dict, which would then get the old dict's encoding.
+        self._last_params: tuple[Mapping[str, Any], str] | None = None
 
     # -- rows -------------------------------------------------------------
 
@@ -329,10 +331,10 @@ class RecordWriter:
         if params is None or isinstance(params, str):
             return params_json(params)
         last = self._last_params
-        if last is not None and last[0] == id(params):
+        if last is not None and last[0] is params:
             return last[1]
         encoded = params_json(params)
-        self._last_params = (id(params), encoded)
+        self._last_params = (params, encoded)
         return encoded
 
     def _append(self, name: str, row: Mapping[str, Any]) -> None:
