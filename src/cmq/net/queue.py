@@ -89,6 +89,10 @@ class Queue(Endpoint):
         os.set_blocking(self._wake_w, False)
         # When the I/O thread sleeps, until when; -inf while it is awake.
         self._io_sleep_until = float("-inf")
+        # The I/O thread reads ahead of the application only up to half the
+        # mailbox bound, so a burst never overflows a mailbox that the
+        # application is draining.
+        self._backlog = max(self.config.max_queued // 2, 1)
         self._io_thread = threading.Thread(target=self._io_loop, name=f"cmq-io-{self.port}", daemon=True)
         self._io_thread.start()
 
@@ -233,8 +237,11 @@ class Queue(Endpoint):
         finally:
             self._rx_lock.release()
 
-    def _drain(self, limit: int) -> int:
-        """Read up to ``limit`` datagrams without blocking (receive lock held)."""
+    def _drain(self, limit: int, backlog: int | None = None) -> int:
+        """Read up to ``limit`` datagrams without blocking (receive lock held).
+
+        With ``backlog``, stop once that many messages wait in the mailboxes.
+        """
         recv = self._sock.recvfrom_into
         buf, view = self._buf, self._view
         received = self._receiver.datagram_received
@@ -253,6 +260,8 @@ class Queue(Endpoint):
                 break  # shut down by close()
             received(view[:n].tobytes(), addr, _monotonic())
             count += 1
+            if backlog is not None and self._receiver.queued() >= backlog:
+                break
         if self._receiver.replies:
             self._resolve_replies()
         return count
@@ -366,9 +375,14 @@ class Queue(Endpoint):
                 except OSError:
                     pass
             if sock in readable:
-                if self._rx_lock.acquire(blocking=False):
+                if self._receiver.queued() >= self._backlog:
+                    # The application is behind: leave datagrams in the
+                    # kernel's buffer rather than overfill the mailboxes
+                    # (which would drop what the kernel would have kept).
+                    yield_until = _monotonic() + _YIELD_TO_READER
+                elif self._rx_lock.acquire(blocking=False):
                     try:
-                        self._drain(_DRAIN_BATCH)
+                        self._drain(_DRAIN_BATCH, backlog=self._backlog)
                     finally:
                         self._rx_lock.release()
                 else:
