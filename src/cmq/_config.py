@@ -45,9 +45,11 @@ DEFAULT_MAX_REASSEMBLY: Final = 64 * 1024 * 1024
 #: dropped (and counted as expired).
 DEFAULT_REASSEMBLY_TIMEOUT: Final = 5.0
 #: Kernel socket buffers. The receive buffer is where datagrams wait while
-#: the application is busy; the default Linux 208 KiB overflows in a few ms
-#: at full rate.
-DEFAULT_SOCKET_BUFFER: Final = 4 * 1024 * 1024
+#: the application is busy (Linux's default 208 KiB overflows in well under
+#: a millisecond at full rate); 16 MiB absorbs a scheduling hiccup of tens of
+#: milliseconds. It is a ceiling, not an allocation. Without root the kernel
+#: caps it at net.core.rmem_max.
+DEFAULT_SOCKET_BUFFER: Final = 16 * 1024 * 1024
 
 _MIN_DATAGRAM: Final = HEADER_SIZE + TAG_SIZE + FRAGMENT_HEADER_SIZE + 64
 _MAX_UDP_PAYLOAD: Final = 65507

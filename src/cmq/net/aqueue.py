@@ -32,6 +32,8 @@ from cmq.wire.receiver import Meta
 __all__ = ["AsyncQueue"]
 
 _DRAIN_BATCH: Final = 256
+#: How long reading ahead pauses while the mailboxes are half full.
+_RESUME_AFTER: Final = 0.002
 
 
 class AsyncQueue(Endpoint):
@@ -67,6 +69,7 @@ class AsyncQueue(Endpoint):
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = float("inf")
         self._waiters: dict[int, list[asyncio.Future[None]]] = {}
+        self._backlog = max(self.config.max_queued // 2, 1)
         self._loop.add_reader(self._sock.fileno(), self._on_readable)
 
     @classmethod
@@ -160,7 +163,17 @@ class AsyncQueue(Endpoint):
             self._drain(_DRAIN_BATCH)
 
     def _on_readable(self) -> None:
+        if self._receiver.queued() >= self._backlog:
+            # The application is behind: stop reading ahead for a moment and
+            # leave datagrams in the kernel's buffer (see Queue's I/O thread).
+            self._loop.remove_reader(self._sock.fileno())
+            self._loop.call_later(_RESUME_AFTER, self._resume_reading)
+            return
         self._drain(_DRAIN_BATCH)
+
+    def _resume_reading(self) -> None:
+        if not self._closed:
+            self._loop.add_reader(self._sock.fileno(), self._on_readable)
 
     def _drain(self, limit: int) -> int:
         recv = self._sock.recvfrom_into
