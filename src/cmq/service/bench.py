@@ -1,0 +1,562 @@
+"""Benchmarks of the queue service: throughput and the BDQS order experiment.
+
+Both drive the SQS JSON protocol with an asynchronous HTTP load generator
+(asyncio, one keep-alive connection per worker, see :class:`_Conn`): boto3
+costs about 1 ms of client CPU per call and aiohttp about 0.2 ms, which on
+two cores would measure the client, not the server.
+
+- :func:`throughput`: send+receive+delete cycles per second against N
+  ``cmq serve`` nodes over one store, and against moto's server (the
+  stand-in for SQS) in the same run.
+- :func:`order_experiment`: BDQS Figure 2. A queue is filled with numbered
+  messages, then T receivers drain it concurrently, each receiving one
+  message at a time and deleting it. Every receipt becomes one raw record
+  (queue, receiver, message sequence number, send and receive ns, receive
+  count) for the PySpark pipeline; :func:`summarise` computes the headline
+  rates directly:
+
+  * duplication rate: receipts beyond the first of a message, over messages;
+  * out-of-order rate: first receipts, in receive-time order, whose sequence
+    number is lower than the one received just before (a no-order queue
+    scores about one half, as the paper's does).
+
+Every server is a subprocess started here and stopped by PID.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cmq._errors import CmqError, ConfigError
+
+__all__ = [
+    "Servers",
+    "order_experiment",
+    "start_cmq",
+    "start_moto",
+    "summarise",
+    "throughput",
+    "throughput_matrix",
+]
+
+_HEADERS = {
+    "Content-Type": "application/x-amz-json-1.0",
+    # moto's server routes a request to a service by the credential scope of
+    # its (unverified) signature; cmq serve ignores it, as it ignores auth.
+    "Authorization": "AWS4-HMAC-SHA256 Credential=bench/20240101/us-east-1/sqs/aws4_request, "
+    "SignedHeaders=host, Signature=0",
+}
+#: "No order": a K no queue in these runs reaches.
+NO_ORDER_K = 1_000_000
+
+
+@dataclass
+class Servers:
+    """Running server processes and their base URLs."""
+
+    urls: list[str]
+    procs: list[subprocess.Popen[bytes]]
+
+    def stop(self) -> None:
+        """Stop every process by PID."""
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+            for pipe in (proc.stdout, proc.stderr):
+                if pipe is not None:
+                    pipe.close()
+
+
+def start_cmq(store: str, nodes: int = 1, workers: int = 1) -> Servers:
+    """Start ``nodes`` ``cmq serve`` processes on free ports over ``store``.
+
+    Raises CmqError if a node does not come up.
+    """
+    urls: list[str] = []
+    procs: list[subprocess.Popen[bytes]] = []
+    for _ in range(nodes):
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "cmq",
+                "serve",
+                "--port",
+                "0",
+                "--store",
+                store,
+                "--workers",
+                str(workers),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
+        procs.append(proc)
+        assert proc.stdout is not None
+        line = proc.stdout.readline().decode()
+        if not line.startswith("listening on "):
+            Servers(urls, procs).stop()
+            raise CmqError(f"cmq serve did not start: {line!r}")
+        urls.append(line.split()[-1])
+    servers = Servers(urls, procs)
+    _wait_http(servers, "/health")
+    return servers
+
+
+def start_moto() -> Servers:
+    """Start moto's server (the SQS stand-in). Raises ConfigError if missing."""
+    exe = shutil.which("moto_server") or os.path.join(
+        os.path.dirname(sys.executable), "moto_server"
+    )
+    if not os.path.exists(exe):
+        raise ConfigError("moto_server not found: pip install 'moto[server]'")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [exe, "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    servers = Servers([f"http://127.0.0.1:{port}"], [proc])
+    _wait_http(servers, "/moto-api/")
+    return servers
+
+
+def _wait_http(servers: Servers, path: str, timeout: float = 30.0) -> None:
+    import http.client
+
+    deadline = time.monotonic() + timeout
+    for url in servers.urls:
+        host, port = url.removeprefix("http://").split(":")
+        while True:
+            try:
+                conn = http.client.HTTPConnection(host, int(port), timeout=2)
+                conn.request("GET", path)
+                conn.getresponse().read()
+                conn.close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    servers.stop()
+                    raise CmqError(f"{url} did not answer within {timeout} s") from None
+                time.sleep(0.05)
+
+
+class _Conn:
+    """One keep-alive HTTP/1.1 connection, written by hand.
+
+    aiohttp costs about 0.2 ms of client CPU per request here, more than
+    cmq serve spends answering it; on two cores the load generator must be
+    lean or it measures itself. Each request is one ``write`` (no Nagle
+    stall); a server that closes the connection (moto does, after every
+    reply) is reconnected on the next request.
+    """
+
+    def __init__(self, base: str) -> None:
+        host, _, port = base.removeprefix("http://").partition(":")
+        self.host, self.port = host, int(port or 80)
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def request(self, action: str, body: bytes) -> tuple[int, bytes]:
+        for attempt in range(2):
+            if self.writer is None:
+                self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+                sock = self.writer.get_extra_info("socket")
+                if sock is not None:
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            assert self.reader is not None
+            head = (
+                f"POST / HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+                f"X-Amz-Target: AmazonSQS.{action}\r\n{_HEADER_LINES}"
+                f"Content-Length: {len(body)}\r\n\r\n"
+            ).encode()
+            try:
+                self.writer.write(head + body)
+                status_line = await self.reader.readuntil(b"\r\n")
+                headers = await self.reader.readuntil(b"\r\n\r\n")
+            except (ConnectionError, asyncio.IncompleteReadError):
+                self.close()
+                if attempt:
+                    raise
+                continue
+            length, close = 0, False
+            for line in headers.lower().split(b"\r\n"):
+                if line.startswith(b"content-length:"):
+                    length = int(line[15:])
+                elif line.startswith(b"connection:") and b"close" in line:
+                    close = True
+            data = await self.reader.readexactly(length)
+            if close:
+                self.close()
+            return int(status_line.split()[1]), data
+        raise CmqError("unreachable")
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.reader = self.writer = None
+
+
+class _AioConn:
+    """The same interface over aiohttp, for comparison (``--client aiohttp``)."""
+
+    def __init__(self, base: str) -> None:
+        import aiohttp
+
+        self.base = base
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=1), timeout=aiohttp.ClientTimeout(total=60)
+        )
+
+    async def request(self, action: str, body: bytes) -> tuple[int, bytes]:
+        headers = {**_HEADERS, "X-Amz-Target": f"AmazonSQS.{action}"}
+        async with self.session.post(self.base + "/", data=body, headers=headers) as resp:
+            return resp.status, await resp.read()
+
+    def close(self) -> None:
+        asyncio.get_running_loop().create_task(self.session.close())
+
+
+#: Which client class the load generator uses: "raw" (default) or "aiohttp".
+CLIENTS: dict[str, type[_Conn] | type[_AioConn]] = {}
+
+
+_HEADER_LINES = "".join(f"{k}: {v}\r\n" for k, v in _HEADERS.items())
+
+
+CLIENTS.update(raw=_Conn, aiohttp=_AioConn)
+
+
+async def _call(conn: _Conn | _AioConn, action: str, params: dict[str, Any]) -> dict[str, Any]:
+    status, body = await conn.request(action, json.dumps(params).encode())
+    if status != 200:
+        raise CmqError(f"{action} -> {status}: {body[:200]!r}")
+    result: dict[str, Any] = json.loads(body) if body else {}
+    return result
+
+
+async def _create(conn: _Conn | _AioConn, name: str, k: int | None) -> str:
+    params: dict[str, Any] = {"QueueName": name}
+    if k is not None:
+        params["Attributes"] = {"ConsistencyK": str(k)}
+    url: str = (await _call(conn, "CreateQueue", params))["QueueUrl"]
+    return url
+
+
+async def _cycles(
+    urls: Sequence[str], seconds: float, concurrency: int, client: str = "raw"
+) -> dict[str, Any]:
+    make = CLIENTS[client]
+    setup = make(urls[0])
+    qurl = await _create(setup, f"bench-{uuid.uuid4().hex[:8]}", None)
+    setup.close()
+    path = qurl.split("/", 3)[3]  # account/name: the same queue through any node
+    done = 0
+    errors = 0
+    stop = time.monotonic() + seconds
+
+    async def worker(i: int) -> None:
+        nonlocal done, errors
+        base = urls[i % len(urls)]
+        conn = make(base)
+        q = f"{base}/{path}"
+        n = 0
+        while time.monotonic() < stop:
+            try:
+                await _call(conn, "SendMessage", {"QueueUrl": q, "MessageBody": f"m{i}-{n}"})
+                n += 1
+                while True:
+                    got = await _call(conn, "ReceiveMessage", {"QueueUrl": q})
+                    if got.get("Messages"):
+                        break
+                    if time.monotonic() >= stop + 5:
+                        return
+                handle = got["Messages"][0]["ReceiptHandle"]
+                await _call(conn, "DeleteMessage", {"QueueUrl": q, "ReceiptHandle": handle})
+                done += 1
+            except (CmqError, OSError, asyncio.IncompleteReadError):
+                errors += 1
+        conn.close()
+        await asyncio.sleep(0)  # let an aiohttp session finish closing
+
+    start = time.monotonic()
+    await asyncio.gather(*(worker(i) for i in range(concurrency)))
+    elapsed = time.monotonic() - start
+    return {
+        "cycles": done,
+        "seconds": round(elapsed, 3),
+        "cycles_per_s": round(done / elapsed, 1),
+        "errors": errors,
+    }
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User+system CPU of a process and its reaped children (Linux /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    ticks = sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
+
+
+def throughput(
+    store_url: str | None,
+    *,
+    nodes: int = 1,
+    seconds: float = 5.0,
+    concurrency: int = 64,
+    client: str = "raw",
+) -> dict[str, Any]:
+    """Cycles per second against ``nodes`` cmq serve nodes over ``store_url``,
+    or against moto's server when ``store_url`` is None.
+
+    Also reports the servers' CPU time per cycle, a figure that other load on
+    the machine disturbs far less than cycles per second.
+    """
+    servers = start_moto() if store_url is None else start_cmq(store_url, nodes)
+    try:
+        pids = [p.pid for p in servers.procs]
+        pids += [c for p in pids for c in _children(p)]
+        before = sum(_cpu_seconds(p) for p in pids)
+        result = asyncio.run(_cycles(servers.urls, seconds, concurrency, client))
+        cpu = sum(_cpu_seconds(p) for p in pids) - before
+    finally:
+        servers.stop()
+    return {
+        "system": "moto" if store_url is None else store_url.split(":")[0],
+        "nodes": nodes,
+        "concurrency": concurrency,
+        "client": client,
+        **result,
+        "server_cpu_ms_per_cycle": round(cpu * 1000 / max(1, result["cycles"]), 3),
+    }
+
+
+def throughput_matrix(
+    configs: Sequence[tuple[str, int]],
+    store_urls: dict[str, str | None],
+    *,
+    rounds: int = 3,
+    seconds: float = 3.0,
+    concurrency: int = 64,
+    client: str = "raw",
+    fresh_sqlite: bool = True,
+) -> list[dict[str, Any]]:
+    """Interleaved rounds of every (store kind, nodes) config; medians per config.
+
+    Rounds interleave the configs (moto included) so that load from other
+    work on the machine falls on all of them alike; ``x_moto`` is each
+    median over moto's median from the same rounds.
+    """
+    runs: dict[tuple[str, int], list[dict[str, Any]]] = {c: [] for c in configs}
+    for _ in range(rounds):
+        for kind, nodes in configs:
+            url = store_urls[kind]
+            if kind == "sqlite" and fresh_sqlite:
+                with sqlite_store() as fresh:
+                    row = throughput(
+                        fresh, nodes=nodes, seconds=seconds, concurrency=concurrency, client=client
+                    )
+            else:
+                row = throughput(
+                    url, nodes=nodes, seconds=seconds, concurrency=concurrency, client=client
+                )
+            runs[(kind, nodes)].append(row)
+    out = []
+    for (kind, nodes), rows in runs.items():
+        rates = sorted(r["cycles_per_s"] for r in rows)
+        cpus = sorted(r["server_cpu_ms_per_cycle"] for r in rows)
+        out.append(
+            {
+                "system": kind,
+                "nodes": nodes,
+                "rounds": len(rows),
+                "cycles_per_s": rates[len(rates) // 2],
+                "all_cycles_per_s": rates,
+                "server_cpu_ms_per_cycle": cpus[len(cpus) // 2],
+                "errors": sum(r["errors"] for r in rows),
+            }
+        )
+    moto = next((r for r in out if r["system"] == "moto"), None)
+    if moto is not None:
+        for r in out:
+            r["x_moto"] = round(r["cycles_per_s"] / moto["cycles_per_s"], 1)
+            r["x_moto_cpu"] = round(
+                moto["server_cpu_ms_per_cycle"] / max(r["server_cpu_ms_per_cycle"], 1e-9), 1
+            )
+    return out
+
+
+async def _order_run(
+    urls: Sequence[str], system: str, t_recv: int, k: int | None, n: int
+) -> list[dict[str, Any]]:
+    setup = _Conn(urls[0])
+    name = f"order-{uuid.uuid4().hex[:8]}"
+    qurl = await _create(setup, name, k)
+    path = qurl.split("/", 3)[3]
+    for start in range(0, n, 10):
+        now_ns = time.time_ns()
+        entries = [
+            {"Id": str(i), "MessageBody": json.dumps({"seq": i, "sent_ns": now_ns})}
+            for i in range(start, min(n, start + 10))
+        ]
+        await _call(setup, "SendMessageBatch", {"QueueUrl": qurl, "Entries": entries})
+    setup.close()
+    records: list[dict[str, Any]] = []
+    remaining = {"n": n}
+
+    async def receiver(r: int) -> None:
+        base = urls[r % len(urls)]
+        conn = _Conn(base)
+        q = f"{base}/{path}"
+        empty = 0
+        while remaining["n"] > 0 and empty < 50:
+            got = await _call(
+                conn,
+                "ReceiveMessage",
+                {"QueueUrl": q, "AttributeNames": ["ApproximateReceiveCount"]},
+            )
+            received_ns = time.time_ns()
+            msgs = got.get("Messages", [])
+            if not msgs:
+                empty += 1
+                continue
+            empty = 0
+            for m in msgs:
+                body = json.loads(m["Body"])
+                records.append(
+                    {
+                        "system": system,
+                        "queue": name,
+                        "k": k if k is not None else 0,
+                        "t_recv": t_recv,
+                        "receiver": r,
+                        "seq": body["seq"],
+                        "send_ns": body["sent_ns"],
+                        "receive_ns": received_ns,
+                        "receive_count": int(m["Attributes"]["ApproximateReceiveCount"]),
+                        "message_id": m["MessageId"],
+                    }
+                )
+                await _call(
+                    conn, "DeleteMessage", {"QueueUrl": q, "ReceiptHandle": m["ReceiptHandle"]}
+                )
+                remaining["n"] -= 1
+        conn.close()
+
+    await asyncio.gather(*(receiver(r) for r in range(t_recv)))
+    return records
+
+
+def order_experiment(
+    system: str,
+    *,
+    t_recvs: Sequence[int] = (1, 2, 3),
+    ks: Sequence[int | None] = (1, 2, 3, NO_ORDER_K),
+    n: int = 500,
+    nodes: int = 1,
+) -> list[dict[str, Any]]:
+    """Run BDQS Figure 2 on ``system`` (a store URL, or ``moto``).
+
+    Returns the raw per-receipt records. moto has no K, so it runs once per
+    T with ``k = 0`` in the records.
+    """
+    if system == "moto":
+        servers = start_moto()
+        ks = (None,)
+        label = "moto"
+    else:
+        servers = start_cmq(system, nodes)
+        label = system.split(":")[0]
+    records: list[dict[str, Any]] = []
+    try:
+        for t in t_recvs:
+            for k in ks:
+                records += asyncio.run(_order_run(servers.urls, label, t, k, n))
+    finally:
+        servers.stop()
+    return records
+
+
+def summarise(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Duplication and out-of-order rates per (system, T, K), from raw records."""
+    groups: dict[tuple[str, int, int, str], list[dict[str, Any]]] = {}
+    for r in records:
+        groups.setdefault((r["system"], r["t_recv"], r["k"], r["queue"]), []).append(r)
+    out = []
+    for (system, t, k, _), rows in sorted(groups.items()):
+        rows.sort(key=lambda r: (r["receive_ns"], r["receiver"]))
+        first: dict[int, dict[str, Any]] = {}
+        for r in rows:
+            first.setdefault(r["seq"], r)
+        messages = len(first)
+        duplicates = len(rows) - messages
+        ordered = list(first.values())
+        ooo = sum(1 for a, b in itertools.pairwise(ordered) if b["seq"] < a["seq"])
+        out.append(
+            {
+                "system": system,
+                "t_recv": t,
+                "k": "no-order" if k >= NO_ORDER_K else (k or "n/a"),
+                "messages": messages,
+                "duplication_rate": round(duplicates / messages, 4) if messages else 0.0,
+                "out_of_order_rate": round(ooo / max(1, messages - 1), 4),
+            }
+        )
+    return out
+
+
+def write_records(records: Sequence[dict[str, Any]], path: str) -> None:
+    """Write raw records as Parquet (pyarrow) or, for a ``.jsonl`` path, JSON lines."""
+    if path.endswith(".jsonl"):
+        with open(path, "w", encoding="utf-8") as f:
+            for r in records:
+                f.write(json.dumps(r) + "\n")
+        return
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(list(records)), path)
+
+
+@contextlib.contextmanager
+def sqlite_store() -> Iterator[str]:
+    """A store URL of a fresh SQLite file, removed afterwards."""
+    directory = tempfile.mkdtemp(prefix="cmq-bench-")
+    try:
+        yield f"sqlite:{directory}/bench.sqlite3"
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
