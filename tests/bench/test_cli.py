@@ -67,7 +67,7 @@ def test_table_output(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_destinations_json(capsys: pytest.CaptureFixture[str]) -> None:
-    doc, _ = _json(capsys, ["destinations", "--count", "1", "--json"])
+    doc, _ = _json(capsys, ["destinations", "--count", "1", "--rounds", "1", "--json"])
     assert doc["scenario"] == "destinations"
     assert [r["destinations"] for r in doc["results"]] == [1, 100_000]  # type: ignore[union-attr]
     assert isinstance(doc["ratio"], float) and doc["ratio"] > 0

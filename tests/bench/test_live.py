@@ -7,6 +7,7 @@ end (and that a missing server is skipped with the reason), not how fast.
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -25,18 +26,34 @@ def _by_system(results: list[runner.Result]) -> dict[str, runner.Result]:
 
 
 @pytest.fixture(scope="module")
-def throughput() -> dict[str, runner.Result]:
-    return _by_system(runner.run_throughput(SYSTEMS, [SIZE], count=COUNT, pin="none"))
+def runs() -> dict[str, dict[str, runner.Result]]:
+    # The three scenarios run at once: their workers spend most of their
+    # time starting up, and nothing here is a timing assertion.
+    calls = {
+        "throughput": lambda: runner.run_throughput(SYSTEMS, [SIZE], count=COUNT, pin="none"),
+        "pingpong": lambda: runner.run_pingpong(SYSTEMS, [SIZE], count=ROUND_TRIPS, pin="same"),
+        "pingping": lambda: runner.run_pingping(
+            SYSTEMS, [SIZE], count=ROUND_TRIPS, window=4, pin=SPREAD
+        ),
+    }
+    with ThreadPoolExecutor(len(calls)) as pool:
+        futures = {name: pool.submit(call) for name, call in calls.items()}
+        return {name: _by_system(f.result()) for name, f in futures.items()}
 
 
 @pytest.fixture(scope="module")
-def pingpong() -> dict[str, runner.Result]:
-    return _by_system(runner.run_pingpong(SYSTEMS, [SIZE], count=ROUND_TRIPS, pin="same"))
+def throughput(runs: dict[str, dict[str, runner.Result]]) -> dict[str, runner.Result]:
+    return runs["throughput"]
 
 
 @pytest.fixture(scope="module")
-def pingping() -> dict[str, runner.Result]:
-    return _by_system(runner.run_pingping(SYSTEMS, [SIZE], count=ROUND_TRIPS, window=4, pin=SPREAD))
+def pingpong(runs: dict[str, dict[str, runner.Result]]) -> dict[str, runner.Result]:
+    return runs["pingpong"]
+
+
+@pytest.fixture(scope="module")
+def pingping(runs: dict[str, dict[str, runner.Result]]) -> dict[str, runner.Result]:
+    return runs["pingping"]
 
 
 def _measured(results: dict[str, runner.Result], system: str) -> runner.Result:
