@@ -22,7 +22,9 @@ cmq's confirms every 256th publish (flow control, since UDP has none);
 pika's relies on TCP. The publisher sends for ``--seconds``, then an end
 marker; the rate is what the consumer received divided by the time from its
 first to its last delivery. Configurations are run interleaved ``--repeat``
-times and the best run of each is reported (the machine is shared).
+times and the best run of each is reported (the machine is shared). Beside
+the rate: the broker process's CPU time per message (from /proc), and the
+cost of the topic lookup alone, which neighbours disturb far less.
 
 The 1-binding case has one literal non-matching binding, the 1024 case a
 third each of literal, ``*`` and ``#`` patterns: the harder comparison, since
@@ -75,8 +77,42 @@ def _cmq_consume(addr: tuple[str, int], queue: str, out: Any) -> None:
         out.put((n, first, last))
 
 
+def _cpu_seconds(pid: int) -> float | None:
+    """CPU time (user + system) a process has used so far, where /proc tells (Linux)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rpartition(")")[2].split()
+    except OSError:
+        return None
+    # Fields 14 and 15 of stat(5); the split starts at field 3.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _route_us(extra: int) -> float:
+    """Microseconds per ``TopicExchange.route`` of the bench key: the trie alone."""
+    from cmq.routing.exchanges import TopicExchange
+
+    ex = TopicExchange()
+    for b in (MATCHING_BINDING, *non_matching(extra)):
+        ex.bind("q", b)
+    best = float("inf")
+    for _ in range(5):
+        # CPU time, not wall time: a neighbour's burst does not count.
+        t = time.process_time()
+        for _ in range(20_000):
+            ex.route(MATCHING_KEY)
+        best = min(best, time.process_time() - t)
+    return best / 20_000 * 1e6
+
+
 def _cmq_run(
-    addr: tuple[str, int], kind: str, bindings: list[str], key: str, body: bytes, seconds: float
+    addr: tuple[str, int],
+    kind: str,
+    bindings: list[str],
+    key: str,
+    body: bytes,
+    seconds: float,
+    broker_pid: int,
 ) -> dict[str, Any]:
     from cmq.routing import BrokerClient
 
@@ -92,6 +128,7 @@ def _cmq_run(
         proc = ctx.Process(target=_cmq_consume, args=(addr, queue, out))
         proc.start()
         out.get(timeout=30)
+        cpu0 = _cpu_seconds(broker_pid)
         sent = 0
         end = time.perf_counter() + seconds
         while time.perf_counter() < end:
@@ -101,6 +138,7 @@ def _cmq_run(
             sent += CONFIRM_EVERY
         client.publish(ex, key, END, confirm=True)
         n, first, last = out.get(timeout=60)
+        cpu1 = _cpu_seconds(broker_pid)
         proc.join(timeout=10)
         stats = client.stats()
         client.delete_queue(queue)
@@ -110,6 +148,10 @@ def _cmq_run(
         "received": n,
         "msgs_per_s": n / (last - first) if last > first else 0.0,
         "dropped": stats["dropped_new"] + stats["dropped_old"] + stats["rejected"],
+        # Less sensitive to neighbours than the rate: what the broker spent.
+        "broker_cpu_us_per_msg": (cpu1 - cpu0) / n * 1e6
+        if cpu0 is not None and cpu1 is not None and n
+        else None,
     }
 
 
@@ -220,9 +262,9 @@ def main(args: argparse.Namespace) -> int:
         for _ in range(args.repeat):
             for extra in (1, 1024):
                 bindings = [MATCHING_BINDING, *non_matching(extra)]
-                r = _cmq_run(addr, "topic", bindings, MATCHING_KEY, body, args.seconds)
+                r = _cmq_run(addr, "topic", bindings, MATCHING_KEY, body, args.seconds, proc.pid)
                 runs.append({"bench": "TE-SPSC", "system": "cmq", "non_matching": extra, **r})
-            r = _cmq_run(addr, "direct", ["k"], "k", body, args.seconds)
+            r = _cmq_run(addr, "direct", ["k"], "k", body, args.seconds, proc.pid)
             runs.append({"bench": "DE-SPSC", "system": "cmq", **r})
             if why_not is None:
                 r = _rabbit_run(args.amqp_url, "direct", ["k"], "k", body, args.seconds)
@@ -247,6 +289,7 @@ def main(args: argparse.Namespace) -> int:
         "seconds": args.seconds,
         "repeat": args.repeat,
         "te_spsc_1024_over_1": te[1] / te[0] if te[0] else None,
+        "route_us": {n: _route_us(n) for n in (1, 3, 1024)},
         "de_spsc_cmq_over_rabbitmq": de["cmq"] / de["rabbitmq"] if de.get("rabbitmq") else None,
         "rabbitmq": why_not or "measured",
     }
@@ -259,12 +302,18 @@ def main(args: argparse.Namespace) -> int:
             label += f" 1+{r['non_matching']:<4} bindings"
         else:
             label += " " * 19
+        cpu = r.get("broker_cpu_us_per_msg")
+        cpu_text = f", broker CPU {cpu:.1f} us/msg" if cpu is not None else ""
         print(
             f"{label} {r['msgs_per_s']:>10,.0f} msgs/s  ({r['received']:,} of {r['sent']:,} received,"
-            f" {r['dropped']} dropped by the broker)"
+            f" {r['dropped']} dropped by the broker{cpu_text})"
         )
     print(
         f"TE-SPSC: rate with 1024 non-matching bindings / with 1 = {summary['te_spsc_1024_over_1']:.2f} (target >= 0.8)"
+    )
+    r1, r1024 = summary["route_us"][1], summary["route_us"][1024]
+    print(
+        f"TE-SPSC: topic route() alone: {r1:.2f} us with 1+1, {r1024:.2f} us with 1+1024 bindings"
     )
     if why_not:
         print(f"DE-SPSC RabbitMQ skipped: {why_not}")

@@ -254,13 +254,20 @@ class TopicExchange(Exchange):
             nxt: list[_Node] = []
             add = nxt.append
             for node in states:
-                for target in (node.words.get(word), node.star):
-                    if target is not None:
-                        add(target)
-                        h = target.hash
-                        while h is not None:  # "#" may take zero words
-                            add(h)
-                            h = h.hash
+                child = node.words.get(word)
+                if child is not None:
+                    add(child)
+                    h = child.hash
+                    while h is not None:  # "#" may take zero words
+                        add(h)
+                        h = h.hash
+                child = node.star
+                if child is not None:
+                    add(child)
+                    h = child.hash
+                    while h is not None:
+                        add(h)
+                        h = h.hash
                 if node.is_hash:
                     add(node)  # "#" swallows this word too
             if not nxt:
@@ -268,11 +275,14 @@ class TopicExchange(Exchange):
             # Deduplicate only when there is more than one live node, which
             # keeps "#.#.#" patterns polynomial; one literal path stays cheap.
             states = nxt if len(nxt) == 1 else dict.fromkeys(nxt)
-        if len(states) == 1:
-            return next(iter(states)).queues
+        found = [node.queues for node in states if node.queues]
+        if len(found) == 1:
+            return found[0]  # no copy in the common case: one pattern matched
+        if not found:
+            return _EMPTY
         out: set[str] = set()
-        for node in states:
-            out |= node.queues
+        for queues in found:
+            out |= queues
         return out
 
     def _add(self, queue: str, key: str) -> None:
