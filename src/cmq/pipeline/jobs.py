@@ -54,6 +54,7 @@ __all__ = [
     "flag_deliveries",
     "latency_stats",
     "load_tables",
+    "run_spans",
     "sample_series",
     "sample_stats",
     "spark_schema",
@@ -96,13 +97,18 @@ def load_tables(spark: SparkSession, out: str | os.PathLike[str]) -> Tables:
     The schema is given, not inferred, so an empty or missing table is an
     empty DataFrame of the right shape rather than an error.
     """
+    from pyspark.sql import functions as F
 
     def read(name: str, schema: pa.Schema) -> DataFrame:
         struct = spark_schema(schema)
         paths = table_paths(out, name)
-        if not paths:
-            return spark.createDataFrame([], struct)
-        return spark.read.schema(struct).parquet(*paths)
+        if paths:
+            return spark.read.schema(struct).parquet(*paths)
+        # Not createDataFrame([]): that goes through a Python RDD, and so
+        # through Python workers, for nothing.
+        return spark.range(0).select(
+            *[F.lit(None).cast(f.dataType).alias(f.name) for f in struct.fields]
+        )
 
     return Tables(
         records=read("records", RECORDS_SCHEMA),
@@ -115,45 +121,41 @@ def load_tables(spark: SparkSession, out: str | os.PathLike[str]) -> Tables:
 def flag_deliveries(records: DataFrame) -> DataFrame:
     """``records`` with ``latency_ns``, ``duplicate`` and ``out_of_order``
     columns added (see the module docstring); lost rows get a null latency
-    and both flags false."""
+    and both flags false.
+
+    One window, one shuffle, one sort: within a stream, rows are ordered by
+    ``seq`` descending (then ``recv_ns`` descending, so a message's first
+    delivery is the last of its copies). A row is a duplicate when the next
+    row is a delivered copy of the same ``seq``; a first delivery is out of
+    order when some higher ``seq`` (a preceding row) was received earlier,
+    which is the same as "its seq is lower than one received before it".
+    """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    delivered = records.where(~F.col("lost"))
-    # Both windows partition by the same keys, so Spark shuffles once and
-    # only sorts twice. Ties are broken by further columns so that the
-    # result does not depend on the order rows arrived in.
-    by_seq = Window.partitionBy(*STREAM_KEYS).orderBy("seq", "recv_ns", "send_ns")
-    before = (
-        Window.partitionBy(*STREAM_KEYS)
-        .orderBy("recv_ns", "seq", "send_ns")
-        .rowsBetween(Window.unboundedPreceding, -1)
+    lost = F.col("lost")
+    order = Window.partitionBy(*STREAM_KEYS).orderBy(F.desc("seq"), F.desc_nulls_last("recv_ns"))
+    before = order.rowsBetween(Window.unboundedPreceding, -1)
+    duplicate = (
+        ~lost
+        & F.coalesce(F.lead("seq").over(order) == F.col("seq"), F.lit(False))
+        & ~F.coalesce(F.lead("lost").over(order), F.lit(True))
     )
-    duplicate = F.coalesce(F.lag("seq").over(by_seq) == F.col("seq"), F.lit(False))
-    flagged = delivered.withColumn("duplicate", duplicate).withColumn(
-        "_prev_max", F.max("seq").over(before)
+    earliest_higher = F.min(F.when(~lost, F.col("recv_ns"))).over(before)
+    flagged = records.withColumn("duplicate", duplicate).withColumn(
+        "_earliest_higher", earliest_higher
     )
     out_of_order = (
-        ~F.col("duplicate") & F.col("_prev_max").isNotNull() & (F.col("seq") < F.col("_prev_max"))
-    )
-    lost = records.where(F.col("lost")).select(
-        *records.columns,
-        F.lit(None).cast("long").alias("latency_ns"),
-        F.lit(False).alias("duplicate"),
-        F.lit(False).alias("out_of_order"),
+        ~lost
+        & ~F.col("duplicate")
+        & F.coalesce(F.col("_earliest_higher") < F.col("recv_ns"), F.lit(False))
     )
     return flagged.select(
         *records.columns,
         (F.col("recv_ns") - F.col("send_ns")).alias("latency_ns"),
         "duplicate",
         out_of_order.alias("out_of_order"),
-    ).unionByName(lost)
-
-
-def _first() -> Column:
-    from pyspark.sql import functions as F
-
-    return ~F.col("lost") & ~F.col("duplicate")
+    )
 
 
 def _ratio(numerator: Column, denominator: Column) -> Column:
@@ -162,12 +164,15 @@ def _ratio(numerator: Column, denominator: Column) -> Column:
     return F.when(denominator > 0, numerator / denominator)
 
 
-def _stats(flagged: DataFrame) -> DataFrame:
+def latency_stats(records: DataFrame) -> DataFrame:
+    """Counts, loss, duplicates, out-of-order and latency per :data:`GROUP_KEYS`."""
     from pyspark.sql import functions as F
 
-    latency = F.when(_first(), F.col("latency_ns"))
+    flagged = flag_deliveries(records)
+    first = ~F.col("lost") & ~F.col("duplicate")
+    latency = F.when(first, F.col("latency_ns"))
     agg = flagged.groupBy(*GROUP_KEYS).agg(
-        F.count_if(_first()).alias("delivered"),
+        F.count_if(first).alias("delivered"),
         F.count_if(F.col("lost")).alias("lost"),
         F.count_if(F.col("duplicate")).alias("duplicates"),
         F.count_if(F.col("out_of_order")).alias("out_of_order"),
@@ -199,65 +204,48 @@ def _stats(flagged: DataFrame) -> DataFrame:
     )
 
 
-def _rates(flagged: DataFrame, totals: DataFrame) -> DataFrame:
+def run_spans(records: DataFrame) -> DataFrame:
+    """Per :data:`GROUP_KEYS`: ``runs`` and ``span_ns``, the sum over runs of
+    (last ``recv_ns`` - first ``send_ns`` of delivered rows). A plain hash
+    aggregate: no sort."""
     from pyspark.sql import functions as F
 
-    per_run = flagged.groupBy(*GROUP_KEYS, "run_id").agg(
-        F.count_if(_first()).alias("n"),
-        (F.max("recv_ns") - F.min(F.when(~F.col("lost"), F.col("send_ns")))).alias("span_ns"),
+    delivered = records.where(~F.col("lost"))
+    per_run = delivered.groupBy(*GROUP_KEYS, "run_id").agg(
+        (F.max("recv_ns") - F.min("send_ns")).alias("span_ns")
     )
-    from_records = per_run.groupBy(*GROUP_KEYS).agg(
-        F.count("run_id").alias("r_runs"),
-        F.sum("n").alias("r_delivered"),
-        F.sum("span_ns").alias("r_ns"),
+    return per_run.groupBy(*GROUP_KEYS).agg(
+        F.count("run_id").alias("runs"), F.sum("span_ns").alias("span_ns")
     )
+
+
+def summary(records: DataFrame, totals: DataFrame) -> DataFrame:
+    """One row per :data:`GROUP_KEYS`: :func:`latency_stats`, :func:`run_spans`
+    and the totals joined, with msgs/s and MB/s (see the module docstring). A
+    group with only totals has counts from its totals (``lost = sent -
+    delivered``) and null latency."""
+    from pyspark.sql import functions as F
+
+    keys = list(GROUP_KEYS)
     from_totals = totals.groupBy(*GROUP_KEYS).agg(
         F.countDistinct("run_id").alias("t_runs"),
         F.sum("sent").alias("t_sent"),
         F.sum("delivered").alias("t_delivered"),
         F.sum("duration_ns").alias("t_ns"),
     )
-    joined = from_records.join(from_totals, list(GROUP_KEYS), "full_outer")
-    has_totals = F.col("t_ns").isNotNull()
-    delivered = F.when(has_totals, F.col("t_delivered")).otherwise(F.col("r_delivered"))
-    ns = F.when(has_totals, F.col("t_ns")).otherwise(F.col("r_ns"))
-    rate = F.when(ns > 0, delivered * _NS_PER_S / ns)
-    return joined.select(
-        *GROUP_KEYS,
-        F.coalesce(F.col("r_runs"), F.col("t_runs")).alias("runs"),
-        rate.alias("msgs_per_s"),
-        (rate * F.col("size") / _BYTES_PER_MB).alias("mb_per_s"),
-        F.when(has_totals, F.lit("totals")).otherwise(F.lit("records")).alias("rate_source"),
-        "t_sent",
-        "t_delivered",
+    joined = (
+        latency_stats(records)
+        .join(run_spans(records), keys, "full_outer")
+        .join(from_totals, keys, "full_outer")
     )
-
-
-def latency_stats(records: DataFrame) -> DataFrame:
-    """Counts, loss, duplicates, out-of-order and latency per :data:`GROUP_KEYS`."""
-    return _stats(flag_deliveries(records))
-
-
-def throughput(records: DataFrame, totals: DataFrame) -> DataFrame:
-    """msgs/s and MB/s per :data:`GROUP_KEYS`, from totals where a group has
-    them, else from per-message timestamps (column ``rate_source``), and the
-    number of ``runs`` measured."""
-    return _rates(flag_deliveries(records), totals)
-
-
-def summary(records: DataFrame, totals: DataFrame) -> DataFrame:
-    """One row per :data:`GROUP_KEYS`: :func:`latency_stats` joined with
-    :func:`throughput`. A group with only totals has counts from its totals
-    (``lost = sent - delivered``) and null latency."""
-    from pyspark.sql import functions as F
-
-    # One flagged plan feeds both sides; Spark reuses its shuffle for both.
-    flagged = flag_deliveries(records)
-    joined = _stats(flagged).join(_rates(flagged, totals), list(GROUP_KEYS), "full_outer")
+    has_totals = F.col("t_ns").isNotNull()
+    delivered = F.when(has_totals, F.col("t_delivered")).otherwise(F.col("delivered"))
+    ns = F.when(has_totals, F.col("t_ns")).otherwise(F.col("span_ns"))
+    rate = F.when(ns > 0, delivered * _NS_PER_S / ns)
     t_lost = F.col("t_sent") - F.col("t_delivered")
     return joined.select(
         *GROUP_KEYS,
-        "runs",
+        F.coalesce(F.col("runs"), F.col("t_runs"), F.lit(0)).alias("runs"),
         F.coalesce(F.col("messages"), F.col("t_sent")).alias("messages"),
         F.coalesce(F.col("delivered"), F.col("t_delivered")).alias("delivered"),
         F.coalesce(F.col("lost"), t_lost).alias("lost"),
@@ -273,9 +261,17 @@ def summary(records: DataFrame, totals: DataFrame) -> DataFrame:
         "p99_ns",
         "min_ns",
         "max_ns",
-        "msgs_per_s",
-        "mb_per_s",
-        "rate_source",
+        rate.alias("msgs_per_s"),
+        (rate * F.col("size") / _BYTES_PER_MB).alias("mb_per_s"),
+        F.when(has_totals, F.lit("totals")).otherwise(F.lit("records")).alias("rate_source"),
+    )
+
+
+def throughput(records: DataFrame, totals: DataFrame) -> DataFrame:
+    """msgs/s and MB/s per :data:`GROUP_KEYS`, from totals where a group has
+    them, else from per-message timestamps (column ``rate_source``)."""
+    return summary(records, totals).select(
+        *GROUP_KEYS, "runs", "msgs_per_s", "mb_per_s", "rate_source"
     )
 
 

@@ -1,0 +1,171 @@
+"""The report page: verdicts on known data, a well-formed self-contained page,
+and (when Debian's chromium is installed) that a browser renders it cleanly."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cmq import ConfigError
+from cmq.pipeline.claims import link_rate, zmq_step
+from cmq.pipeline.report import (
+    Claim,
+    Experiment,
+    ReportData,
+    Verdict,
+    get_experiment,
+    register,
+    render_html,
+)
+
+from .synthetic import write_synthetic
+
+ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
+EXTERNAL = re.compile(
+    r"""(?:src|href|action|poster|data)\s*=\s*["']?\s*(?:https?:)?//|url\(\s*["']?\s*(?:https?:)?//|@import""",
+    re.I,
+)
+
+
+def test_the_zmq_step_is_nine_bytes_in_264() -> None:
+    step = zmq_step()
+    assert step["rate_drop_pct"] == pytest.approx(100 * 9 / 264)
+    assert round(step["rate_drop_pct"], 2) == 3.41
+    assert step["header_share_pct"] == pytest.approx(100 * 8 / 264)
+    assert step["goodput_drop_pct"] == pytest.approx(100 * (1 - (255 / 264) / (254 / 255)))
+    assert step["wire_rate_drop_pct"] == pytest.approx(step["rate_drop_pct"])
+    assert link_rate(1, 1) == pytest.approx(62_500_000)
+
+
+def summary_row(
+    experiment: str, system: str, scenario: str, size: int, mean: float, sd: float
+) -> dict[str, Any]:
+    return {
+        "experiment": experiment, "system": system, "scenario": scenario, "size": size, "params": "{}",
+        "p": {}, "mean_ns": mean, "stddev_ns": sd, "lost": 0, "messages": 100, "round_trip": True,
+    }  # fmt: skip
+
+
+def test_fig6_verdicts_follow_the_papers_criteria() -> None:
+    exp = get_experiment("cmq-fig6")
+    assert exp is not None
+    rows = [
+        summary_row("cmq-fig5", "cmq", "pingpong", 512, 100e3, 10e3),
+        summary_row("cmq-fig6", "cmq", "pingpong", 512, 105e3, 11e3),
+        summary_row("cmq-fig5", "msgpack-rpc", "pingpong", 512, 1e6, 54e6),
+        summary_row("cmq-fig6", "msgpack-rpc", "pingpong", 512, 4e6, 820e6),
+    ]
+    verdicts = [c.judge(ReportData(summary=rows)) for c in exp.claims]
+    assert [v.status for v in verdicts] == ["pass", "pass", "pass"]
+    assert "msgpack-rpc 4.0x" in verdicts[1].result
+    # cmq pushed past one lossless sd fails the first claim.
+    rows[1] = summary_row("cmq-fig6", "cmq", "pingpong", 512, 125e3, 11e3)
+    assert exp.claims[0].judge(ReportData(summary=rows)).status == "fail"
+    # Without data every claim is inconclusive, not an error.
+    assert {c.judge(ReportData()).status for c in exp.claims} == {"inconclusive"}
+
+
+def test_registry_refuses_duplicates_and_bad_ids() -> None:
+    with pytest.raises(ConfigError):
+        register(Experiment(id="cmq-fig5", title="again"))
+    with pytest.raises(ConfigError):
+        Experiment(id="Bad Id", title="x")
+
+
+def test_a_judge_that_crashes_shows_as_inconclusive() -> None:
+    def broken(_data: ReportData) -> Verdict:
+        raise KeyError("qthresh")
+
+    register(
+        Experiment(id="test-broken", title="Broken judge", claims=[Claim(text="c", judge=broken)]),
+        replace=True,
+    )
+    row = summary_row("test-broken", "cmq", "x", 4, 1.0, 0.0) | {
+        "loss_rate": 0.0, "duplicates": 0, "out_of_order": 0, "p50_ns": 1, "p99_ns": 1, "msgs_per_s": None,
+        "delivered": 100, "rate_source": "records",
+    }  # fmt: skip
+    page = render_html(ReportData(summary=[row]))
+    assert "could not judge: KeyError" in page
+
+
+@pytest.fixture(scope="module")
+def report(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from cmq.pipeline.report import build_report
+
+    out = tmp_path_factory.mktemp("lab-out")
+    write_synthetic(out)
+    return build_report(out, spark=spark)
+
+
+@pytest.mark.spark
+def test_report_is_well_formed_and_self_contained(report: Path) -> None:
+    page = report.read_text(encoding="utf-8")
+    assert page.startswith("<!DOCTYPE html>")
+    # The page is written as well-formed XML (XHTML syntax with inline SVG),
+    # so a strict XML parser is a cheap, exact well-formedness check.
+    root = ET.fromstring(page.removeprefix("<!DOCTYPE html>"))
+    assert root.tag == "html"
+    assert not EXTERNAL.search(page), EXTERNAL.search(page)
+    assert "<script" not in page and "<link" not in page and "<img" not in page
+    ids = re.findall(r'\bid="([^"]+)"', page)
+    assert len(ids) == len(set(ids)), "duplicate element ids across inline SVGs"
+
+    sections = {s.get("id") for s in root.iter("section")}
+    assert sections == {
+        "cmq-fig5",
+        "cmq-fig6",
+        "tuning",
+        "scalability",
+        "zmq-throughput",
+        "bdqs-demo",
+    }
+    assert page.count("<svg") >= 6
+    assert "no nats-server on 127.0.0.1:4222" in page
+    assert "3.409%" in page
+    # Synthetic data built to satisfy the claims: they read as passes.
+    assert page.count('class="badge pass"') >= 2 * 9  # overview and sections
+    assert "Best: qthresh 512 B, timeout 200 ms" in page
+
+
+def chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.spark
+@pytest.mark.skipif(
+    chromium() is None, reason="Debian's chromium is not installed (apt-get install -y chromium)"
+)
+def test_report_renders_in_headless_chromium(report: Path, tmp_path: Path) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "report.png"
+    shot.unlink(missing_ok=True)
+    browser = chromium()
+    assert browser is not None
+    common = [
+        browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",
+        f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr", "--v=0",
+    ]  # fmt: skip
+    url = report.resolve().as_uri()
+    done = subprocess.run(
+        [*common, f"--screenshot={shot}", "--window-size=1280,4000", url],
+        capture_output=True, text=True, timeout=90, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    console = [line for line in done.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
+    assert not console, console
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert shot.stat().st_size > 20_000  # a blank page compresses to a few KB
+
+    dom = subprocess.run(
+        [*common, "--dump-dom", url], capture_output=True, text=True, timeout=90, check=False
+    )
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert dom.stdout.count("<svg") == report.read_text(encoding="utf-8").count("<svg")
+    assert "Claims at a glance" in dom.stdout
