@@ -4,9 +4,13 @@
 - :mod:`cmq.pipeline.jobs`: pure DataFrame -> DataFrame aggregates of the
   records written by :mod:`cmq.lab.records`.
 - :mod:`cmq.pipeline.report`: the self-contained HTML report and the
-  registry of experiments (claims, figures, verdicts).
+  registry of experiments; :mod:`cmq.pipeline.claims` registers the
+  built-in ones (the CMQ and ØMQ papers' claims).
 - :mod:`cmq.pipeline.bench`: what the pipeline itself costs, 1M to 10M records.
+- :mod:`cmq.pipeline.source`: ``format("cmq")``, a Structured Streaming
+  source of received cmq messages and a sink that pushes rows.
 
-Nothing here imports PySpark at module import time, so ``import
-cmq.pipeline`` stays cheap; the functions import it when called.
+Only :mod:`cmq.pipeline.source` imports PySpark at import time (its classes
+subclass PySpark's); the others import it when a function needs it, so
+``import cmq.pipeline.report`` stays cheap.
 """

@@ -11,8 +11,10 @@ Reading::
     df = spark.readStream.format("cmq").option("port", 5555).load()
 
 Each row is one received message: ``sender`` ("host:port"), ``sender_id``,
-``mailbox``, ``seq``, ``payload`` (binary), ``received_at`` (timestamp) and
-``received_ns`` (int64 ns, wall clock).
+``mailbox``, ``seq`` (the datagram sequence number of the sender's
+stream), ``payload`` (binary), ``received_at`` (timestamp) and
+``received_ns`` (int64 ns, wall clock when the spool receiver took the
+message from its queue: cmq does not stamp arrivals).
 
 Writing: ``df.writeStream.format("cmq").option("dest", "host:port")`` (or
 ``df.write``...) pushes each row's ``payload`` column (binary or string; the
