@@ -237,3 +237,42 @@ def test_topic_work_independent_of_non_matching_bindings(key: str) -> None:
             ex.bind(f"miss{i}", f"#.x{i}")
         work.append(_count_lookups(ex, key))
     assert work[0] == work[1] > 0 or key == ""
+
+
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("bind"), st.sampled_from(["q1", "q2"]), patterns),
+        st.tuples(st.just("unbind"), st.sampled_from(["q1", "q2"]), patterns),
+        st.tuples(st.just("route"), st.just(""), keys),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=ops, cap=st.sampled_from([2, 5, 65_536]))
+def test_dfa_cache_stays_exact_across_binds_and_resets(
+    ops: list[tuple[str, str, str]], cap: int
+) -> None:
+    """Routing many keys on one exchange (so the lazy DFA is reused, dropped on
+    bind/unbind, and reset when full) always equals the reference."""
+    import cmq.routing.exchanges as mod
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(mod, "MAX_DFA_TRANSITIONS", cap)
+        _check_ops(ops)
+
+
+def _check_ops(ops: list[tuple[str, str, str]]) -> None:
+    ex = TopicExchange()
+    bound: set[tuple[str, str]] = set()
+    for op, queue, text in ops:
+        if op == "bind":
+            ex.bind(queue, text)
+            bound.add((queue, text))
+        elif op == "unbind":
+            ex.unbind(queue, text)
+            bound.discard((queue, text))
+        else:
+            for _ in range(2):  # the second time through the cached transitions
+                assert set(ex.route(text)) == {q for q, p in bound if topic_matches(p, text)}

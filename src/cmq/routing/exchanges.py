@@ -28,7 +28,10 @@ trie keyed by word, with the wildcards as separate edges, and a message walks
 the trie once, carrying the set of live nodes (a simulated NFA): the work
 grows with the routing key's length and with the number of *wildcard* patterns
 alive along that path, never with the number of literal bindings that do not
-match. Direct and fanout are a dict lookup and a set.
+match. Each step is remembered, so the sets of live nodes become the states of
+a DFA built lazily: once a key's words have been seen, routing it is one dict
+lookup per word, whatever the patterns. Direct and fanout are a dict lookup
+and a set.
 
 Nothing here reads a clock, a socket or the broker's state: it is data in,
 queue names out.
@@ -38,8 +41,9 @@ from __future__ import annotations
 
 import abc
 import enum
-from collections.abc import Collection, Iterator, Set
+from collections.abc import Iterator, Set
 from dataclasses import dataclass
+from typing import Final
 
 from cmq._errors import ConfigError
 
@@ -238,59 +242,87 @@ def _closure(nodes: set[_Node]) -> set[_Node]:
     return nodes
 
 
+class _DState:
+    """A state of the lazily built DFA: one set of live trie nodes."""
+
+    __slots__ = ("next", "nodes", "queues")
+
+    def __init__(self, nodes: frozenset[_Node]) -> None:
+        self.nodes = nodes
+        self.next: dict[str, _DState] = {}  # word -> state, filled as words are seen
+        found = [n.queues for n in nodes if n.queues]
+        # One matching pattern: share its set (no copy per message).
+        self.queues: Set[str] = found[0] if len(found) == 1 else frozenset().union(*found)
+
+
+# Transitions remembered before the DFA is dropped and rebuilt: keys made of
+# ever-new words (order ids, say) must not grow the cache without bound.
+MAX_DFA_TRANSITIONS: Final = 65_536
+
+
 class TopicExchange(Exchange):
-    """Pattern match on dot-separated words with a trie (see the module doc)."""
+    """Pattern match on dot-separated words with a trie (see the module doc).
+
+    The trie is walked as an NFA (a set of live nodes per word), and each
+    step taken is remembered: the sets of live nodes become the states of a
+    DFA built lazily, so a routing key costs one dict lookup per word once
+    its words have been seen, however many patterns (wildcards included) are
+    bound. Any bind or unbind drops the DFA; it is rebuilt as keys arrive.
+    """
 
     type = ExchangeType.TOPIC
 
     def __init__(self) -> None:
         super().__init__()
         self._root = _Node(is_hash=False)
-        self._start: tuple[_Node, ...] = (self._root,)
+        self._reset()
+
+    def _reset(self) -> None:
+        self._states: dict[frozenset[_Node], _DState] = {}
+        self._transitions = 0
+        self._start = self._intern(frozenset(_closure({self._root})))
+
+    def _intern(self, nodes: frozenset[_Node]) -> _DState:
+        state = self._states.get(nodes)
+        if state is None:
+            state = self._states[nodes] = _DState(nodes)
+        return state
 
     def route(self, routing_key: str) -> Set[str]:
-        states: Collection[_Node] = self._start
+        state = self._start
         for word in routing_key.split(".") if routing_key else ():
-            nxt: list[_Node] = []
-            add = nxt.append
-            for node in states:
-                child = node.words.get(word)
-                if child is not None:
-                    add(child)
-                    h = child.hash
-                    while h is not None:  # "#" may take zero words
-                        add(h)
-                        h = h.hash
-                child = node.star
-                if child is not None:
-                    add(child)
-                    h = child.hash
-                    while h is not None:
-                        add(h)
-                        h = h.hash
-                if node.is_hash:
-                    add(node)  # "#" swallows this word too
-            if not nxt:
+            nxt = state.next.get(word)
+            if nxt is None:
+                nxt = self._step(state, word)
+                if self._transitions >= MAX_DFA_TRANSITIONS:
+                    self._reset()  # rare: many distinct words; start afresh
+                else:
+                    state.next[word] = nxt
+                    self._transitions += 1
+            if not nxt.nodes:
                 return _EMPTY
-            # Deduplicate only when there is more than one live node, which
-            # keeps "#.#.#" patterns polynomial; one literal path stays cheap.
-            states = nxt if len(nxt) == 1 else dict.fromkeys(nxt)
-        found = [node.queues for node in states if node.queues]
-        if len(found) == 1:
-            return found[0]  # no copy in the common case: one pattern matched
-        if not found:
-            return _EMPTY
-        out: set[str] = set()
-        for queues in found:
-            out |= queues
-        return out
+            state = nxt
+        return state.queues
+
+    def _step(self, state: _DState, word: str) -> _DState:
+        """The NFA step: the live nodes after ``word``, as a DFA state."""
+        nxt: set[_Node] = set()
+        for node in state.nodes:
+            child = node.words.get(word)
+            if child is not None:
+                nxt.add(child)
+            if node.star is not None:
+                nxt.add(node.star)
+            if node.is_hash:
+                nxt.add(node)  # "#" swallows this word too
+        return self._intern(frozenset(_closure(nxt)))
 
     def _add(self, queue: str, key: str) -> None:
         node = self._root
         for word in split_key(key):
             node = self._child(node, word)
         node.queues.add(queue)
-        self._start = tuple(_closure({self._root}))
+        self._reset()
 
     def _child(self, node: _Node, word: str) -> _Node:
         if word == "#":
@@ -324,7 +356,7 @@ class TopicExchange(Exchange):
                 parent.star = None
             else:
                 del parent.words[word]
-        self._start = tuple(_closure({self._root}))
+        self._reset()
 
 
 _TYPES: dict[ExchangeType, type[Exchange]] = {
