@@ -1,0 +1,267 @@
+"""Unit tests without sockets: the protocol, the ordering rules, the operations
+over the memory store driven by a virtual clock, and the configuration."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import botocore.session
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cmq._errors import CmqError, ConfigError
+from cmq.service import errors
+from cmq.service.config import ServiceConfig, StoreConfig
+from cmq.service.operations import QueueService
+from cmq.service.ordering import fifo_picks, standard_picks
+from cmq.service.protocol import (
+    ACTIONS,
+    UNSUPPORTED_ACTIONS,
+    decode_request,
+    encode_error,
+    md5_of_body,
+    md5_of_message_attributes,
+)
+from cmq.service.store.memory import MemoryStore
+
+T = TypeVar("T")
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+class Clock:
+    """Virtual time in ms: tests move it by hand, nothing sleeps."""
+
+    def __init__(self) -> None:
+        self.now = 1_700_000_000_000
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def service() -> tuple[QueueService, Clock]:
+    clock = Clock()
+    return QueueService(MemoryStore(), clock=clock, rng=random.Random(7)), clock
+
+
+# -- protocol -------------------------------------------------------------------
+
+
+def test_actions_cover_the_sqs_model() -> None:
+    model = botocore.session.get_session().get_service_model("sqs")
+    assert ACTIONS | UNSUPPORTED_ACTIONS == set(model.operation_names)
+
+
+def test_every_modelled_error_we_raise_is_in_botocores_model() -> None:
+    model = botocore.session.get_session().get_service_model("sqs")
+    modelled = {s.name for s in model.error_shapes}
+    ours = {
+        cls.type_name
+        for cls in vars(errors).values()
+        if isinstance(cls, type) and issubclass(cls, errors.SqsError) and "." in cls.query_code
+    }
+    assert ours <= modelled
+
+
+@pytest.mark.parametrize(
+    ("target", "body", "error"),
+    [
+        (None, b"{}", errors.InvalidAction),
+        ("AmazonSQS.Nope", b"{}", errors.InvalidAction),
+        ("AmazonSQS.SendMessage", b"{", errors.SerializationError),
+        ("AmazonSQS.SendMessage", b"[]", errors.SerializationError),
+        ("AmazonSQS.SendMessage", b"\xff", errors.SerializationError),
+        ("AmazonSQS.SendMessage", b"[" * 100_000, errors.SerializationError),
+    ],
+)
+def test_decode_request_rejects(target: str | None, body: bytes, error: type[Exception]) -> None:
+    with pytest.raises(error):
+        decode_request(target, body)
+
+
+@given(st.binary(max_size=200))
+@settings(max_examples=200, deadline=None)
+def test_decode_request_never_raises_anything_else(body: bytes) -> None:
+    """Invariant: decode it or raise an SqsError, nothing else."""
+    try:
+        decode_request("AmazonSQS.SendMessage", body)
+    except errors.SqsError:
+        pass
+
+
+def test_error_encoding() -> None:
+    status, headers, body = encode_error(errors.QueueDoesNotExist("gone"))
+    assert status == 400
+    assert (b"x-amzn-query-error", b"AWS.SimpleQueueService.NonExistentQueue;Sender") in headers
+    assert json.loads(body) == {"__type": "com.amazonaws.sqs#QueueDoesNotExist", "message": "gone"}
+    assert isinstance(errors.QueueDoesNotExist("x"), CmqError)
+
+
+def test_md5s_known_answers() -> None:
+    assert md5_of_body("hello") == "5d41402abc4b2a76b9719d911017c592"
+    # Computed by hand from SQS's documented encoding.
+    import hashlib
+    import struct
+
+    expected = hashlib.md5(
+        struct.pack(">I", 1)
+        + b"a"
+        + struct.pack(">I", 6)
+        + b"String"
+        + b"\x01"
+        + struct.pack(">I", 1)
+        + b"x"
+    ).hexdigest()
+    assert md5_of_message_attributes({"a": {"DataType": "String", "StringValue": "x"}}) == expected
+
+
+# -- ordering ---------------------------------------------------------------------
+
+
+@given(
+    st.lists(st.integers(0, 10_000), unique=True, max_size=40).map(sorted),
+    st.integers(1, 50),
+    st.integers(1, 10),
+    st.lists(st.floats(0, 0.999999), min_size=10, max_size=10),
+)
+def test_standard_picks_stay_in_the_window(
+    visible: list[int], k: int, n: int, rand: list[float]
+) -> None:
+    picks = standard_picks(visible, k, n, rand)
+    assert len(picks) == min(n, len(visible))
+    assert len(set(picks)) == len(picks)
+    remaining = list(visible)
+    for p in picks:
+        assert p in remaining[:k]
+        remaining.remove(p)
+    if k == 1:
+        assert picks == visible[: len(picks)]
+
+
+def test_fifo_picks_block_groups_behind_invisible_messages() -> None:
+    rows = [(1, "a", False), (2, "a", True), (3, "b", True), (4, "b", True), (5, "c", True)]
+    assert fifo_picks(rows, 10) == [3, 4, 5]
+    assert fifo_picks(rows, 2) == [3, 4]
+
+
+# -- operations on the memory store, in virtual time --------------------------------
+
+
+def test_visibility_timeout_in_virtual_time() -> None:
+    svc, clock = service()
+
+    async def go() -> None:
+        url = (await svc.handle("CreateQueue", {"QueueName": "q"}, "h"))["QueueUrl"]
+        await svc.handle("SendMessage", {"QueueUrl": url, "MessageBody": "x"}, "h")
+        got = await svc.handle("ReceiveMessage", {"QueueUrl": url, "VisibilityTimeout": 30}, "h")
+        assert len(got["Messages"]) == 1
+        clock.now += 29_999
+        assert await svc.handle("ReceiveMessage", {"QueueUrl": url}, "h") == {}
+        clock.now += 1
+        again = await svc.handle(
+            "ReceiveMessage", {"QueueUrl": url, "AttributeNames": ["All"]}, "h"
+        )
+        assert again["Messages"][0]["Attributes"]["ApproximateReceiveCount"] == "2"
+
+    run(go())
+
+
+def test_delay_and_dedup_window_in_virtual_time() -> None:
+    svc, clock = service()
+
+    async def go() -> None:
+        url = (
+            await svc.handle(
+                "CreateQueue",
+                {"QueueName": "q.fifo", "Attributes": {"FifoQueue": "true", "DelaySeconds": "5"}},
+                "h",
+            )
+        )["QueueUrl"]
+        send = {
+            "QueueUrl": url,
+            "MessageBody": "x",
+            "MessageGroupId": "g",
+            "MessageDeduplicationId": "d",
+        }
+        first = await svc.handle("SendMessage", send, "h")
+        assert await svc.handle("ReceiveMessage", {"QueueUrl": url}, "h") == {}
+        clock.now += 5_000
+        got = await svc.handle("ReceiveMessage", {"QueueUrl": url}, "h")
+        await svc.handle(
+            "DeleteMessage",
+            {"QueueUrl": url, "ReceiptHandle": got["Messages"][0]["ReceiptHandle"]},
+            "h",
+        )
+        clock.now += 4 * 60_000  # inside the 5-minute window: a duplicate
+        assert (await svc.handle("SendMessage", send, "h"))["MessageId"] == first["MessageId"]
+        clock.now += 61_000  # outside: a new message
+        assert (await svc.handle("SendMessage", send, "h"))["MessageId"] != first["MessageId"]
+
+    run(go())
+
+
+def test_attribute_changes_reach_other_nodes_within_the_cache_time() -> None:
+    store = MemoryStore()
+    clock = Clock()
+    a = QueueService(store, clock=clock)
+    b = QueueService(store, clock=clock)
+
+    async def go() -> None:
+        url = (await a.handle("CreateQueue", {"QueueName": "q"}, "h"))["QueueUrl"]
+        await b.handle("SendMessage", {"QueueUrl": url, "MessageBody": "x"}, "h")  # b caches
+        await a.handle(
+            "SetQueueAttributes",
+            {"QueueUrl": url, "Attributes": {"MaximumMessageSize": "1024"}},
+            "h",
+        )
+        clock.now += 1_000
+        with pytest.raises(errors.InvalidParameterValue):
+            await b.handle("SendMessage", {"QueueUrl": url, "MessageBody": "x" * 2000}, "h")
+
+    run(go())
+
+
+# -- configuration ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "kind"),
+    [
+        ("memory:", "memory"),
+        ("sqlite:", "sqlite"),
+        ("sqlite:/tmp/x.db?synchronous=normal", "sqlite"),
+        ("redis-cluster://127.0.0.1:7000,127.0.0.1:7001?wait_replicas=0", "redis-cluster"),
+    ],
+)
+def test_store_urls(url: str, kind: str) -> None:
+    assert StoreConfig.from_url(url).kind == kind
+
+
+def test_store_url_details() -> None:
+    cfg = StoreConfig.from_url("redis-cluster://a:1,b:2?wait_replicas=0&wait_timeout_ms=5")
+    assert cfg.nodes == (("a", 1), ("b", 2))
+    assert (cfg.wait_replicas, cfg.wait_timeout_ms) == (0, 5)
+    assert StoreConfig.from_url("sqlite:///abs/x.db").path == "/abs/x.db"
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: StoreConfig.from_url("postgres://x"),
+        lambda: StoreConfig.from_url("redis-cluster://h:notaport"),
+        lambda: StoreConfig.from_url("sqlite:x?synchronous=off"),
+        lambda: ServiceConfig(port=70000),
+        lambda: ServiceConfig(workers=2, store=StoreConfig(kind="memory")),
+        lambda: ServiceConfig(account_id="12"),
+    ],
+)
+def test_bad_config_fails_at_once(make: Any) -> None:
+    with pytest.raises(ConfigError):
+        make()
