@@ -56,7 +56,7 @@ def service() -> tuple[QueueService, Clock]:
 
 def test_actions_cover_the_sqs_model() -> None:
     model = botocore.session.get_session().get_service_model("sqs")
-    assert ACTIONS | UNSUPPORTED_ACTIONS == set(model.operation_names)
+    assert set(model.operation_names) == ACTIONS | UNSUPPORTED_ACTIONS
 
 
 def test_every_modelled_error_we_raise_is_in_botocores_model() -> None:

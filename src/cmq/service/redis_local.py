@@ -53,6 +53,13 @@ class LocalRedisCluster:
         server, cli = shutil.which("redis-server"), shutil.which("redis-cli")
         if server is None or cli is None:
             raise ConfigError("redis-server not found: apt-get install -y redis-server")
+        try:
+            return self._start(server, cli, timeout)
+        except BaseException:
+            self.stop()  # never leave half a cluster running
+            raise
+
+    def _start(self, server: str, cli: str, timeout: float) -> LocalRedisCluster:
         self.directory = tempfile.mkdtemp(prefix="cmq-redis-")
         for _ in range(self.masters * (1 + self.replicas)):
             port, bus = _free_port(), _free_port()
