@@ -30,7 +30,7 @@ from typing import Any, Final
 
 import cmq
 from cmq.lab import runner
-from cmq.lab.records import RecordWriter, RunInfo
+from cmq.lab.records import RecordWriter, RunInfo, params_json
 
 __all__ = ["RunBook", "pin_label", "skip_all", "step_progress", "versions"]
 
@@ -151,7 +151,8 @@ class RunBook:
         ``scenario`` overrides the row scenario (default: the round-trip mode,
         or ``"throughput"``); ``params`` go with every row.
         """
-        row_params = dict(params or {})
+        # Encoded once, as a string: the writer keeps it as is for every row.
+        row_params = params_json(params)
         for r in results:
             if isinstance(r, runner.Skipped):
                 if r.size is None:
@@ -177,9 +178,7 @@ class RunBook:
             elif isinstance(r, runner.ThroughputResult):
                 self._throughput(r, scenario or "throughput", row_params)
 
-    def _throughput(
-        self, r: runner.ThroughputResult, scenario: str, params: dict[str, Any]
-    ) -> None:
+    def _throughput(self, r: runner.ThroughputResult, scenario: str, params: str) -> None:
         run = self._run(r.system)
         duration = round(r.seconds * 1e9)
         if r.delivered < 2 or duration <= 0:
