@@ -361,3 +361,15 @@ def test_stats_is_a_frozen_snapshot(pair: tuple[cmq.Queue, cmq.Queue]) -> None:
     with pytest.raises(TypeError):
         st.dropped["malformed"] = 1  # type: ignore[index]
     assert a.stats().as_dict()["messages_sent"] == 1
+
+
+def test_pop_many_messages_gives_senders(pair: tuple[cmq.Queue, cmq.Queue]) -> None:
+    a, b = pair
+    for i in range(3):
+        a.push(dest(b), b"%d" % i, mailbox=4)
+    a.flush()
+    assert b.get_message(timeout=2, mailbox=4).payload == b"0"
+    assert wait_until(lambda: b.stats().queued == 2)
+    got = b.pop_many_messages(mailbox=4)
+    assert [(m.payload, m.sender[1], m.mailbox) for m in got] == [(b"1", a.port, 4), (b"2", a.port, 4)]
+    assert b.pop_many_messages(mailbox=4) == []

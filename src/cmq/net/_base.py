@@ -385,6 +385,24 @@ class Endpoint(ABC):
             pass  # another consumer took some
         return out
 
+    def pop_many_messages(self, limit: int = 1 << 30, mailbox: int = 0) -> list[Message]:
+        """Like :meth:`pop_many`, but :class:`Message` objects with their senders."""
+        dq = self._mailboxes.get(mailbox)
+        if not dq:
+            self._poll()
+            dq = self._mailboxes.get(mailbox)
+            if not dq:
+                if self._closed:
+                    raise Closed("queue is closed")
+                return []
+        out: list[Message] = []
+        try:
+            for _ in range(min(limit, len(dq))):
+                out.append(message_of(dq.popleft()))
+        except IndexError:
+            pass  # another consumer took some
+        return out
+
     def _take_item(self, mailbox: int, predicate: Callable[[Any], bool] | None) -> tuple[Any, Meta] | None:
         dq = self._mailboxes.get(mailbox)
         if not dq:
