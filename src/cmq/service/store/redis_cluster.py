@@ -36,6 +36,7 @@ exists but is not listed until the next CreateQueue of that name).
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import time
 from collections.abc import Mapping, Sequence
@@ -240,8 +241,10 @@ _RETRYABLE = (
 )
 
 
-def _keys(name: str) -> list[str]:
-    return [f"cmq:{{{name}}}:{f}" for f in _FIELDS]
+@functools.lru_cache(maxsize=4096)
+def _keys(name: str) -> tuple[bytes, ...]:
+    # Bytes, cached: redis-py re-encodes str arguments on every call.
+    return tuple(f"cmq:{{{name}}}:{f}".encode() for f in _FIELDS)
 
 
 class RedisClusterStore(Store):
@@ -334,7 +337,7 @@ class RedisClusterStore(Store):
         Raises QueueDoesNotExist (the script's NOQUEUE) and StoreUnavailable.
         """
         keys = _keys(name)
-        slot = key_slot(keys[0].encode())
+        slot = key_slot(keys[0])
         deadline = time.monotonic() + RETRY_SECONDS
         delay = 0.05
         while True:
@@ -372,7 +375,7 @@ class RedisClusterStore(Store):
         script: str,
         name: str,
         slot: int,
-        keys: list[str],
+        keys: tuple[bytes, ...],
         args: Sequence[Any],
         wait: bool,
     ) -> Any:
@@ -383,6 +386,13 @@ class RedisClusterStore(Store):
         want = min(self.wait_replicas, replicas) if wait else 0
         client = self._client(addr)
         for _ in range(2):
+            if not want:
+                # No WAIT: a plain call, cheaper than a pipeline.
+                try:
+                    return await client.evalsha(_SHAS[script], len(keys), *keys, *args)
+                except rexc.NoScriptError:
+                    await client.script_load(_SCRIPTS[script])
+                    continue
             async with client.pipeline(transaction=False) as pipe:
                 pipe.evalsha(_SHAS[script], len(keys), *keys, *args)
                 if want:
