@@ -48,6 +48,23 @@ def test_rows_round_trip_with_exact_int64_nanoseconds(tmp_path: Path) -> None:
     assert meta["cores"] >= 1
 
 
+def test_params_follow_each_row_even_when_a_dict_is_reused_or_mutated(tmp_path: Path) -> None:
+    with RecordWriter(tmp_path, RunInfo(experiment="x", system="cmq")) as w:
+        for q in (64, 512):
+            w.record(size=1, seq=q, send_ns=0, recv_ns=1, params={"qthresh": q})
+        params = {"qthresh": 1}
+        w.record(size=1, seq=1, send_ns=0, recv_ns=1, params=params)
+        params["qthresh"] = 2
+        w.record(size=1, seq=2, send_ns=0, recv_ns=1, params=params)
+    got = [(r["seq"], r["params"]) for r in read_table(tmp_path, "records").to_pylist()]
+    assert got == [
+        (64, '{"qthresh":64}'),
+        (512, '{"qthresh":512}'),
+        (1, '{"qthresh":1}'),
+        (2, '{"qthresh":2}'),
+    ]
+
+
 def test_a_failing_run_keeps_its_rows_and_says_why(tmp_path: Path) -> None:
     with (
         pytest.raises(RuntimeError),

@@ -320,10 +320,11 @@ class RecordWriter:
         self._status: RunStatus = "ok"
         self._reason = ""
         self._closed = False
-        # Experiments pass the same params dict for thousands of rows: encode once.
-        # Held by reference, not by id(): a freed dict's id is soon reused by
-        # the next dict, which would then get the old dict's encoding.
-        self._last_params: tuple[Mapping[str, Any], str] | None = None
+        # Experiments pass the same params for thousands of rows: encode once.
+        # The cache keeps a copy and compares by value: an id() is reused by
+        # the next dict once one is freed, and a caller may mutate one dict
+        # between rows; either way an identity check would hand out stale params.
+        self._last_params: tuple[dict[str, Any], str] | None = None
 
     # -- rows -------------------------------------------------------------
 
@@ -331,10 +332,10 @@ class RecordWriter:
         if params is None or isinstance(params, str):
             return params_json(params)
         last = self._last_params
-        if last is not None and last[0] is params:
+        if last is not None and last[0] == params:
             return last[1]
         encoded = params_json(params)
-        self._last_params = (params, encoded)
+        self._last_params = (dict(params), encoded)
         return encoded
 
     def _append(self, name: str, row: Mapping[str, Any]) -> None:
