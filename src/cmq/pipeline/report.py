@@ -306,7 +306,8 @@ def _load_experiment_modules() -> None:
                 continue
             raise
         for module in pkgutil.iter_modules(getattr(package, "__path__", [])):
-            importlib.import_module(f"{name}.{module.name}")
+            if not module.name.startswith("_"):  # helpers register nothing
+                importlib.import_module(f"{name}.{module.name}")
 
 
 def experiments() -> list[Experiment]:
