@@ -265,3 +265,55 @@ def test_store_url_details() -> None:
 def test_bad_config_fails_at_once(make: Any) -> None:
     with pytest.raises(ConfigError):
         make()
+
+
+# -- fuzz: any parameters give a result or an SqsError, never another exception ------
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+_KEYS = [
+    "QueueUrl",
+    "QueueName",
+    "MessageBody",
+    "ReceiptHandle",
+    "Entries",
+    "Attributes",
+    "AttributeNames",
+    "MessageAttributes",
+    "MessageSystemAttributes",
+    "MaxNumberOfMessages",
+    "VisibilityTimeout",
+    "WaitTimeSeconds",
+    "DelaySeconds",
+    "MessageGroupId",
+    "MessageDeduplicationId",
+    "MessageAttributeNames",
+    "QueueNamePrefix",
+    "MaxResults",
+    "NextToken",
+]
+
+
+@given(
+    st.sampled_from(sorted(ACTIONS)),
+    st.dictionaries(
+        st.sampled_from(_KEYS), _json | st.just("http://h/000000000000/fuzz"), max_size=6
+    ),
+)
+@settings(max_examples=200, deadline=None)
+def test_operations_fuzz(action: str, params: dict[str, Any]) -> None:
+    svc, _ = service()
+
+    async def go() -> None:
+        await svc.handle("CreateQueue", {"QueueName": "fuzz"}, "h")
+        try:
+            await svc.handle(action, {**params, "WaitTimeSeconds": 0}, "h")
+        except errors.SqsError:
+            pass
+
+    run(go())
