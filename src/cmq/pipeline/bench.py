@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -169,12 +170,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             f"| {r.records:,} | {r.job_s:.2f} s | {r.records_per_s:,.0f} | {r.generate_s:.1f} s |"
         )
-    print(f"\nSpark start-up {startup_s:.1f} s, master {args.master}, parallelism {cores}")
+    # Other work on the machine slows every figure: say how busy it was.
+    load = os.getloadavg()
+    print(
+        f"\nSpark start-up {startup_s:.1f} s, master {args.master}, parallelism {cores}, "
+        f"load average at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} on {os.cpu_count()} CPUs"
+    )
     if args.json:
         payload = {
             "master": args.master,
             "parallelism": cores,
             "startup_s": startup_s,
+            "loadavg_end": load,
             "results": [{**asdict(r), "records_per_s": r.records_per_s} for r in results],
         }
         args.json.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
