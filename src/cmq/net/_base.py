@@ -11,9 +11,9 @@ without blocking (``_poll``), and the kind of future requests resolve.
 from __future__ import annotations
 
 import secrets
-from abc import ABC, abstractmethod
 import socket
 import struct
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, ClassVar, Final, Protocol
 
@@ -151,6 +151,11 @@ class Endpoint(ABC):
     def _new_future(self) -> Any:
         """A future of the driver's kind, for a request's reply."""
 
+    def _count_send_failure(self, exc: OSError) -> None:
+        """A datagram the OS refused: counted, and kept for ``stats``."""
+        self._send_drops["send_failed"] += 1
+        self._last_send_error = exc
+
     # -- identity ----------------------------------------------------------
 
     @property
@@ -269,11 +274,11 @@ class Endpoint(ABC):
     def _after_push(self, s: Stream, r: int, payload: bytes) -> None:
         now = self._now()
         if r == OPENED:
-            if self._batcher.is_idle(s, now):
-                self._batcher.sent_idle(s)
+            deadline = self._batcher.opened(s, now)
+            if deadline is None:
                 self._send_stream(s, now)
             else:
-                self._deadline_armed(self._batcher.arm(s, now))
+                self._deadline_armed(deadline)
         elif r == FULL:
             self._batcher.filled(s, now)
             self._send_stream(s, now)

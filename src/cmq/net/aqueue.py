@@ -115,8 +115,8 @@ class AsyncQueue(Endpoint):
                 self._outbox.append((d, addr))
                 self._loop.add_writer(self._sock.fileno(), self._on_writable)
             except OSError as exc:
-                self._send_drops["send_failed"] += 1
-                self._last_send_error = error = exc
+                self._count_send_failure(exc)
+                error = exc
         s.last_send = self._loop.time()
         if error is not None and raise_errors:
             raise TransportError(f"sending to {addr[0]}:{addr[1]} failed: {error.strerror or error}") from error
@@ -129,8 +129,7 @@ class AsyncQueue(Endpoint):
             except BlockingIOError:
                 return
             except OSError as exc:
-                self._send_drops["send_failed"] += 1
-                self._last_send_error = exc
+                self._count_send_failure(exc)
             self._outbox.popleft()
         self._loop.remove_writer(self._sock.fileno())
 

@@ -56,6 +56,10 @@ _DRAIN_BATCH: Final = 256
 _monotonic = time.monotonic
 
 
+def _transport_error(exc: OSError, addr: Address) -> TransportError:
+    return TransportError(f"sending to {addr[0]}:{addr[1]} failed: {exc.strerror or exc}")
+
+
 class Queue(Endpoint):
     """A cmq endpoint: a UDP socket with batching, mailboxes and requests.
 
@@ -116,13 +120,21 @@ class Queue(Endpoint):
     def _send_stream(self, s: Stream, now: float, *, raise_errors: bool = True) -> None:
         with self._tx_lock:
             datagrams = self._batcher.take(s, now)
-            if datagrams:
-                try:
+            if not datagrams:
+                return
+            try:
+                if len(datagrams) == 1:
+                    self._sock.sendto(datagrams[0], s.addr)
+                else:
                     self._send_all(datagrams, s.addr, raise_errors=raise_errors)
-                finally:
-                    # The idle gap counts from when the link took the last
-                    # datagram, not from when we started sending it.
-                    s.last_send = _monotonic()
+            except OSError as exc:
+                self._count_send_failure(exc)
+                if raise_errors:
+                    raise _transport_error(exc, s.addr) from exc
+            finally:
+                # The idle gap counts from when the link took the last
+                # datagram, not from when we started sending it.
+                s.last_send = _monotonic()
 
     def _send_all(self, datagrams: list[bytes], addr: Address, *, raise_errors: bool) -> None:
         sendto = self._sock.sendto
@@ -131,10 +143,10 @@ class Queue(Endpoint):
             try:
                 sendto(d, addr)
             except OSError as exc:
-                self._send_drops["send_failed"] += 1
-                self._last_send_error = error = exc
+                self._count_send_failure(exc)
+                error = exc
         if error is not None and raise_errors:
-            raise TransportError(f"sending to {addr[0]}:{addr[1]} failed: {error.strerror or error}") from error
+            raise _transport_error(error, addr) from error
 
     def flush(self) -> int:
         """Send every batched message now; returns how many batches were sent.

@@ -179,6 +179,19 @@ class Batcher:
         heapq.heappush(self._heap, (deadline, next(self._tiebreak), s, s.gen))
         return deadline
 
+    def opened(self, s: Stream, now: float) -> float | None:
+        """``s``'s batch was just opened at ``now``: the idle rule.
+
+        Returns None when the destination is idle (the caller sends the
+        batch at once; the limit goes back to ``qthresh``), else arms the
+        batch's deadline and returns it.
+        """
+        gap = self.config.idle_gap
+        if now - s.last_send >= gap and gap != float("inf"):
+            s.limit = self._qthresh
+            return None
+        return self.arm(s, now)
+
     def filled(self, s: Stream, now: float) -> None:
         """``s``'s batch reached its limit at ``now``: grow the limit if that took less than ``timeout``.
 
