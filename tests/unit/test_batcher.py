@@ -114,13 +114,17 @@ def test_sequence_numbers_count_datagrams_per_stream() -> None:
 
 
 def test_idle_rule() -> None:
-    b = make(idle_gap=0.001)
+    b = make(idle_gap=0.001, timeout=0.5)
     s = b.stream(DEST, 0)
     assert b.is_idle(s, now=0.0)  # never sent: idle
     b.push(s, b"a")
+    assert b.opened(s, now=0.0) is None  # so the batch leaves at once
     b.take(s, now=10.0)
     assert not b.is_idle(s, now=10.0005)
+    b.push(s, b"b")
+    assert b.opened(s, now=10.0005) == 10.5005  # busy: armed for its timeout
     assert b.is_idle(s, now=10.002)
+    assert not make(idle_gap=float("inf")).is_idle(s, now=1e9)
 
 
 def test_deadlines_fire_once_and_skip_batches_that_already_left() -> None:
@@ -236,7 +240,8 @@ def test_batch_limit_grows_under_load_and_shrinks_back() -> None:
     assert b.due(now + 0.001) == [s]
     assert s.limit == (1000 - 16) // 2
     # ... and a message to an idle destination resets it.
-    b.sent_idle(s)
+    b.take(s, now + 0.001)
+    assert b.opened(s, now + 1.0) is None  # idle: send at once
     assert s.limit == 100
 
 

@@ -186,8 +186,7 @@ class Batcher:
         batch at once; the limit goes back to ``qthresh``), else arms the
         batch's deadline and returns it.
         """
-        gap = self.config.idle_gap
-        if now - s.last_send >= gap and gap != float("inf"):
+        if self.is_idle(s, now):
             s.limit = self._qthresh
             return None
         return self.arm(s, now)
@@ -202,9 +201,6 @@ class Batcher:
         if now - s.last_send < self.config.timeout:
             s.limit = min(s.limit * 2, self._max_body)
 
-    def sent_idle(self, s: Stream) -> None:
-        """``s`` was idle and its message leaves alone: back to ``qthresh``."""
-        s.limit = self._qthresh
 
     # -- turning batches into datagrams -----------------------------------
 
