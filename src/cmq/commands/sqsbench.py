@@ -98,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
         for r in rows:
             print(
                 f"{r['system']:14} T={r['t_recv']}  K={r['k']!s:9} "
-                f"dup={r['duplication_rate']:.4f}  out-of-order={r['out_of_order_rate']:.4f}"
+                f"dup={r['duplication_rate']:.4f}  out-of-order={r['out_of_order_rate']:.4f}  "
+                f"(per receiver {r['out_of_order_per_receiver']:.4f})"
             )
         if args.out:
             bench.write_records(records, args.out)

@@ -533,6 +533,14 @@ def summarise(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         duplicates = len(rows) - messages
         ordered = list(first.values())
         ooo = sum(1 for a, b in itertools.pairwise(ordered) if b["seq"] < a["seq"])
+        # The lab pipeline's reading: order within each receiver's own stream.
+        per_receiver: dict[int, list[int]] = {}
+        for r in rows:
+            per_receiver.setdefault(r["receiver"], []).append(r["seq"])
+        ooo_rx = sum(
+            sum(1 for a, b in itertools.pairwise(seqs) if b < a) for seqs in per_receiver.values()
+        )
+        pairs_rx = sum(max(0, len(seqs) - 1) for seqs in per_receiver.values())
         out.append(
             {
                 "system": system,
@@ -541,9 +549,37 @@ def summarise(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 "messages": messages,
                 "duplication_rate": round(duplicates / messages, 4) if messages else 0.0,
                 "out_of_order_rate": round(ooo / max(1, messages - 1), 4),
+                "out_of_order_per_receiver": round(ooo_rx / max(1, pairs_rx), 4),
             }
         )
     return out
+
+
+def lab_rows(records: Sequence[dict[str, Any]], run_id: str) -> list[dict[str, Any]]:
+    """The records in the lab's ``RECORDS_SCHEMA`` shape (:mod:`cmq.lab.records`).
+
+    ``stream`` is the queue, ``scenario`` names T and K, ``params`` holds them
+    as JSON; ``receive_count`` (not in that schema) is dropped, as a
+    duplicate there is simply a second row of the same ``(stream, seq)``.
+    """
+    return [
+        {
+            "experiment": "bdqs-figure2",
+            "run_id": run_id,
+            "system": r["system"],
+            "scenario": f"T={r['t_recv']},K={'no-order' if r['k'] >= NO_ORDER_K else r['k']}",
+            "params": json.dumps({"t_recv": r["t_recv"], "k": r["k"]}, sort_keys=True),
+            "size": 0,
+            "seq": r["seq"],
+            "send_ns": r["send_ns"],
+            "recv_ns": r["receive_ns"],
+            "lost": False,
+            "round_trip": False,
+            "stream": r["queue"],
+            "receiver": str(r["receiver"]),
+        }
+        for r in records
+    ]
 
 
 def write_records(records: Sequence[dict[str, Any]], path: str) -> None:
