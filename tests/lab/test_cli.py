@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from cmq import cli
-from cmq.lab import netns
+from cmq.lab import netns, runner
 from cmq.lab.records import read_table
 from cmq.lab.systems import load
 
@@ -92,3 +92,23 @@ def test_missing_system_and_missing_root_are_skipped_with_one_line_each(
     assert len(records) == 40
     assert "records:" in captured.out and "cmq report" in captured.out
     assert not (out / "report.html").exists()
+
+
+def test_a_broken_experiment_does_not_stop_the_others(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: object, **kwargs: object) -> list[runner.Result]:
+        raise RuntimeError("runner broke")
+
+    monkeypatch.setattr(runner, "run_pingpong", broken)
+    out = tmp_path / "out"
+    code = cli.main(["lab", "--profile", "tiny", "--only", "fig5,zmq", "--systems", "cmq",
+                     "--sizes", "64", "--out", str(out), "--no-report"])  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 1
+    assert "cmq lab: cmq-fig5 stopped: RuntimeError: runner broke" in captured.err
+    assert "failed cmq-fig5 stopped: RuntimeError: runner broke" in captured.out
+    totals = read_table(out, "totals").to_pylist()
+    assert [(t["experiment"], t["system"], t["size"]) for t in totals] == [
+        ("zmq-throughput", "cmq", 64)
+    ]

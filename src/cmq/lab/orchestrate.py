@@ -215,6 +215,20 @@ class Ui:
             total = self._progress.tasks[0].total or 0
             self._progress.update(self._task, total=total + steps)
 
+    @contextlib.contextmanager
+    def status(self, text: str) -> Iterator[None]:
+        """A spinner with ``text`` on a terminal (a plain line otherwise) while the block runs."""
+        if self.quiet:
+            yield
+        elif not self.bar:
+            self.say(text)
+            yield
+        else:
+            from rich.console import Console
+
+            with Console(stderr=True).status(text):
+                yield
+
     def say(self, text: str) -> None:
         """One line for the user."""
         if self.quiet:
@@ -338,9 +352,14 @@ def run_lab(
                 with RunBook(out, exp.id, pin=config.pin) as book:
                     for s, reason in system_skips.items():
                         book.skip(s, reason)
-            exp.run(dataclasses.replace(ctx, step=counter.step, say=ui.say))
+            try:
+                exp.run(dataclasses.replace(ctx, step=counter.step, say=ui.say))
+            except Exception as exc:  # noqa: BLE001 - one broken experiment must not cost the others
+                # Its runs are marked failed by its RunBook; the others still run.
+                text = f"{exp.id} stopped: {type(exc).__name__}: {exc}"
+                ui.say(f"cmq lab: {text}")
+                failures.append(text)
             counter.finish()
-        ui.advance("aggregating the records on Spark", 0)
 
     from cmq.lab.records import read_table
 
@@ -356,8 +375,8 @@ def run_lab(
     headlines: list[str] = []
     pipeline_started = time.monotonic()
     if config.report:
-        ui.say("cmq lab: aggregating the records on Spark and writing the report ...")
-        report_path, data = _report(out, spark=spark, master=config.master)
+        with ui.status("cmq lab: aggregating the records on Spark and writing the report ..."):
+            report_path, data = _report(out, spark=spark, master=config.master)
         ran = {e.id for e in chosen}
         verdicts = _verdicts(data, ran)
         headlines = headline_figures(data)
