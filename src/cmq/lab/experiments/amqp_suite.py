@@ -1,0 +1,76 @@
+"""The AMQP paper's five benchmarks as lab experiments: the cmq broker beside RabbitMQ.
+
+``amqp-de-spsc`` [de-spsc], ``amqp-de-mpmc`` [de-mpmc], ``amqp-de-pp``
+[de-pp], ``amqp-fe-spmc`` [fe-spmc] and ``amqp-te-spsc`` [te-spsc]: one
+experiment each (:mod:`cmq.lab.amqp.plans` says what each measures and
+records, :mod:`cmq.lab.amqp.report` how the report shows and judges it).
+Publishers, consumers and the broker run in separate processes.
+
+Systems: ``cmq`` (a ``cmq broker`` started for the experiment) always, and
+``rabbitmq`` when it is among the lab's systems (``--systems``; the quick
+and full profiles have it) and its server answers; otherwise RabbitMQ is
+written as a skipped run with the reason. Scale comes from
+:data:`cmq.lab.amqp.plans.AMQP_PROFILES` by the lab profile's name;
+``--sizes`` sets the DE-SPSC and DE-PP sizes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Final
+
+from cmq.lab.amqp.plans import MEASURES, amqp_profile, measure, points
+from cmq.lab.amqp.report import register_reports
+from cmq.lab.amqp.transport import rabbit_available
+from cmq.lab.experiments import Context, LabExperiment, register
+from cmq.lab.experiments._record import RunBook
+
+__all__ = ["EXPERIMENTS", "systems_for"]
+
+
+def systems_for(ctx: Context, book: RunBook | None = None) -> list[str]:
+    """``cmq``, plus ``rabbitmq`` when asked for and reachable (else a skipped run in ``book``)."""
+    systems = ["cmq"]
+    if "rabbitmq" in ctx.systems:
+        why = rabbit_available()
+        if why is None:
+            systems.append("rabbitmq")
+        elif book is not None:
+            book.skip("rabbitmq", why)
+            ctx.say(f"amqp: skipping rabbitmq: {why}")
+    return systems
+
+
+def _experiment(bench: str, order: int, title: str) -> LabExperiment:
+    exp_id = f"amqp-{bench}"
+
+    def steps(ctx: Context) -> int:
+        n = 2 if "rabbitmq" in ctx.systems else 1
+        return n * len(points(bench, amqp_profile(ctx.profile)))
+
+    def run(ctx: Context) -> None:
+        p = amqp_profile(ctx.profile)
+        with RunBook(ctx.out, exp_id, pin="none", params={"profile": p.name}) as book:
+            measure(bench, exp_id, book, systems_for(ctx, book), p, step=ctx.step, say=ctx.say)
+
+    run_fn: Callable[[Context], None] = run
+    return register(
+        LabExperiment(
+            id=exp_id, title=title, aliases=(bench,), order=order, run=run_fn, steps=steps,
+            multi_system=False,
+        )
+    )  # fmt: skip
+
+
+_TITLES: Final = {
+    "de-spsc": "AMQP DE-SPSC: direct exchange, 1 publisher, 1 consumer, 1 B .. 1 MB",
+    "de-mpmc": "AMQP DE-MPMC: 1 .. 8 publisher/consumer pairs, broker CPU",
+    "de-pp": "AMQP DE-PP: ping-pong latency through the broker",
+    "fe-spmc": "AMQP FE-SPMC: fanout to 1 .. 32 consumers",
+    "te-spsc": "AMQP TE-SPSC: topic exchange, 1 .. 1024 non-matching bindings",
+}
+
+EXPERIMENTS: Final = tuple(
+    _experiment(bench, 60 + k, _TITLES[bench]) for k, bench in enumerate(MEASURES)
+)
+register_reports()

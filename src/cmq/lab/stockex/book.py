@@ -1,0 +1,277 @@
+"""The matching engine: a price-time priority limit order book, sans-IO.
+
+Theory of operation
+-------------------
+:class:`OrderBook` holds resting limit orders of one instrument. Feed it
+:class:`Order` and :class:`Cancel` commands with :meth:`OrderBook.handle`; it
+returns the events they caused, in this order:
+
+1. :class:`OrderConfirmed` for the command's order (what was filled at once,
+   what rests), or :class:`Cancelled` for a cancel;
+2. one :class:`Trade` per side of every fill, incoming side first, in the
+   order the fills happened;
+3. a :class:`Quote` when the top of the book (best bid and ask, and their
+   sizes) changed.
+
+Price-time priority: an incoming buy trades against the lowest ask first,
+and at one price against the order that arrived first; a fill happens at the
+resting order's price (the incoming order may get a better price than its
+limit, never a worse one). Whatever is left of an incoming order rests at
+its limit price, behind the orders already there.
+
+Data structures: per side, a dict of price level -> FIFO of resting orders
+(with the level's total size), and a heap of the level prices. Cancelling
+marks the order dead and takes its size off the level at once (so quotes are
+right); the dead entry leaves its FIFO when it reaches the front, and an
+empty level leaves the heap when it reaches the top. Every command is
+O(log levels + fills).
+
+Prices are integer ticks and sizes integer lots, both 1 .. 65535, and order
+ids 0 .. 2**32 - 1: what the compact wire form (:mod:`.codec`) carries.
+Nothing here reads a clock or touches a socket.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+from collections import deque
+from dataclasses import dataclass
+from typing import Final
+
+from cmq._errors import ConfigError
+
+__all__ = [
+    "MAX_ID",
+    "MAX_PRICE",
+    "MAX_QTY",
+    "Cancel",
+    "Cancelled",
+    "Command",
+    "Event",
+    "Order",
+    "OrderBook",
+    "OrderConfirmed",
+    "Quote",
+    "Side",
+    "Trade",
+]
+
+MAX_PRICE: Final = 0xFFFF
+MAX_QTY: Final = 0xFFFF
+MAX_ID: Final = 0xFFFF_FFFF
+
+
+class Side(enum.IntEnum):
+    """Buy or sell (the values are the wire's message kinds)."""
+
+    BUY = 1
+    SELL = 2
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Order:
+    """A limit order: buy or sell ``qty`` lots at ``price`` ticks or better.
+
+    Raises:
+        ConfigError: on construction, for an id, price or size out of range.
+    """
+
+    id: int
+    side: Side
+    price: int
+    qty: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.id <= MAX_ID:
+            raise ConfigError(f"order id {self.id} out of range 0..{MAX_ID}")
+        if not 1 <= self.price <= MAX_PRICE:
+            raise ConfigError(f"order price {self.price} out of range 1..{MAX_PRICE}")
+        if not 1 <= self.qty <= MAX_QTY:
+            raise ConfigError(f"order size {self.qty} out of range 1..{MAX_QTY}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cancel:
+    """Cancel what rests of order ``id``."""
+
+    id: int
+
+
+Command = Order | Cancel
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OrderConfirmed:
+    """Order ``id`` was accepted: ``filled`` lots traded at once, ``resting`` rest."""
+
+    id: int
+    filled: int
+    resting: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cancelled:
+    """A cancel of order ``id`` took ``qty`` lots off the book (0: nothing rested)."""
+
+    id: int
+    qty: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Trade:
+    """One side of a fill: order ``id`` traded ``qty`` lots at ``price``."""
+
+    id: int
+    price: int
+    qty: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Quote:
+    """The top of the book: best bid and ask with their sizes (0 0 for an empty side)."""
+
+    bid: int
+    bid_qty: int
+    ask: int
+    ask_qty: int
+
+
+Event = OrderConfirmed | Cancelled | Trade | Quote
+
+
+class _Resting:
+    __slots__ = ("id", "qty", "side", "price")
+
+    def __init__(self, id: int, side: Side, price: int, qty: int) -> None:
+        self.id = id
+        self.side = side
+        self.price = price
+        self.qty = qty  # 0 once filled or cancelled (dead)
+
+
+class _BookSide:
+    """One side's levels: price -> FIFO and total size, and a heap of prices."""
+
+    def __init__(self, side: Side) -> None:
+        self.side = side
+        # Bids want the highest price first: their heap holds negated prices.
+        self.sign = -1 if side is Side.BUY else 1
+        self.levels: dict[int, deque[_Resting]] = {}
+        self.sizes: dict[int, int] = {}
+        self.heap: list[int] = []
+
+    def best(self) -> int | None:
+        heap, sizes = self.heap, self.sizes
+        while heap:
+            price = heap[0] * self.sign
+            if sizes.get(price, 0) > 0:
+                return price
+            # An emptied level leaves the heap when it reaches the top.
+            heapq.heappop(heap)
+            self.levels.pop(price, None)
+            sizes.pop(price, None)
+        return None
+
+    def add(self, order: _Resting) -> None:
+        level = self.levels.get(order.price)
+        if level is None or self.sizes.get(order.price, 0) == 0:
+            if level is None:
+                level = self.levels[order.price] = deque()
+                heapq.heappush(self.heap, order.price * self.sign)
+            self.sizes[order.price] = 0
+        level.append(order)
+        self.sizes[order.price] += order.qty
+
+    def top(self) -> tuple[int, int]:
+        price = self.best()
+        return (0, 0) if price is None else (price, self.sizes[price])
+
+
+class OrderBook:
+    """A price-time priority limit order book for one instrument (see the module)."""
+
+    def __init__(self) -> None:
+        self._sides = {Side.BUY: _BookSide(Side.BUY), Side.SELL: _BookSide(Side.SELL)}
+        self._live: dict[int, _Resting] = {}
+        self._quote = Quote(bid=0, bid_qty=0, ask=0, ask_qty=0)
+
+    @property
+    def quote(self) -> Quote:
+        """The current top of the book."""
+        return self._quote
+
+    def resting(self, order_id: int) -> int:
+        """Lots of order ``order_id`` resting on the book (0 if none)."""
+        r = self._live.get(order_id)
+        return 0 if r is None else r.qty
+
+    def depth(self, side: Side) -> list[tuple[int, int]]:
+        """``(price, total size)`` of every level of ``side``, best first."""
+        s = self._sides[side]
+        levels = [(p, q) for p, q in s.sizes.items() if q > 0]
+        return sorted(levels, key=lambda pq: pq[0] * s.sign)
+
+    def handle(self, command: Command) -> list[Event]:
+        """Apply one command; return the events it caused (module docstring).
+
+        Raises:
+            ConfigError: an order whose id rests on the book already.
+        """
+        if isinstance(command, Cancel):
+            events: list[Event] = [self._cancel(command.id)]
+        else:
+            events = self._submit(command)
+        quote = self._top()
+        if quote != self._quote:
+            self._quote = quote
+            events.append(quote)
+        return events
+
+    def _top(self) -> Quote:
+        bid, bid_qty = self._sides[Side.BUY].top()
+        ask, ask_qty = self._sides[Side.SELL].top()
+        return Quote(bid=bid, bid_qty=bid_qty, ask=ask, ask_qty=ask_qty)
+
+    def _cancel(self, order_id: int) -> Cancelled:
+        r = self._live.pop(order_id, None)
+        if r is None:
+            return Cancelled(id=order_id, qty=0)
+        qty, r.qty = r.qty, 0
+        self._sides[r.side].sizes[r.price] -= qty
+        return Cancelled(id=order_id, qty=qty)
+
+    def _submit(self, order: Order) -> list[Event]:
+        if order.id in self._live:
+            raise ConfigError(f"order id {order.id} rests on the book already")
+        other = self._sides[Side.SELL if order.side is Side.BUY else Side.BUY]
+        # Crossing: a buy takes asks at or below its limit, a sell bids at or above.
+        crosses = (lambda p: p <= order.price) if order.side is Side.BUY else (
+            lambda p: p >= order.price
+        )
+        left = order.qty
+        trades: list[Event] = []
+        while left:
+            price = other.best()
+            if price is None or not crosses(price):
+                break
+            level = other.levels[price]
+            while left and level:
+                head = level[0]
+                if head.qty == 0:  # cancelled earlier: leaves when it reaches the front
+                    level.popleft()
+                    continue
+                q = min(left, head.qty)
+                left -= q
+                head.qty -= q
+                other.sizes[price] -= q
+                trades.append(Trade(id=order.id, price=price, qty=q))
+                trades.append(Trade(id=head.id, price=price, qty=q))
+                if head.qty == 0:
+                    level.popleft()
+                    del self._live[head.id]
+        if left:
+            r = _Resting(order.id, order.side, order.price, left)
+            self._sides[order.side].add(r)
+            self._live[order.id] = r
+        return [OrderConfirmed(id=order.id, filled=order.qty - left, resting=left), *trades]
