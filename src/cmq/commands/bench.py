@@ -316,6 +316,7 @@ def _destinations(args: argparse.Namespace) -> int:
             "scenario": "destinations",
             "results": [r.to_json() for r in results],
             "ratio": round(ratio, 3),
+            **_environment(),
         }
         print(json.dumps(doc))
     else:
