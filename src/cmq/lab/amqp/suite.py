@@ -104,11 +104,15 @@ def _child_env() -> dict[str, str]:
 
 
 class Worker:
-    """One worker process: commands as JSON lines in, ``TAG {json}`` lines out."""
+    """One worker process: commands as JSON lines in, ``TAG {json}`` lines out.
 
-    def __init__(self) -> None:
+    ``argv`` runs another program with the same line protocol (default: the
+    suite's worker, :mod:`cmq.lab.amqp._worker`).
+    """
+
+    def __init__(self, argv: Sequence[str] | None = None) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cmq.lab.amqp._worker"],
+            list(argv or [sys.executable, "-m", "cmq.lab.amqp._worker"]),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -119,7 +123,8 @@ class Worker:
         self._err: list[str] = []
         assert self.proc.stdout is not None and self.proc.stderr is not None
         threading.Thread(target=self._pump, args=(self.proc.stdout,), daemon=True).start()
-        threading.Thread(target=self._err.extend, args=(self.proc.stderr,), daemon=True).start()
+        self._drain = threading.Thread(target=self._err.extend, args=(self.proc.stderr,), daemon=True)
+        self._drain.start()
 
     def _pump(self, stream: IO[str]) -> None:
         for line in stream:
@@ -143,8 +148,8 @@ class Worker:
         """Start a role (see :mod:`cmq.lab.amqp._worker`)."""
         self.send(json.dumps(params))
 
-    def expect(self, tag: str, timeout: float) -> dict[str, Any]:
-        """The value of the next line, which must carry ``tag``.
+    def line(self, timeout: float, tags: Sequence[str]) -> tuple[str, dict[str, Any]]:
+        """``(tag, value)`` of the next line whose tag is one of ``tags``.
 
         Raises:
             WorkerError: an ``ERROR`` line, the process exited, or nothing
@@ -155,19 +160,29 @@ class Worker:
             try:
                 line = self._lines.get(timeout=max(0.0, end - time.monotonic()))
             except queue.Empty:
-                raise WorkerError(f"worker {self.proc.pid}: no {tag} within {timeout:.0f} s") from None
+                want = "/".join(tags)
+                raise WorkerError(f"worker {self.proc.pid}: no {want} within {timeout:.0f} s") from None
             if line is None:
                 raise WorkerError(f"worker {self.proc.pid} exited{self._tail()}")
             got, _, rest = line.partition(" ")
             if got == "ERROR":
                 raise WorkerError(json.loads(rest).get("error", rest.strip()))
-            if got == tag:
+            if got in tags:
                 value: dict[str, Any] = json.loads(rest)
-                return value
+                return got, value
             # Anything else on stdout (a library's print) is not ours: skip it.
 
+    def expect(self, tag: str, timeout: float) -> dict[str, Any]:
+        """The value of the next line, which must carry ``tag`` (see :meth:`line`).
+
+        Raises:
+            WorkerError: as :meth:`line`.
+        """
+        return self.line(timeout, (tag,))[1]
+
     def _tail(self) -> str:
-        time.sleep(0.05)  # let the stderr thread catch the last lines of a crash
+        # The process has exited: its stderr ends soon.
+        self._drain.join(timeout=1)
         err = [ln.rstrip() for ln in self._err if ln.strip()]
         return (": " + " | ".join(err[-3:])) if err else ""
 

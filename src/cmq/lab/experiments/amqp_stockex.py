@@ -1,0 +1,63 @@
+"""The AMQP paper's stock-exchange simulation as a lab experiment (``amqp-stockex`` [stockex]).
+
+Gateway, matching engine and broker in processes of their own
+(:mod:`cmq.lab.stockex.run`), the statistics reporter a Spark Structured
+Streaming query in the lab's process; records and report section in
+:mod:`cmq.lab.stockex.report`. The rates come from :data:`PROFILES` by the
+lab profile's name: the paper's 1000 .. 8000 orders/s, then upward until
+a rate is not kept. The tiny profile (tests) sums the reporter's messages
+in Python instead of starting Spark.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from cmq.lab.experiments import Context, LabExperiment, register
+from cmq.lab.experiments._record import RunBook
+from cmq.lab.stockex.report import EXPERIMENT_ID, register_report, write_records
+from cmq.lab.stockex.run import PAPER_RATES, SimConfig, StepResult, run_simulation
+
+__all__ = ["EXPERIMENT", "PROFILES", "sim_config"]
+
+PROFILES: Final[dict[str, SimConfig]] = {
+    "full": SimConfig(seconds=5.0, drain=3.0),
+    "quick": SimConfig(rates=(*PAPER_RATES, 16000, 32000, 48000), seconds=2.0, drain=2.0),
+    "tiny": SimConfig(rates=(200, 400), seconds=0.5, drain=2.0, reporter="python"),
+}
+
+
+def sim_config(ctx: Context) -> SimConfig:
+    """The simulation's config for the lab profile of ``ctx``."""
+    base = str(ctx.profile.name).split(" ")[0]
+    return PROFILES.get(base, PROFILES["quick"])
+
+
+def _steps(ctx: Context) -> int:
+    return len(sim_config(ctx).rates)
+
+
+def _run(ctx: Context) -> None:
+    config = sim_config(ctx)
+    with RunBook(ctx.out, EXPERIMENT_ID, pin="none",
+                 params={"seconds": config.seconds, "rates": list(config.rates)}) as book:  # fmt: skip
+
+        def step(s: StepResult) -> None:
+            ctx.step(f"{s.rate:,} orders/s {'kept' if s.kept else 'not kept'}")
+
+        result = run_simulation(config, step=step)
+        write_records(book, result)
+        if result.spool.get("dropped"):
+            book.problem(
+                "cmq",
+                f"the reporter's endpoint dropped measurement messages: {result.spool['dropped']}",
+            )
+        top = max((s.rate for s in result.steps if s.kept), default=0)
+        ctx.say(f"{EXPERIMENT_ID}: kept up to {top:,} orders/s ({len(result.steps)} rates tried)")
+
+
+EXPERIMENT: Final = register(
+    LabExperiment(id=EXPERIMENT_ID, title="AMQP stock-exchange simulation: orders/s until the rate is not kept",
+                  aliases=("stockex",), order=65, run=_run, steps=_steps, multi_system=False)
+)  # fmt: skip
+register_report()

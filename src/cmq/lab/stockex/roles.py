@@ -1,0 +1,275 @@
+"""The simulation's processes: ``python -m cmq.lab.stockex.roles ROLE JSON``.
+
+``engine``
+    The matching engine (:class:`~cmq.lab.stockex.book.OrderBook`) on the
+    broker: takes orders from the ``orders`` queue and publishes every event
+    to the exchange with routing key ``conf`` (order confirmations and
+    cancels), ``trade`` or ``quote``. Prints ``READY``, then ``RESULT``
+    with its totals when the gateway's end marker arrives.
+``gateway``
+    Sends random buy and sell orders at each rate of ``rates`` for
+    ``seconds``, through the broker, and takes confirmations, trades and
+    quotes from its own queue. Stamps each order before its publish and its
+    confirmation on receipt (order completion time), prints ``STEP`` per
+    rate and stops after the first rate the system could not keep (see
+    :func:`kept`), then ``RESULT``.
+
+A rate step begins with a marker through the broker (body ``b"\\x00" +
+step``, a kind no order uses), so the engine, which sees the orders in the
+order they were sent, knows which step each order belongs to; ``b"\\x00\\xff"``
+ends the run. Both processes push measurement messages (JSON, one per
+``interval`` and role) straight to the statistics reporter's cmq endpoint
+(``report``), the input of its Spark query (:mod:`cmq.lab.stockex.reporter`);
+the orders and their answers go through the broker.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from array import array
+from typing import Any, Final
+
+from cmq._errors import CmqError, ProtocolError, Timeout
+from cmq.lab.stockex.book import Order, OrderBook, OrderConfirmed, Quote, Side, Trade
+from cmq.lab.stockex.codec import KIND_CONFIRM, KIND_QUOTE, KIND_TRADE, decode, encode
+
+__all__ = ["END", "MARKER", "kept", "main", "marker"]
+
+MARKER: Final = 0
+END: Final = 0xFF
+#: Unacknowledged deliveries per consumer: a 10 ms burst at 50k msgs/s.
+PREFETCH: Final = 512
+#: Messages taken per turn before the engine flushes what it publishes.
+_TURN: Final = 2048
+#: A step is kept when the orders confirmed per second reach this share of the rate ...
+KEEP_SHARE: Final = 0.95
+#: ... and at most this share of its orders was never confirmed.
+KEEP_LOST: Final = 0.001
+#: Shortest wait of the gateway's loop: below this, sleeping costs more than it saves.
+_MIN_WAIT: Final = 0.0005
+
+_ROUTE: Final = {OrderConfirmed: "conf", Trade: "trade", Quote: "quote"}
+
+
+def marker(step: int) -> bytes:
+    """The body that starts rate step ``step`` (``END`` ends the run)."""
+    return bytes((MARKER, step))
+
+
+def kept(rate: float, sent: int, confirmed: int, seconds: float) -> bool:
+    """Whether a step kept its rate: confirmations per second of its span at
+    least :data:`KEEP_SHARE` of ``rate``, and at most :data:`KEEP_LOST` lost."""
+    if sent == 0 or seconds <= 0:
+        return False
+    return confirmed / seconds >= KEEP_SHARE * rate and (sent - confirmed) <= KEEP_LOST * sent
+
+
+def _emit(tag: str, value: Any) -> None:
+    sys.stdout.write(f"{tag} {json.dumps(value)}\n")
+    sys.stdout.flush()
+
+
+class _Reporter:
+    """Pushes one JSON measurement message per interval to the statistics reporter."""
+
+    def __init__(self, queue: Any, dest: tuple[str, int] | None, role: str, interval: float) -> None:
+        self.queue, self.dest, self.role = queue, dest, role
+        self.interval_ns = int(interval * 1e9)
+        self.counts: dict[str, int] = {}
+        self.step, self.rate = -1, 0.0
+        self.t0 = time.time_ns()
+        self.sent = 0
+
+    def add(self, name: str, n: int = 1) -> None:
+        self.counts[name] = self.counts.get(name, 0) + n
+
+    def tick(self, now: int, force: bool = False) -> None:
+        if self.dest is None or (not force and now - self.t0 < self.interval_ns):
+            return
+        if self.step >= 0 and (self.counts or force):
+            msg = {"role": self.role, "step": self.step, "rate": self.rate, "t0": self.t0, "t1": now,
+                   **self.counts}  # fmt: skip
+            try:
+                self.queue.push(self.dest, json.dumps(msg).encode())
+                self.queue.flush()
+                self.sent += 1
+            except CmqError:
+                pass  # the reporter is at most once by design; counted by its receiver
+        self.counts = {}
+        self.t0 = now
+
+
+def _engine(p: dict[str, Any]) -> None:
+    from cmq.net import Queue
+    from cmq.routing import BrokerClient
+
+    book = OrderBook()
+    exchange = p["exchange"]
+    report = p.get("report")
+    with BrokerClient(p["broker"], timeout=10.0) as client, Queue(port=0, codec="raw") as side:
+        rep = _Reporter(side, (report[0], int(report[1])) if report else None, "engine", float(p["interval"]))
+        consumer = client.consume(p["queue"], prefetch=PREFETCH)
+        publish = client.publish
+        totals = {"orders": 0, "events": 0, "bytes_in": 0, "bytes_out": 0, "bad": 0}
+        _emit("READY", {})
+        clock = time.time_ns
+        running = True
+        while running:
+            try:
+                d = consumer.get(timeout=float(p["interval"]))
+            except Timeout:
+                rep.tick(clock())
+                continue
+            for _ in range(_TURN):
+                body = d.body
+                if body[0] == MARKER:
+                    if body[1] == END:
+                        running = False
+                        break
+                    rep.tick(clock(), force=True)
+                    rep.step, rep.rate = body[1], float(p["rates"][body[1]])
+                else:
+                    try:
+                        command = decode(body)
+                        events = book.handle(command)  # type: ignore[arg-type]
+                    except (ProtocolError, ValueError):
+                        totals["bad"] += 1
+                        events = []
+                    rep.add("orders")
+                    rep.add("bytes_in", len(body))
+                    totals["orders"] += 1
+                    totals["bytes_in"] += len(body)
+                    for e in events:
+                        data = encode(e)
+                        key = _ROUTE[type(e)]
+                        publish(exchange, key, data)
+                        rep.add(key)
+                        rep.add("bytes_out", len(data))
+                        totals["events"] += 1
+                        totals["bytes_out"] += len(data)
+                got = consumer.get_nowait()
+                if got is None:
+                    break
+                d = got
+            client.flush()
+            rep.tick(clock())
+        rep.tick(clock(), force=True)
+        consumer.cancel()
+        _emit("RESULT", {**totals, "reports": rep.sent, "cpu_s": time.process_time(), "book_bid": book.quote.bid, "book_ask": book.quote.ask})
+
+
+class _Step:
+    """The gateway's books of one rate step: send and confirmation stamps by order."""
+
+    def __init__(self, first: int, total: int, rep: _Reporter) -> None:
+        self.first, self.total, self.rep = first, total, rep
+        self.sent = array("q", bytes(8 * total))
+        self.done = array("q", [-1] * total)
+        self.confirmed = 0
+        self.counts = {"trades": 0, "quotes": 0, "late": 0}
+
+    def take(self, b: bytes, now: int) -> None:
+        kind = b[0]
+        if kind == KIND_CONFIRM:
+            i = int.from_bytes(b[1:5], "big") - self.first
+            if 0 <= i < self.total and self.done[i] < 0:
+                self.done[i] = now
+                self.confirmed += 1
+                self.rep.add("confirms")
+            else:  # a confirmation of an earlier step's order, after its drain ended
+                self.counts["late"] += 1
+        elif kind == KIND_TRADE:
+            self.counts["trades"] += 1
+            self.rep.add("trades")
+        elif kind == KIND_QUOTE:
+            self.counts["quotes"] += 1
+            self.rep.add("quotes")
+
+
+def _gateway(p: dict[str, Any]) -> None:
+    from cmq.lab.amqp._worker import write_stamps
+    from cmq.net import Queue
+    from cmq.routing import BrokerClient
+
+    rng = random.Random(int(p.get("seed", 1)))
+    exchange, key = p["exchange"], "order"
+    seconds, drain = float(p["seconds"]), float(p["drain"])
+    clock, wall = time.monotonic_ns, time.time_ns
+    report = p.get("report")
+    mid, spread = int(p.get("mid", 1000)), int(p.get("spread", 10))
+    next_id = 0
+    with BrokerClient(p["broker"], timeout=10.0) as client, Queue(port=0, codec="raw") as side:
+        rep = _Reporter(side, (report[0], int(report[1])) if report else None, "gateway", float(p["interval"]))
+        consumer = client.consume(p["queue"], prefetch=PREFETCH)
+        publish = client.publish
+        _emit("READY", {})
+        for step, rate in enumerate(p["rates"]):
+            total = max(1, round(rate * seconds))
+            st = _Step(next_id, total, rep)
+            publish(exchange, key, marker(step), confirm=True)  # the engine is at this step
+            rep.tick(wall(), force=True)
+            rep.step, rep.rate = step, float(rate)
+            n = 0
+            t0 = clock()
+            deadline = t0
+            while True:
+                if n < total:
+                    due = min(total, int((clock() - t0) * rate / 1e9) + 1)
+                    while n < due:
+                        price = mid + rng.randint(-spread, spread)
+                        side_ = Side.BUY if rng.random() < 0.5 else Side.SELL
+                        body = encode(Order(id=next_id, side=side_, price=price, qty=rng.randint(1, 100)))
+                        st.sent[n] = clock()
+                        publish(exchange, key, body)
+                        rep.add("orders_sent")
+                        rep.add("bytes_sent", len(body))
+                        n += 1
+                        next_id += 1
+                    client.flush()
+                    if n == total:
+                        deadline = clock() + int(drain * 1e9)
+                while (d := consumer.get_nowait()) is not None:
+                    st.take(d.body, clock())
+                rep.tick(wall())
+                if n == total and (st.confirmed == total or clock() > deadline):
+                    break
+                # Wait for an answer until the next order is due (or a while, draining).
+                wait = (t0 + (n + 1) * 1e9 / rate - clock()) / 1e9 if n < total else 0.005
+                try:
+                    d = consumer.get(timeout=max(_MIN_WAIT, wait))
+                except Timeout:
+                    continue
+                st.take(d.body, clock())
+            last = max((t for t in st.done if t >= 0), default=t0)
+            span = (last - t0) / 1e9
+            out = f"{p['out']}-{step}"
+            write_stamps(out, st.sent, st.done)
+            ok = kept(rate, total, st.confirmed, span)
+            _emit("STEP", {"step": step, "rate": rate, "sent": total, "confirmed": st.confirmed,
+                           "send_seconds": (st.sent[total - 1] - t0) / 1e9, "span": span, "kept": ok,
+                           "stamps": out, **st.counts})  # fmt: skip
+            if not ok:
+                break
+        rep.tick(wall(), force=True)
+        publish(exchange, key, marker(END), confirm=True)
+        consumer.cancel()
+        _emit("RESULT", {"orders": next_id, "reports": rep.sent, "cpu_s": time.process_time()})
+
+
+_ROLES: Final = {"engine": _engine, "gateway": _gateway}
+
+
+def main(argv: list[str]) -> int:
+    """Run one role; 2 on bad usage."""
+    if len(argv) != 2 or argv[0] not in _ROLES:
+        print(f"usage: python -m cmq.lab.stockex.roles {{{','.join(_ROLES)}}} JSON", file=sys.stderr)
+        return 2
+    _ROLES[argv[0]](json.loads(argv[1]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
