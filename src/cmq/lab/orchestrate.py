@@ -377,8 +377,9 @@ def run_lab(
     if config.report:
         with ui.status("cmq lab: aggregating the records on Spark and writing the report ..."):
             report_path, data = _report(out, spark=spark, master=config.master)
-        ran = {e.id for e in chosen}
-        verdicts = _verdicts(data, ran)
+        # Every section with data, including report-only ones an experiment
+        # writes besides its own (tuning writes tuning-idle).
+        verdicts = _verdicts(data, set(data.experiment_ids()))
         headlines = headline_figures(data)
     pipeline_seconds = time.monotonic() - pipeline_started
     return LabResult(

@@ -4,8 +4,8 @@ Theory of operation
 -------------------
 Every module of this package (``fig5``, ``fig6``, ``tuning``,
 ``scalability``, ``zmq_throughput``; later issues add theirs) defines one
-:class:`LabExperiment` named ``EXPERIMENT`` and passes it to
-:func:`register` at import. The experiment's ``id`` is the one its records
+:class:`LabExperiment` named ``EXPERIMENT`` (or a module of several, a tuple
+``EXPERIMENTS``) and passes each to :func:`register` at import. The experiment's ``id`` is the one its records
 carry in their ``experiment`` column and the one its claims, figures and
 tables are registered under in the report (:mod:`cmq.pipeline.report`, whose
 built-in claims are in :mod:`cmq.pipeline.claims`): the report's registry
@@ -103,6 +103,11 @@ class Profile:
     """Tuning: messages per throughput cell."""
     tuning_rt_count: int = 1000
     """Tuning: ping-ping round trips per latency cell."""
+    tuning_idle_qthresh: int = 512
+    """Tuning: qthresh of the idle-rule comparison (the paper's best)."""
+    tuning_idle_count: int = 100
+    """Tuning: ping-pong round trips per cell of the idle-rule comparison (with the
+    rule off each waits up to twice the timeout: 100 take 40 s at 200 ms)."""
     destinations: tuple[int, ...] = (1, 10, 100, 1000, 10_000, 100_000, 1_000_000)
     """Scalability: destination counts of the push-cost micro-benchmark."""
     per_destination: int = 2
@@ -127,7 +132,8 @@ class Profile:
         if unknown:
             raise ConfigError(f"unknown system {', '.join(unknown)}; known: {', '.join(SYSTEMS)}")
         for name in ("rt_count", "window", "loss_count", "tuning_size", "tuning_count",
-                     "tuning_rt_count", "per_destination", "push_repeats"):  # fmt: skip
+                     "tuning_rt_count", "tuning_idle_qthresh", "tuning_idle_count",
+                     "per_destination", "push_repeats"):  # fmt: skip
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(
@@ -160,6 +166,7 @@ PROFILES: Final[dict[str, Profile]] = {
         tuning_timeouts=(0.0001, 0.005, 0.2),
         tuning_count=50_000,
         tuning_rt_count=300,
+        tuning_idle_count=20,
         destinations=(1, 100, 10_000, 100_000),
         per_destination=2,
         push_repeats=3,
@@ -180,6 +187,7 @@ PROFILES: Final[dict[str, Profile]] = {
         tuning_timeouts=(0.001, 0.2),
         tuning_count=5000,
         tuning_rt_count=50,
+        tuning_idle_count=10,
         destinations=(1, 1000),
         per_destination=2,
         push_repeats=2,
