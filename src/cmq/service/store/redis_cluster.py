@@ -12,7 +12,8 @@ that owns the slot:
   (the BDQS sequence index), ``cmq:{q}:inv`` invisible ones (in flight or
   delayed) scored by the ms at which they become visible;
 - hashes from sequence number to payload, FIFO group, receive count, first
-  receive time and receipt token; ``cmq:{q}:dd`` the FIFO dedup window.
+  receive time and receipt token; ``cmq:{q}:dd`` the FIFO dedup window
+  (``cmq:{q}:ddx`` its ids by expiry, pruned on send).
 
 A receive first moves due messages from ``inv`` back to ``vis``, then picks
 at random among the first K of ``vis`` (the random numbers come from the
@@ -68,7 +69,7 @@ RETRY_SECONDS = 20.0
 #: that joins or finishes its sync is waited for from then on.
 SLOT_MAP_TTL = 2.0
 _REGISTRY = "cmq:queues"
-_FIELDS = ("meta", "attr", "seq", "vis", "inv", "msg", "grp", "rc", "fr", "tok", "dd")
+_FIELDS = ("meta", "attr", "seq", "vis", "inv", "msg", "grp", "rc", "fr", "tok", "dd", "ddx")
 
 _PROMOTE = """
 local due = redis.call('ZRANGEBYSCORE', K.inv, '-inf', now, 'LIMIT', 0, 1000)
@@ -132,6 +133,11 @@ return {visible, in_flight, delayed}
     + """
 local now = tonumber(ARGV[1])
 local out = {}
+-- Forget dedup ids whose window has ended (a bounded number per send).
+local expired = redis.call('ZRANGEBYSCORE', K.ddx, '-inf', now, 'LIMIT', 0, 100)
+for _, d in ipairs(expired) do
+  redis.call('HDEL', K.dd, d); redis.call('ZREM', K.ddx, d)
+end
 for i = 2, #ARGV, 6 do
   local mid, payload, vat = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
   local grp, dd, till = ARGV[i + 3], ARGV[i + 4], ARGV[i + 5]
@@ -152,7 +158,10 @@ for i = 2, #ARGV, 6 do
     if grp ~= '' then redis.call('HSET', K.grp, seq, grp) end
     if vat <= now then redis.call('ZADD', K.vis, seq, seq)
     else redis.call('ZADD', K.inv, vat, seq) end
-    if dd ~= '' then redis.call('HSET', K.dd, dd, mid .. ' ' .. seq .. ' ' .. till) end
+    if dd ~= '' then
+      redis.call('HSET', K.dd, dd, mid .. ' ' .. seq .. ' ' .. till)
+      redis.call('ZADD', K.ddx, till, dd)
+    end
     out[#out + 1] = mid; out[#out + 1] = seq; out[#out + 1] = 0
   end
 end
