@@ -18,106 +18,19 @@ we measure a whole Python process and test that it stops growing.
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import queue
-import subprocess
-import sys
-import threading
-import time
-from collections.abc import Iterator, Sequence
-from pathlib import Path
-from typing import IO, Any, Final
+from collections.abc import Sequence
+from typing import Any, Final
 
-import cmq
 from cmq.lab.experiments import Context, LabExperiment, register
+from cmq.lab.experiments._proc import GRACE as _GRACE
+from cmq.lab.experiments._proc import READY_TIMEOUT as _READY_TIMEOUT
+from cmq.lab.experiments._proc import Child, WorkerError
 from cmq.lab.experiments._record import RunBook
 
 __all__ = ["EXPERIMENT", "RSS_SIZE"]
 
 #: Message size of the memory run: small messages stress per-message state.
 RSS_SIZE: Final = 64
-#: How long a worker may take to start and print READY (imports on a busy machine).
-_READY_TIMEOUT: Final = 30.0
-#: Beyond a role's own time, what it gets before it is killed.
-_GRACE: Final = 30.0
-
-
-class WorkerError(Exception):
-    """A worker process failed; the message says how."""
-
-
-class _Child:
-    """One worker role in a child process, its ``TAG {json}`` lines read by a thread."""
-
-    def __init__(self, role: str, params: dict[str, Any]) -> None:
-        env = dict(os.environ)
-        # Children import cmq from the same tree as this process.
-        src = str(Path(cmq.__file__).resolve().parent.parent)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
-        self.role = role
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cmq.lab.experiments._worker", role, json.dumps(params)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        self._lines: queue.Queue[str | None] = queue.Queue()
-        self._err: list[str] = []
-        assert self.proc.stdout is not None and self.proc.stderr is not None
-        threading.Thread(target=self._pump, args=(self.proc.stdout,), daemon=True).start()
-        self._drain = threading.Thread(
-            target=self._err.extend, args=(self.proc.stderr,), daemon=True
-        )
-        self._drain.start()
-
-    def _pump(self, stream: IO[str]) -> None:
-        for line in stream:
-            self._lines.put(line)
-        self._lines.put(None)
-
-    def lines(self, timeout: float) -> Iterator[tuple[str, dict[str, Any]]]:
-        """``(tag, value)`` of each line until ``RESULT`` (included).
-
-        Raises:
-            WorkerError: the process exited first, or ``timeout`` seconds passed.
-        """
-        end = time.monotonic() + timeout
-        while True:
-            try:
-                line = self._lines.get(timeout=max(0.0, end - time.monotonic()))
-            except queue.Empty:
-                raise WorkerError(
-                    f"{self.role}: no result within {timeout:.0f} s{self._tail()}"
-                ) from None
-            if line is None:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    self.proc.wait(timeout=5)
-                raise WorkerError(
-                    f"{self.role}: exited with code {self.proc.returncode}{self._tail()}"
-                )
-            tag, _, rest = line.partition(" ")
-            if tag in ("READY", "SAMPLE", "RESULT"):
-                yield tag, json.loads(rest)
-                if tag in ("READY", "RESULT"):
-                    return
-
-    def _tail(self) -> str:
-        self._drain.join(timeout=1)
-        err = [ln.rstrip() for ln in self._err if ln.strip()]
-        return (": " + " | ".join(err[-3:])) if err else ""
-
-    def stop(self) -> None:
-        """Kill the process if it still runs, and reap it."""
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        for stream in (self.proc.stdout, self.proc.stderr):
-            if stream is not None:
-                stream.close()
 
 
 def _steps(ctx: Context) -> int:
@@ -130,7 +43,7 @@ def _push_cost(ctx: Context, book: RunBook) -> None:
     p = ctx.profile
     params = {"destinations": list(p.destinations), "per_destination": p.per_destination, "size": 4,
               "repeat": p.push_repeats}  # fmt: skip
-    child = _Child("destinations", params)
+    child = Child("destinations", params)
     try:
         # 10 µs per message is far above the batcher's cost on any machine.
         budget = (
@@ -154,7 +67,7 @@ def _push_cost(ctx: Context, book: RunBook) -> None:
 
 def _memory(ctx: Context, book: RunBook) -> None:
     p = ctx.profile
-    receiver = _Child(
+    receiver = Child(
         "rss-receiver",
         {
             "seconds": p.rss_seconds,
@@ -163,10 +76,10 @@ def _memory(ctx: Context, book: RunBook) -> None:
             "idle": 5.0,
         },
     )
-    sender: _Child | None = None
+    sender: Child | None = None
     try:
         ready = dict(next(iter(receiver.lines(_READY_TIMEOUT)))[1])
-        sender = _Child("rss-sender", {"peer": ready, "seconds": p.rss_seconds, "size": RSS_SIZE})
+        sender = Child("rss-sender", {"peer": ready, "seconds": p.rss_seconds, "size": RSS_SIZE})
         w = book.writer("cmq")
         params = {"size": RSS_SIZE, "seconds": p.rss_seconds}
         result: dict[str, Any] = {}
