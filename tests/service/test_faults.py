@@ -125,7 +125,7 @@ def test_kill9_node_mid_load_loses_no_acknowledged_send(
 
 @pytest.fixture
 def own_cluster() -> Iterator[LocalRedisCluster]:
-    cluster = LocalRedisCluster(masters=3, replicas=1).start()
+    cluster = LocalRedisCluster(masters=3, replicas=1, node_timeout_ms=1000).start()
     try:
         yield cluster
     finally:

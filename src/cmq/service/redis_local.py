@@ -23,8 +23,11 @@ from cmq._errors import CmqError, ConfigError
 
 __all__ = ["LocalRedisCluster"]
 
-#: Short, so that a killed master's replica takes over within a few seconds.
-NODE_TIMEOUT_MS = 1000
+#: How long a node may be silent before the cluster calls it failed. Long
+#: enough that a busy two-core machine does not cause spurious failovers;
+#: fault tests pass a shorter one so that a killed master's replica takes
+#: over within a few seconds.
+NODE_TIMEOUT_MS = 5000
 
 
 def _free_port() -> int:
@@ -40,6 +43,7 @@ class LocalRedisCluster:
 
     masters: int = 3
     replicas: int = 1
+    node_timeout_ms: int = NODE_TIMEOUT_MS
     ports: list[int] = field(default_factory=list)
     procs: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
     directory: str = ""
@@ -79,7 +83,7 @@ class LocalRedisCluster:
                     "--cluster-config-file",
                     "nodes.conf",
                     "--cluster-node-timeout",
-                    str(NODE_TIMEOUT_MS),
+                    str(self.node_timeout_ms),
                     "--cluster-replica-validity-factor",
                     "0",
                     "--save",
