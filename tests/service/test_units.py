@@ -317,3 +317,60 @@ def test_operations_fuzz(action: str, params: dict[str, Any]) -> None:
             pass
 
     run(go())
+
+
+# -- the benchmark's figures -----------------------------------------------------------
+
+
+def _rec(seq: int, t: int, receiver: int = 0, count: int = 1) -> dict[str, Any]:
+    return {
+        "system": "s",
+        "queue": "q",
+        "k": 1,
+        "t_recv": 1,
+        "receiver": receiver,
+        "seq": seq,
+        "send_ns": 0,
+        "receive_ns": t,
+        "receive_count": count,
+        "message_id": str(seq),
+    }
+
+
+def test_summarise_known_answers() -> None:
+    from cmq.service.bench import lab_rows, summarise
+
+    [in_order] = summarise([_rec(i, i) for i in range(10)])
+    assert in_order["out_of_order_rate"] == 0 and in_order["duplication_rate"] == 0
+    [backwards] = summarise([_rec(i, 10 - i) for i in range(10)])
+    assert backwards["out_of_order_rate"] == 1.0
+    [dup] = summarise([_rec(0, 1), _rec(1, 2), _rec(0, 3, count=2), _rec(2, 4)])
+    assert dup["duplication_rate"] == round(1 / 3, 4)
+    assert dup["out_of_order_rate"] == 0  # duplicates do not count as disorder
+    # Two receivers each in order, interleaved out of order overall.
+    [two] = summarise([_rec(1, 1, 0), _rec(0, 2, 1), _rec(3, 3, 0), _rec(2, 4, 1)])
+    assert two["out_of_order_per_receiver"] == 0 and two["out_of_order_rate"] == round(2 / 3, 4)
+    rows = lab_rows([_rec(5, 9)], "run1")
+    assert rows[0]["recv_ns"] == 9 and rows[0]["stream"] == "q" and rows[0]["receiver"] == "0"
+
+
+def test_lab_rows_fit_the_lab_schema() -> None:
+    records = pytest.importorskip("cmq.lab.records")
+    pa = pytest.importorskip("pyarrow")
+    from cmq.service.bench import lab_rows
+
+    table = pa.Table.from_pylist(
+        lab_rows([_rec(1, 2), _rec(2, 3)], "r"), schema=records.RECORDS_SCHEMA
+    )
+    assert table.num_rows == 2
+
+
+@pytest.mark.slow
+def test_order_experiment_runs_end_to_end() -> None:
+    from cmq.service.bench import order_experiment, summarise
+
+    records = order_experiment("memory:", t_recvs=(1,), ks=(1, 1_000_000), n=30)
+    assert len(records) == 60
+    k1, no_order = summarise(records)
+    assert k1["out_of_order_rate"] == 0.0
+    assert no_order["out_of_order_rate"] > 0.0
