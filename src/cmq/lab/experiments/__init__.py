@@ -112,8 +112,9 @@ class Profile:
     """Scalability: destination counts of the push-cost micro-benchmark."""
     per_destination: int = 2
     """Scalability: messages per destination at the largest count."""
-    push_repeats: int = 5
-    """Scalability: samples of push cost per destination count."""
+    push_repeats: int = 3
+    """Scalability: samples of push cost per destination count (at a million
+    destinations one sample takes 5-10 s and 650 MB here)."""
     rss_seconds: float = 300.0
     """Scalability: length of the receiver-memory run."""
     rss_interval: float = 2.0
