@@ -99,8 +99,9 @@ class Profile:
     """Tuning: qthresh values in bytes (64 B to 64 KB)."""
     tuning_timeouts: tuple[float, ...] = (0.0001, 0.001, 0.01, 0.05, 0.1, 0.2)
     """Tuning: batch timeouts in seconds (0.1 ms to 200 ms)."""
-    tuning_count: int = 200_000
-    """Tuning: messages per throughput cell."""
+    tuning_count: int = 1_000_000
+    """Tuning: messages per throughput cell (a second or more: shorter runs
+    measure start-up noise, not the batching)."""
     tuning_rt_count: int = 1000
     """Tuning: ping-ping round trips per latency cell."""
     tuning_idle_qthresh: int = 512
@@ -165,7 +166,7 @@ PROFILES: Final[dict[str, Profile]] = {
         loss_count=300,
         tuning_qthresh=(64, 512, 4096),
         tuning_timeouts=(0.0001, 0.005, 0.2),
-        tuning_count=50_000,
+        tuning_count=200_000,
         tuning_rt_count=300,
         tuning_idle_count=20,
         destinations=(1, 100, 10_000, 100_000),
