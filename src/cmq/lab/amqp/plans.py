@@ -45,8 +45,8 @@ from cmq.routing._bench import MATCHING_BINDING, MATCHING_KEY, non_matching
 
 __all__ = [
     "AMQP_PROFILES",
-    "AmqpProfile",
     "MEASURES",
+    "AmqpProfile",
     "Session",
     "amqp_profile",
     "points",
@@ -57,7 +57,9 @@ _MB: Final = 1 << 20
 
 
 def _check(name: str, values: Sequence[int], least: int = 1) -> None:
-    if not values or any(not isinstance(v, int) or isinstance(v, bool) or v < least for v in values):
+    if not values or any(
+        not isinstance(v, int) or isinstance(v, bool) or v < least for v in values
+    ):
         raise ConfigError(f"AmqpProfile.{name} must be whole numbers of at least {least}")
 
 
@@ -196,7 +198,9 @@ def points(bench: str, p: AmqpProfile) -> list[Planned]:
             n = p.count_for(size, p.count)
             pt = Point(kind="direct", queues={"q": ["k"]}, publishers=[Stream(key="k", count=n, size=size)],
                        consumers=["q"], expect=n)  # fmt: skip
-            out.append(Planned(point=pt, size=size, params={"pairs": 1}, x=size, count=n, sources=(0,)))
+            out.append(
+                Planned(point=pt, size=size, params={"pairs": 1}, x=size, count=n, sources=(0,))
+            )
     elif bench == "de-mpmc":
         size = p.mpmc_size
         n = p.count_for(size, p.pair_count)
@@ -238,7 +242,9 @@ def points(bench: str, p: AmqpProfile) -> list[Planned]:
                 consumers=["q"],
                 expect=n,
             )
-            out.append(Planned(point=pt, size=size, params={"bindings": b}, x=b, count=n, sources=(0,)))
+            out.append(
+                Planned(point=pt, size=size, params={"bindings": b}, x=b, count=n, sources=(0,))
+            )
     else:
         raise ConfigError(f"unknown AMQP benchmark {bench!r}")
     return out
@@ -285,7 +291,9 @@ def write_point(
         w.record_many(scenario=bench, params=plan.params, size=plan.size, seq=seq, send_ns=send,
                       recv_ns=got, stream=f"p{i}", receiver=f"c{j}")  # fmt: skip
         if stray:
-            book.problem(system, f"{bench} {plan.params} {plan.size} B: {stray} deliveries of unknown seq")
+            book.problem(
+                system, f"{bench} {plan.params} {plan.size} B: {stray} deliveries of unknown seq"
+            )
     delivered = sum(len(r[0]) for r in result.received)
     if result.cpu_s is not None and result.wall_s > 0:
         w.sample(scenario=bench, params=plan.params, metric="broker_cpu", x=plan.x,
@@ -336,9 +344,9 @@ class Session:
     def __exit__(self, *exc: object) -> None:
         self._stack.close()
 
-    def run(self, system: str, bench: str, plan: Planned, p: AmqpProfile) -> PointResult | tuple[
-        array[int], array[int]
-    ]:
+    def run(
+        self, system: str, bench: str, plan: Planned, p: AmqpProfile
+    ) -> PointResult | tuple[array[int], array[int]]:
         """Run one planned point on ``system``.
 
         Raises:
@@ -392,5 +400,3 @@ def measure(
 
 
 MEASURES: Final = ("de-spsc", "de-mpmc", "de-pp", "fe-spmc", "te-spsc")
-
-

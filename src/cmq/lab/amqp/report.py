@@ -59,7 +59,9 @@ def _rates(data: ReportData, experiment: str, system: str) -> dict[tuple[Any, ..
 
 def _label(key: tuple[Any, ...], rows: Sequence[Row]) -> str:
     size, params = key
-    p = next((r["p"] for r in rows if r["size"] == size and r["params"] == params), {})
+    p: dict[str, Any] = next(
+        (r["p"] for r in rows if r["size"] == size and r["params"] == params), {}
+    )
     extra = ", ".join(f"{k} {v}" for k, v in sorted(p.items()))
     return f"{size} B" + (f" ({extra})" if extra else "")
 
@@ -178,7 +180,9 @@ _RABBIT: Final = (
 
 def _spsc_section(data: ReportData, experiment: str) -> Section:
     rows = data.rows(experiment)
-    figures = [f for f in [rate_figure(rows, title="DE-SPSC"), latency_figure(rows, title="DE-SPSC")] if f]
+    figures = [
+        f for f in [rate_figure(rows, title="DE-SPSC"), latency_figure(rows, title="DE-SPSC")] if f
+    ]
     return Section(figures=figures, tables=[_table(rows, "DE-SPSC per system and size", None)],
                    notes=[_ONE_WAY, _RABBIT])  # fmt: skip
 
@@ -198,7 +202,10 @@ def _judge_spsc_paper(data: ReportData) -> Verdict:
         f"{hi['msgs_per_s']:,.0f} msgs/s ({hi['mb_per_s']:.1f} MB/s) at {hi['size']:,} B"
         for s, lo, hi in found
     )
-    ok = all(hi["mb_per_s"] > lo["mb_per_s"] and hi["msgs_per_s"] < lo["msgs_per_s"] for _, lo, hi in found)
+    ok = all(
+        hi["mb_per_s"] > lo["mb_per_s"] and hi["msgs_per_s"] < lo["msgs_per_s"]
+        for _, lo, hi in found
+    )
     return Verdict(status="pass" if ok else "fail", result=text + ".")
 
 
@@ -218,7 +225,11 @@ def _mpmc_section(data: ReportData, experiment: str) -> Section:
     fig = _xy_figure([("DE-MPMC aggregate throughput", "MB/s (all pairs)", mb),
                       ("DE-MPMC broker CPU (paper Fig. 4b)", "broker CPU, % of one core", cpu)],
                      systems, xlabel="publisher/consumer pairs")  # fmt: skip
-    cpu_rows = [[s, int(x), f"{100 * v:.0f}%"] for s in systems for x, v in sorted(_cpu(data, experiment, s).items())]
+    cpu_rows = [
+        [s, int(x), f"{100 * v:.0f}%"]
+        for s in systems
+        for x, v in sorted(_cpu(data, experiment, s).items())
+    ]
     return Section(
         figures=[fig] if fig else [],
         tables=[_table(rows, "DE-MPMC per system and pairs (msgs/s and MB/s are totals)", "pairs"),
@@ -267,21 +278,27 @@ def _judge_pp_paper(data: ReportData) -> Verdict:
     parts = []
     for system in _systems(rows):
         mine = sorted((r for r in rows if r["system"] == system), key=lambda r: r["size"])
-        parts.append(f"{system}: " + ", ".join(f"{r['size']} B {r['mean_ns'] / 1e3:,.0f} µs" for r in mine))
+        parts.append(
+            f"{system}: " + ", ".join(f"{r['size']} B {r['mean_ns'] / 1e3:,.0f} µs" for r in mine)
+        )
     # A reproduction of the shape: the round trip grows with size.
     ok = all(
         sorted((r for r in rows if r["system"] == s), key=lambda r: r["size"])[-1]["mean_ns"]
         >= sorted((r for r in rows if r["system"] == s), key=lambda r: r["size"])[0]["mean_ns"]
         for s in _systems(rows)
     )
-    return Verdict(status="pass" if ok else "fail", result="Mean round trip: " + "; ".join(parts) + ".")
+    return Verdict(
+        status="pass" if ok else "fail", result="Mean round trip: " + "; ".join(parts) + "."
+    )
 
 
 # -- FE-SPMC ---------------------------------------------------------------------
 
 
 def _per_consumer(data: ReportData, experiment: str, system: str) -> dict[int, float]:
-    return {k: r["msgs_per_s"] / k for k, r in _by_param(data, experiment, system, "consumers").items()}
+    return {
+        k: r["msgs_per_s"] / k for k, r in _by_param(data, experiment, system, "consumers").items()
+    }
 
 
 def _fe_section(data: ReportData, experiment: str) -> Section:
@@ -305,7 +322,9 @@ def _judge_fe_paper(data: ReportData) -> Verdict:
         if len(per) < 2:
             continue
         lo, hi = min(per), max(per)
-        parts.append(f"{system}: {per[lo]:,.0f} msgs/s per consumer with {lo}, {per[hi]:,.0f} with {hi}")
+        parts.append(
+            f"{system}: {per[lo]:,.0f} msgs/s per consumer with {lo}, {per[hi]:,.0f} with {hi}"
+        )
         ok = ok and per[hi] < per[lo]
     if not parts:
         return _inconclusive("Needs FE-SPMC at two consumer counts.")
@@ -342,7 +361,9 @@ def _judge_te(data: ReportData) -> Verdict:
     if len(rabbit) >= 2:
         text += f" RabbitMQ: {rabbit[max(rabbit)]['msgs_per_s'] / rabbit[min(rabbit)]['msgs_per_s']:.2f}x."
     if hi < 1024:
-        return _inconclusive(text + " The target is stated at 1024 bindings; this run stopped at " + str(hi))
+        return _inconclusive(
+            text + " The target is stated at 1024 bindings; this run stopped at " + str(hi)
+        )
     return Verdict(status="pass" if ratio >= TE_TARGET else "fail", result=text)
 
 
@@ -353,7 +374,9 @@ def _judge_te_paper(data: ReportData) -> Verdict:
     for name, by in (("cmq", cmq), ("RabbitMQ", rabbit)):
         if len(by) >= 2:
             lo, hi = min(by), max(by)
-            parts.append(f"{name} {by[hi]['msgs_per_s'] / by[lo]['msgs_per_s']:.2f}x from {lo} to {hi} bindings")
+            parts.append(
+                f"{name} {by[hi]['msgs_per_s'] / by[lo]['msgs_per_s']:.2f}x from {lo} to {hi} bindings"
+            )
     if not parts:
         return _inconclusive("Needs TE-SPSC at two binding counts.")
     # The paper's observation is about Qpid; we report what the two brokers here do.

@@ -123,7 +123,9 @@ class Worker:
         self._err: list[str] = []
         assert self.proc.stdout is not None and self.proc.stderr is not None
         threading.Thread(target=self._pump, args=(self.proc.stdout,), daemon=True).start()
-        self._drain = threading.Thread(target=self._err.extend, args=(self.proc.stderr,), daemon=True)
+        self._drain = threading.Thread(
+            target=self._err.extend, args=(self.proc.stderr,), daemon=True
+        )
         self._drain.start()
 
     def _pump(self, stream: IO[str]) -> None:
@@ -161,7 +163,9 @@ class Worker:
                 line = self._lines.get(timeout=max(0.0, end - time.monotonic()))
             except queue.Empty:
                 want = "/".join(tags)
-                raise WorkerError(f"worker {self.proc.pid}: no {want} within {timeout:.0f} s") from None
+                raise WorkerError(
+                    f"worker {self.proc.pid}: no {want} within {timeout:.0f} s"
+                ) from None
             if line is None:
                 raise WorkerError(f"worker {self.proc.pid} exited{self._tail()}")
             got, _, rest = line.partition(" ")

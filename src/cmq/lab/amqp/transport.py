@@ -151,7 +151,7 @@ class RabbitTransport:
         self.connection = pika.BlockingConnection(pika.URLParameters(url))
         self.channel = self.connection.channel()
         # The underlying channel: frames a publish without polling the socket.
-        self._impl: Any = self.channel._impl  # noqa: SLF001 - see the module docstring
+        self._impl: Any = self.channel._impl
 
     def declare(self, exchange: str, kind: str, queues: Mapping[str, Sequence[str]]) -> None:
         ch = self.channel

@@ -141,7 +141,7 @@ Event = OrderConfirmed | Cancelled | Trade | Quote
 
 
 class _Resting:
-    __slots__ = ("id", "qty", "side", "price")
+    __slots__ = ("id", "price", "qty", "side")
 
     def __init__(self, id: int, side: Side, price: int, qty: int) -> None:
         self.id = id
@@ -246,14 +246,13 @@ class OrderBook:
             raise ConfigError(f"order id {order.id} rests on the book already")
         other = self._sides[Side.SELL if order.side is Side.BUY else Side.BUY]
         # Crossing: a buy takes asks at or below its limit, a sell bids at or above.
-        crosses = (lambda p: p <= order.price) if order.side is Side.BUY else (
-            lambda p: p >= order.price
-        )
+        buy = order.side is Side.BUY
+        limit = order.price
         left = order.qty
         trades: list[Event] = []
         while left:
             price = other.best()
-            if price is None or not crosses(price):
+            if price is None or (price > limit if buy else price < limit):
                 break
             level = other.levels[price]
             while left and level:

@@ -68,9 +68,7 @@ def encode(message: Command | Event) -> bytes:
         if isinstance(message, Order):
             return _IHH.pack(int(message.side), message.id, message.price, message.qty)
         if isinstance(message, OrderConfirmed):
-            return _IHH.pack(
-                KIND_CONFIRM, message.id, _cap(message.filled), _cap(message.resting)
-            )
+            return _IHH.pack(KIND_CONFIRM, message.id, _cap(message.filled), _cap(message.resting))
         if isinstance(message, Trade):
             return _IHH.pack(KIND_TRADE, message.id, message.price, message.qty)
         if isinstance(message, Quote):

@@ -37,7 +37,14 @@ from cmq.pipeline.report import (
     svg,
 )
 
-__all__ = ["EXPERIMENT_ID", "ORDER_BYTES", "P99_TARGET_MS", "RATE_TARGET", "register_report", "write_records"]
+__all__ = [
+    "EXPERIMENT_ID",
+    "ORDER_BYTES",
+    "P99_TARGET_MS",
+    "RATE_TARGET",
+    "register_report",
+    "write_records",
+]
 
 EXPERIMENT_ID: Final = "amqp-stockex"
 #: Bytes of an order in the compact form.
@@ -121,7 +128,10 @@ def _judge_qpid(data: ReportData) -> Verdict:
     top = max((r for r, k in kept.items() if k), default=0)
     first_fail = min((r for r, k in kept.items() if not k), default=None)
     text = f"The cmq broker kept up to {top:,} orders/s" + (
-        f" and first failed at {first_fail:,}." if first_fail else " and did not fail at any rate tried.")
+        f" and first failed at {first_fail:,}."
+        if first_fail
+        else " and did not fail at any rate tried."
+    )
     return Verdict(status="pass" if top >= QPID_FAILED_AT else "fail", result=text)
 
 
@@ -130,7 +140,7 @@ def _judge_size(data: ReportData) -> Verdict:
     if not sizes:
         return Verdict(status="inconclusive", result="No reporter figures.")
     lo, hi = min(sizes.values()), max(sizes.values())
-    return Verdict(status="pass" if 7 <= lo and hi <= 11 else "fail",
+    return Verdict(status="pass" if lo >= 7 and hi <= 11 else "fail",
                    result=f"Weighted average message size {lo:.2f} .. {hi:.2f} bytes over the rates "
                           "(orders in, confirmations, trades, quotes out; compact form, before the broker's framing).")  # fmt: skip
 
@@ -147,7 +157,9 @@ def _section(data: ReportData, experiment: str) -> Section:
         for name, pts in series.items():
             if pts:
                 xs = sorted(pts)
-                ax_r.plot(xs, [pts[x] for x in xs], marker="o", ms=3, label=name.replace("_per_s", "/s"))
+                ax_r.plot(
+                    xs, [pts[x] for x in xs], marker="o", ms=3, label=name.replace("_per_s", "/s")
+                )
         ax_r.set_xlabel("offered orders/s")
         ax_r.set_ylabel("messages/s (statistics reporter)")
         ax_r.set_title("rates per step", fontsize=10)
@@ -182,7 +194,13 @@ def _section(data: ReportData, experiment: str) -> Section:
     cpu_table = Table(caption="CPU per order over the whole run (µs), per process",
                       columns=["process", "µs per order"],
                       rows=[[r["p"].get("process", ""), f(r["mean"], 1)] for r in sorted(cpu, key=lambda r: r["params"])])  # fmt: skip
-    reporters = sorted({r["p"].get("reporter", "") for r in data.sample_rows(experiment) if r["scenario"] == "reporter"})
+    reporters = sorted(
+        {
+            r["p"].get("reporter", "")
+            for r in data.sample_rows(experiment)
+            if r["scenario"] == "reporter"
+        }
+    )
     return Section(figures=figures, tables=[table, cpu_table], notes=[
         "Gateway, matching engine and broker are three processes (the statistics reporter is the "
         "lab's own process); orders, confirmations, trades and quotes go through the cmq broker, "

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
@@ -32,9 +32,8 @@ __all__ = ["COUNTERS", "RATES", "python_stats", "rates", "spark_stats"]
 COUNTERS: Final = ("orders_sent", "bytes_sent", "orders", "bytes_in", "conf", "trade", "quote",
                    "bytes_out", "confirms", "trades", "quotes")  # fmt: skip
 
-_JSON_SCHEMA: Final = (
-    "role STRING, step INT, rate DOUBLE, t0 BIGINT, t1 BIGINT, "
-    + ", ".join(f"{c} BIGINT" for c in COUNTERS)
+_JSON_SCHEMA: Final = "role STRING, step INT, rate DOUBLE, t0 BIGINT, t1 BIGINT, " + ", ".join(
+    f"{c} BIGINT" for c in COUNTERS
 )
 
 
@@ -66,45 +65,79 @@ def python_stats(spool: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return _totals(rows)
 
 
-def spark_stats(spark: SparkSession, spool: str | os.PathLike[str], name: str = "stockex_stats") -> list[dict[str, Any]]:
+def spark_stats(
+    spark: SparkSession, spool: str | os.PathLike[str], name: str = "stockex_stats"
+) -> list[dict[str, Any]]:
     """The same as :func:`python_stats`, computed by a Structured Streaming query on
-    ``format("cmq")`` (drained with ``availableNow``, into a memory sink)."""
+    ``format("cmq")``, drained with ``availableNow``.
+
+    Each micro-batch is aggregated by Spark (``foreachBatch``: a plain batch
+    aggregation, no state store, which costs seconds per trigger here) and
+    the per-batch sums are merged on the driver.
+    """
+    from pyspark.sql import DataFrame
     from pyspark.sql import functions as F
 
     from cmq.pipeline.source import register
 
     register(spark)
     raw = spark.readStream.format("cmq").option("spool", str(spool)).load()
-    m = raw.select(F.from_json(F.col("payload").cast("string"), _JSON_SCHEMA).alias("m")).select("m.*")
-    agg = m.groupBy("step", "role").agg(
-        F.first("rate").alias("rate"),
-        F.min("t0").alias("t0"),
-        F.max("t1").alias("t1"),
-        F.count(F.lit(1)).alias("reports"),
-        *[F.sum(F.coalesce(F.col(c), F.lit(0))).alias(c) for c in COUNTERS],
-        # Each counter's own active window: a rate is its count over the
-        # intervals in which it moved, not over the step's drain as well.
-        *[F.min(F.when(F.col(c) > 0, F.col("t0"))).alias(f"{c}_t0") for c in COUNTERS],
-        *[F.max(F.when(F.col(c) > 0, F.col("t1"))).alias(f"{c}_t1") for c in COUNTERS],
+    m = raw.select(F.from_json(F.col("payload").cast("string"), _JSON_SCHEMA).alias("m")).select(
+        "m.*"
     )
-    query = (
-        agg.writeStream.outputMode("complete").format("memory").queryName(name)
-        .trigger(availableNow=True).start()
-    )  # fmt: skip
+    partial: list[dict[str, Any]] = []
+
+    def batch(df: DataFrame, _batch_id: int) -> None:
+        agg = df.groupBy("step", "role").agg(
+            F.first("rate").alias("rate"),
+            F.min("t0").alias("t0"),
+            F.max("t1").alias("t1"),
+            F.count(F.lit(1)).alias("reports"),
+            *[F.sum(F.coalesce(F.col(c), F.lit(0))).alias(c) for c in COUNTERS],
+            # Each counter's own active window: a rate is its count over the
+            # intervals in which it moved, not over the step's drain as well.
+            *[F.min(F.when(F.col(c) > 0, F.col("t0"))).alias(f"{c}_t0") for c in COUNTERS],
+            *[F.max(F.when(F.col(c) > 0, F.col("t1"))).alias(f"{c}_t1") for c in COUNTERS],
+        )
+        partial.extend(r.asDict() for r in agg.collect())
+
+    query = m.writeStream.foreachBatch(batch).queryName(name).trigger(availableNow=True).start()
     try:
         query.awaitTermination()
     finally:
         query.stop()
-    rows = [r.asDict() for r in spark.sql(f"SELECT * FROM {name}").collect()]
-    spark.catalog.dropTempView(name)
-    return sorted(rows, key=lambda r: (r["step"], r["role"]))
+    return _merge(partial)
+
+
+def _merge(partial: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Merge per-batch sums of one (step, role) into one row."""
+    out: dict[tuple[int, str], dict[str, Any]] = {}
+    for r in partial:
+        k = (int(r["step"]), str(r["role"]))
+        if k not in out:
+            out[k] = {**r, "step": k[0], "role": k[1], "rate": float(r["rate"])}
+            continue
+        agg = out[k]
+        for key in ("t0", *(f"{c}_t0" for c in COUNTERS)):
+            agg[key] = _pick(min, agg[key], r[key])
+        for key in ("t1", *(f"{c}_t1" for c in COUNTERS)):
+            agg[key] = _pick(max, agg[key], r[key])
+        for key in ("reports", *COUNTERS):
+            agg[key] += r[key]
+    return [out[k] for k in sorted(out)]
+
+
+def _pick(f: Callable[[int, int], int], a: int | None, b: int | None) -> int | None:
+    if a is None:
+        return b
+    return a if b is None else f(a, b)
 
 
 def _per_s(row: Mapping[str, Any], counter: str) -> float | None:
     t0, t1 = row.get(f"{counter}_t0"), row.get(f"{counter}_t1")
     if not row.get(counter) or t0 is None or t1 is None or t1 <= t0:
         return None
-    return float(row[counter]) * 1e9 / (t1 - t0)
+    return float(row[counter]) * 1e9 / float(t1 - t0)
 
 
 #: rates() keys: (role, counter) of each per-second figure.

@@ -75,7 +75,9 @@ def _emit(tag: str, value: Any) -> None:
 class _Reporter:
     """Pushes one JSON measurement message per interval to the statistics reporter."""
 
-    def __init__(self, queue: Any, dest: tuple[str, int] | None, role: str, interval: float) -> None:
+    def __init__(
+        self, queue: Any, dest: tuple[str, int] | None, role: str, interval: float
+    ) -> None:
         self.queue, self.dest, self.role = queue, dest, role
         self.interval_ns = int(interval * 1e9)
         self.counts: dict[str, int] = {}
@@ -110,7 +112,9 @@ def _engine(p: dict[str, Any]) -> None:
     exchange = p["exchange"]
     report = p.get("report")
     with BrokerClient(p["broker"], timeout=10.0) as client, Queue(port=0, codec="raw") as side:
-        rep = _Reporter(side, (report[0], int(report[1])) if report else None, "engine", float(p["interval"]))
+        rep = _Reporter(
+            side, (report[0], int(report[1])) if report else None, "engine", float(p["interval"])
+        )
         consumer = client.consume(p["queue"], prefetch=PREFETCH)
         publish = client.publish
         totals = {"orders": 0, "events": 0, "bytes_in": 0, "bytes_out": 0, "bad": 0}
@@ -158,7 +162,16 @@ def _engine(p: dict[str, Any]) -> None:
             rep.tick(clock())
         rep.tick(clock(), force=True)
         consumer.cancel()
-        _emit("RESULT", {**totals, "reports": rep.sent, "cpu_s": time.process_time(), "book_bid": book.quote.bid, "book_ask": book.quote.ask})
+        _emit(
+            "RESULT",
+            {
+                **totals,
+                "reports": rep.sent,
+                "cpu_s": time.process_time(),
+                "book_bid": book.quote.bid,
+                "book_ask": book.quote.ask,
+            },
+        )
 
 
 class _Step:
@@ -202,7 +215,9 @@ def _gateway(p: dict[str, Any]) -> None:
     mid, spread = int(p.get("mid", 1000)), int(p.get("spread", 10))
     next_id = 0
     with BrokerClient(p["broker"], timeout=10.0) as client, Queue(port=0, codec="raw") as side:
-        rep = _Reporter(side, (report[0], int(report[1])) if report else None, "gateway", float(p["interval"]))
+        rep = _Reporter(
+            side, (report[0], int(report[1])) if report else None, "gateway", float(p["interval"])
+        )
         consumer = client.consume(p["queue"], prefetch=PREFETCH)
         publish = client.publish
         _emit("READY", {})
@@ -221,7 +236,9 @@ def _gateway(p: dict[str, Any]) -> None:
                     while n < due:
                         price = mid + rng.randint(-spread, spread)
                         side_ = Side.BUY if rng.random() < 0.5 else Side.SELL
-                        body = encode(Order(id=next_id, side=side_, price=price, qty=rng.randint(1, 100)))
+                        body = encode(
+                            Order(id=next_id, side=side_, price=price, qty=rng.randint(1, 100))
+                        )
                         st.sent[n] = clock()
                         publish(exchange, key, body)
                         rep.add("orders_sent")
@@ -265,7 +282,9 @@ _ROLES: Final = {"engine": _engine, "gateway": _gateway}
 def main(argv: list[str]) -> int:
     """Run one role; 2 on bad usage."""
     if len(argv) != 2 or argv[0] not in _ROLES:
-        print(f"usage: python -m cmq.lab.stockex.roles {{{','.join(_ROLES)}}} JSON", file=sys.stderr)
+        print(
+            f"usage: python -m cmq.lab.stockex.roles {{{','.join(_ROLES)}}} JSON", file=sys.stderr
+        )
         return 2
     _ROLES[argv[0]](json.loads(argv[1]))
     return 0

@@ -69,7 +69,9 @@ class SimConfig:
         if not (self.seconds > 0 and self.drain > 0 and self.interval > 0):
             raise ConfigError("SimConfig.seconds, drain and interval must be positive")
         if self.reporter not in ("spark", "python"):
-            raise ConfigError(f"SimConfig.reporter must be 'spark' or 'python', not {self.reporter!r}")
+            raise ConfigError(
+                f"SimConfig.reporter must be 'spark' or 'python', not {self.reporter!r}"
+            )
 
 
 @dataclass
@@ -163,6 +165,7 @@ def run_simulation(
             tag_, value = gateway.line(per_step, ("STEP", "RESULT"))
             if tag_ == "RESULT":
                 result.cpu["gateway"] = float(value["cpu_s"])
+                reports = int(value["reports"])
                 break
             sent_ns, done_ns = read_stamps(value["stamps"])
             s = StepResult(rate=int(value["rate"]), sent=int(value["sent"]), confirmed=int(value["confirmed"]),
@@ -184,7 +187,7 @@ def run_simulation(
         admin.delete_exchange(exchange)
         # Measurement messages are pushed with a flush each; the spool has
         # them once the receiver has written what its queue holds.
-        rx.wait_spooled(result.engine.get("reports", 0), timeout=2.0)
+        rx.wait_spooled(reports + int(result.engine.get("reports", 0)), timeout=5.0)
         result.spool = rx.stats()
         rx.close()
         if config.reporter == "spark":
