@@ -26,8 +26,6 @@ Existence is never taken from the cache: the store checks it on every call.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import hashlib
 import json
 import random
@@ -40,6 +38,24 @@ from typing import Any
 
 from cmq.service import errors
 from cmq.service.model import ChangeResult, NewMessage, QueueRecord, Received, ReceiveSpec
+from cmq.service.params import (
+    BAD_BODY_CHAR,
+    MAX_BATCH,
+    attr_wanted,
+    attributes_size,
+    entries,
+    failure,
+    fifo_seq,
+    get_int,
+    get_str,
+    message_attributes,
+    opt_int,
+    opt_str,
+    parse_receipt_handle,
+    receipt_handle,
+    str_list,
+    str_map,
+)
 from cmq.service.protocol import md5_of_body, md5_of_message_attributes
 from cmq.service.store.base import Store
 
@@ -48,23 +64,15 @@ __all__ = ["ATTRIBUTE_CACHE_MS", "Notifier", "QueueService", "queue_url"]
 #: How long a node trusts its copy of a queue's attributes (see module doc).
 ATTRIBUTE_CACHE_MS = 1000
 #: SQS limits.
-MAX_BATCH = 10
 MAX_MESSAGE_BYTES = 262_144
 MAX_WAIT_SECONDS = 20
 MAX_VISIBILITY_SECONDS = 43_200
 MAX_DELAY_SECONDS = 900
 DEDUP_WINDOW_MS = 5 * 60 * 1000
-MAX_MESSAGE_ATTRIBUTES = 10
 
 _QUEUE_NAME = re.compile(r"[A-Za-z0-9_-]{1,80}")
 _FIFO_NAME = re.compile(r"[A-Za-z0-9_-]{1,75}\.fifo")
-_BATCH_ID = re.compile(r"[A-Za-z0-9_-]{1,80}")
 _DEDUP_ID = re.compile(r"[!-~]{1,128}")
-_ATTR_NAME = re.compile(r"[A-Za-z0-9_.-]{1,256}")
-_DATA_TYPE = re.compile(r"(String|Number|Binary)(\.[!-~]{1,250})?")
-# Characters SQS allows in a body (XML 1.0 characters).
-_BAD_BODY_CHAR = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
-_NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
 
 _DEFAULTS = {
     "DelaySeconds": "0",
@@ -107,16 +115,6 @@ _COMPUTED_ATTRIBUTES = (
     "QueueArn",
 )
 _SETTABLE = set(_INT_ATTRIBUTES) | _BOOL_ATTRIBUTES | _FREE_ATTRIBUTES | {"RedrivePolicy"}
-_SYSTEM_ATTRIBUTES = (
-    "SenderId",
-    "SentTimestamp",
-    "ApproximateReceiveCount",
-    "ApproximateFirstReceiveTimestamp",
-    "SequenceNumber",
-    "MessageDeduplicationId",
-    "MessageGroupId",
-    "AWSTraceHeader",
-)
 
 
 def _now_ms() -> int:
@@ -250,8 +248,8 @@ class QueueService:
 
     async def create_queue(self, p: Mapping[str, Any], host: str) -> dict[str, Any]:
         """CreateQueue: idempotent for equal attributes, else QueueNameExists."""
-        name = _str(p, "QueueName")
-        given = _str_map(p, "Attributes")
+        name = get_str(p, "QueueName")
+        given = str_map(p, "Attributes")
         fifo = name.endswith(".fifo")
         if not (_FIFO_NAME if fifo else _QUEUE_NAME).fullmatch(name):
             raise errors.InvalidParameterValue(
@@ -284,16 +282,16 @@ class QueueService:
 
     async def get_queue_url(self, p: Mapping[str, Any], host: str) -> dict[str, Any]:
         """GetQueueUrl. Raises QueueDoesNotExist."""
-        name = _str(p, "QueueName")
-        _opt_str(p, "QueueOwnerAWSAccountId")
+        name = get_str(p, "QueueName")
+        opt_str(p, "QueueOwnerAWSAccountId")
         await self.store.get_queue(name)
         return {"QueueUrl": queue_url(host, self.account_id, name)}
 
     async def list_queues(self, p: Mapping[str, Any], host: str) -> dict[str, Any]:
         """ListQueues with QueueNamePrefix, MaxResults (1-1000) and NextToken."""
-        prefix = _opt_str(p, "QueueNamePrefix") or ""
-        max_results = _opt_int(p, "MaxResults", 1, 1000)
-        after = _opt_str(p, "NextToken") or ""
+        prefix = opt_str(p, "QueueNamePrefix") or ""
+        max_results = opt_int(p, "MaxResults", 1, 1000)
+        after = opt_str(p, "NextToken") or ""
         names = [n for n in await self.store.list_queues(prefix) if n > after]
         result: dict[str, Any] = {}
         if max_results is not None and len(names) > max_results:
@@ -313,7 +311,7 @@ class QueueService:
     async def get_queue_attributes(self, p: Mapping[str, Any], host: str) -> dict[str, Any]:
         """GetQueueAttributes: stored, computed (counts, ARN, times) or All."""
         name = self._name(p)
-        wanted = set(_str_list(p, "AttributeNames") or [])
+        wanted = set(str_list(p, "AttributeNames") or [])
         record = await self.store.get_queue(name)
         everything = "All" in wanted
         for attr in wanted - {"All"}:
@@ -341,7 +339,7 @@ class QueueService:
         name = self._name(p)
         queue = await self._queue(name, fresh=True)
         attrs = await self._validate_attributes(
-            _str_map(p, "Attributes"), fifo=queue.fifo, create=False
+            str_map(p, "Attributes"), fifo=queue.fifo, create=False
         )
         await self.store.set_attributes(name, attrs, self._clock())
         self._cache.pop(name, None)
@@ -363,14 +361,14 @@ class QueueService:
         self.notifier.notify(queue.name)
         reply["MessageId"] = result.message_id
         if queue.fifo:
-            reply["SequenceNumber"] = _fifo_seq(result.seq)
+            reply["SequenceNumber"] = fifo_seq(result.seq)
         return reply
 
     async def send_message_batch(self, p: Mapping[str, Any], host: str) -> dict[str, Any]:
         """SendMessageBatch: valid entries go to the store in one atomic call."""
         queue = await self._queue(self._name(p))
-        entries = _entries(p)
-        total = sum(len(str(e.get("MessageBody", "")).encode()) for e in entries)
+        batch = entries(p)
+        total = sum(len(str(e.get("MessageBody", "")).encode()) for e in batch)
         if total > MAX_MESSAGE_BYTES:
             raise errors.BatchRequestTooLong(
                 f"Batch requests cannot be longer than {MAX_MESSAGE_BYTES} bytes; this one "
@@ -379,11 +377,11 @@ class QueueService:
         now = self._clock()
         failed: list[dict[str, Any]] = []
         accepted: list[tuple[str, NewMessage, dict[str, Any]]] = []
-        for entry in entries:
+        for entry in batch:
             try:
                 new, reply = self._new_message(queue, entry, now)
             except errors.SqsError as exc:
-                failed.append(_failure(entry["Id"], exc))
+                failed.append(failure(entry["Id"], exc))
             else:
                 accepted.append((entry["Id"], new, reply))
         successful = []
@@ -393,21 +391,21 @@ class QueueService:
             for (entry_id, _, reply), result in zip(accepted, results, strict=True):
                 reply = {"Id": entry_id, **reply, "MessageId": result.message_id}
                 if queue.fifo:
-                    reply["SequenceNumber"] = _fifo_seq(result.seq)
+                    reply["SequenceNumber"] = fifo_seq(result.seq)
                 successful.append(reply)
         return {"Successful": successful, "Failed": failed}
 
     async def receive_message(self, p: Mapping[str, Any], host: str) -> dict[str, Any]:
         """ReceiveMessage with long polling (WaitTimeSeconds <= 20)."""
         name = self._name(p)
-        max_messages = _opt_int(p, "MaxNumberOfMessages", 1, MAX_BATCH) or 1
-        visibility = _opt_int(p, "VisibilityTimeout", 0, MAX_VISIBILITY_SECONDS)
-        wait = _opt_int(p, "WaitTimeSeconds", 0, MAX_WAIT_SECONDS)
-        system = set(_str_list(p, "AttributeNames") or []) | set(
-            _str_list(p, "MessageSystemAttributeNames") or []
+        max_messages = opt_int(p, "MaxNumberOfMessages", 1, MAX_BATCH) or 1
+        visibility = opt_int(p, "VisibilityTimeout", 0, MAX_VISIBILITY_SECONDS)
+        wait = opt_int(p, "WaitTimeSeconds", 0, MAX_WAIT_SECONDS)
+        system = set(str_list(p, "AttributeNames") or []) | set(
+            str_list(p, "MessageSystemAttributeNames") or []
         )
-        wanted_attrs = _str_list(p, "MessageAttributeNames") or []
-        _opt_str(p, "ReceiveRequestAttemptId")
+        wanted_attrs = str_list(p, "MessageAttributeNames") or []
+        opt_str(p, "ReceiveRequestAttemptId")
         queue = await self._queue(name)
         if wait is None:
             wait = queue.wait_seconds
@@ -473,7 +471,7 @@ class QueueService:
         body: str = data["b"]
         msg: dict[str, Any] = {
             "MessageId": data["i"],
-            "ReceiptHandle": _handle(queue.name, r.seq, r.token),
+            "ReceiptHandle": receipt_handle(queue.name, r.seq, r.token),
             "MD5OfBody": md5_of_body(body),
             "Body": body,
         }
@@ -485,7 +483,7 @@ class QueueService:
             "ApproximateFirstReceiveTimestamp": str(r.first_receive_at),
         }
         if queue.fifo:
-            sysattrs["SequenceNumber"] = _fifo_seq(r.seq)
+            sysattrs["SequenceNumber"] = fifo_seq(r.seq)
             sysattrs["MessageGroupId"] = data.get("g") or ""
             sysattrs["MessageDeduplicationId"] = data.get("d") or ""
         if "s" in data:
@@ -495,7 +493,7 @@ class QueueService:
             msg["Attributes"] = picked
         attrs: dict[str, Any] = data.get("a") or {}
         if attrs and wanted:
-            chosen = {k: v for k, v in attrs.items() if _attr_wanted(k, wanted)}
+            chosen = {k: v for k, v in attrs.items() if attr_wanted(k, wanted)}
             if chosen:
                 msg["MessageAttributes"] = chosen
                 msg["MD5OfMessageAttributes"] = md5_of_message_attributes(chosen)
@@ -504,7 +502,7 @@ class QueueService:
     async def delete_message(self, p: Mapping[str, Any], host: str) -> dict[str, Any]:
         """DeleteMessage. Raises ReceiptHandleIsInvalid, QueueDoesNotExist."""
         name = self._name(p)
-        seq, _ = _parse_handle(name, _str(p, "ReceiptHandle"))
+        seq, _ = parse_receipt_handle(name, get_str(p, "ReceiptHandle"))
         await self.store.delete(name, [seq])
         return {}
 
@@ -512,11 +510,11 @@ class QueueService:
         """DeleteMessageBatch: valid handles are deleted in one store call."""
         name = self._name(p)
         failed, ok, seqs = [], [], []
-        for entry in _entries(p):
+        for entry in entries(p):
             try:
-                seq, _ = _parse_handle(name, _str(entry, "ReceiptHandle"))
+                seq, _ = parse_receipt_handle(name, get_str(entry, "ReceiptHandle"))
             except errors.SqsError as exc:
-                failed.append(_failure(entry["Id"], exc))
+                failed.append(failure(entry["Id"], exc))
             else:
                 seqs.append(seq)
                 ok.append({"Id": entry["Id"]})
@@ -537,23 +535,23 @@ class QueueService:
     ) -> dict[str, Any]:
         """ChangeMessageVisibilityBatch; entries fail one by one."""
         name = self._name(p)
-        entries = _entries(p)
+        batch = entries(p)
         await self.store.get_queue(name)
         ok, failed = [], []
-        for entry in entries:
+        for entry in batch:
             try:
                 await self._change(name, entry)
             except errors.QueueDoesNotExist:
                 raise
             except errors.SqsError as exc:
-                failed.append(_failure(entry["Id"], exc))
+                failed.append(failure(entry["Id"], exc))
             else:
                 ok.append({"Id": entry["Id"]})
         return {"Successful": ok, "Failed": failed}
 
     async def _change(self, name: str, p: Mapping[str, Any]) -> None:
-        seq, token = _parse_handle(name, _str(p, "ReceiptHandle"))
-        timeout = _int(p, "VisibilityTimeout", 0, MAX_VISIBILITY_SECONDS)
+        seq, token = parse_receipt_handle(name, get_str(p, "ReceiptHandle"))
+        timeout = get_int(p, "VisibilityTimeout", 0, MAX_VISIBILITY_SECONDS)
         now = self._clock()
         result = await self.store.change_visibility(name, seq, token, now + timeout * 1000, now)
         if result is ChangeResult.NOT_FOUND:
@@ -569,7 +567,7 @@ class QueueService:
     # -- helpers -----------------------------------------------------------
 
     def _name(self, p: Mapping[str, Any]) -> str:
-        url = _str(p, "QueueUrl")
+        url = get_str(p, "QueueUrl")
         name = url.rstrip("/").rsplit("/", 1)[-1]
         if not (_QUEUE_NAME.fullmatch(name) or _FIFO_NAME.fullmatch(name)):
             raise errors.QueueDoesNotExist(f"The specified queue {url[:200]!r} does not exist.")
@@ -653,31 +651,31 @@ class QueueService:
     def _new_message(
         self, queue: _Queue, p: Mapping[str, Any], now: int
     ) -> tuple[NewMessage, dict[str, Any]]:
-        body = _str(p, "MessageBody")
+        body = get_str(p, "MessageBody")
         if not body:
             raise errors.MissingParameter("The request must contain the parameter MessageBody.")
-        bad = _BAD_BODY_CHAR.search(body)
+        bad = BAD_BODY_CHAR.search(body)
         if bad:
             raise errors.InvalidMessageContents(
                 f"Invalid binary character '#x{ord(bad.group()):x}' was found in the message "
                 "body; the set of allowed characters is #x9 | #xA | #xD | #x20 to #xD7FF | "
                 "#xE000 to #xFFFD | #x10000 to #x10FFFF."
             )
-        attrs = _message_attributes(p, "MessageAttributes")
-        system = _message_attributes(p, "MessageSystemAttributes")
+        attrs = message_attributes(p, "MessageAttributes")
+        system = message_attributes(p, "MessageSystemAttributes")
         if set(system) - {"AWSTraceHeader"}:
             raise errors.InvalidParameterValue(
                 "Only AWSTraceHeader may be given as a message system attribute."
             )
-        size = len(body.encode()) + _attributes_size(attrs)
+        size = len(body.encode()) + attributes_size(attrs)
         if size > queue.max_size:
             raise errors.InvalidParameterValue(
                 f"One or more parameters are invalid. Reason: Message must be shorter than "
                 f"{queue.max_size} bytes (this one is {size} bytes with its attributes)."
             )
-        delay = _opt_int(p, "DelaySeconds", 0, MAX_DELAY_SECONDS)
-        group = _opt_str(p, "MessageGroupId")
-        dedup = _opt_str(p, "MessageDeduplicationId")
+        delay = opt_int(p, "DelaySeconds", 0, MAX_DELAY_SECONDS)
+        group = opt_str(p, "MessageGroupId")
+        dedup = opt_str(p, "MessageDeduplicationId")
         if queue.fifo:
             if delay is not None:
                 raise errors.InvalidParameterValue(
@@ -735,199 +733,3 @@ class QueueService:
             dedup_until=now + DEDUP_WINDOW_MS,
         )
         return new, reply
-
-
-# -- parameter parsing (each raises an SqsError that says what was wrong) -----
-
-
-def _str(p: Mapping[str, Any], key: str) -> str:
-    value = p.get(key)
-    if value is None:
-        raise errors.MissingParameter(f"The request must contain the parameter {key}.")
-    if not isinstance(value, str):
-        raise errors.InvalidParameterValue(f"Value for parameter {key} must be a string.")
-    return value
-
-
-def _opt_str(p: Mapping[str, Any], key: str) -> str | None:
-    return None if p.get(key) is None else _str(p, key)
-
-
-def _int(p: Mapping[str, Any], key: str, lo: int, hi: int) -> int:
-    value = p.get(key)
-    if value is None:
-        raise errors.MissingParameter(f"The request must contain the parameter {key}.")
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise errors.InvalidParameterValue(f"Value for parameter {key} must be an integer.")
-    if not lo <= value <= hi:
-        raise errors.InvalidParameterValue(
-            f"Value {value} for parameter {key} is invalid. Reason: must be between {lo} and {hi}."
-        )
-    return value
-
-
-def _opt_int(p: Mapping[str, Any], key: str, lo: int, hi: int) -> int | None:
-    return None if p.get(key) is None else _int(p, key, lo, hi)
-
-
-def _str_list(p: Mapping[str, Any], key: str) -> list[str] | None:
-    value = p.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise errors.InvalidParameterValue(f"Value for parameter {key} must be a list of strings.")
-    return value
-
-
-def _str_map(p: Mapping[str, Any], key: str) -> dict[str, str]:
-    value = p.get(key)
-    if value is None:
-        return {}
-    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
-        raise errors.InvalidParameterValue(
-            f"Value for parameter {key} must be a map of strings to strings."
-        )
-    return value
-
-
-def _entries(p: Mapping[str, Any]) -> list[dict[str, Any]]:
-    entries = p.get("Entries")
-    if entries is None or entries == []:
-        raise errors.EmptyBatchRequest("There should be at least one entry in the request.")
-    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
-        raise errors.InvalidParameterValue("Value for parameter Entries must be a list of objects.")
-    if len(entries) > MAX_BATCH:
-        raise errors.TooManyEntriesInBatchRequest(
-            f"Maximum number of entries per request are {MAX_BATCH}. You have sent {len(entries)}."
-        )
-    ids = []
-    for e in entries:
-        entry_id = e.get("Id")
-        if not isinstance(entry_id, str) or not _BATCH_ID.fullmatch(entry_id):
-            raise errors.InvalidBatchEntryId(
-                "A batch entry id can only contain alphanumeric characters, hyphens and "
-                "underscores. It can be at most 80 letters long."
-            )
-        ids.append(entry_id)
-    if len(set(ids)) != len(ids):
-        raise errors.BatchEntryIdsNotDistinct("Two or more batch entries have the same Id.")
-    return entries
-
-
-def _failure(entry_id: str, exc: errors.SqsError) -> dict[str, Any]:
-    return {
-        "Id": entry_id,
-        "SenderFault": exc.sender_fault,
-        "Code": exc.query_code,
-        "Message": exc.message,
-    }
-
-
-def _message_attributes(p: Mapping[str, Any], key: str) -> dict[str, dict[str, str]]:
-    value = p.get(key)
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise errors.InvalidParameterValue(f"Value for parameter {key} must be a map.")
-    if len(value) > MAX_MESSAGE_ATTRIBUTES:
-        raise errors.InvalidParameterValue(
-            f"Number of message attributes [{len(value)}] exceeds the allowed maximum "
-            f"[{MAX_MESSAGE_ATTRIBUTES}]."
-        )
-    out: dict[str, dict[str, str]] = {}
-    for name, attr in value.items():
-        if (
-            not _ATTR_NAME.fullmatch(name)
-            or ".." in name
-            or name.startswith(".")
-            or name.endswith(".")
-            or name.lower().startswith(("aws.", "amazon."))
-        ):
-            raise errors.InvalidParameterValue(f"Message attribute name {name[:300]!r} is invalid.")
-        if not isinstance(attr, dict):
-            raise errors.InvalidParameterValue(f"Message attribute {name!r} must be an object.")
-        data_type = attr.get("DataType")
-        if not isinstance(data_type, str) or not _DATA_TYPE.fullmatch(data_type):
-            raise errors.InvalidParameterValue(
-                f"The message attribute {name!r} has an invalid DataType; use String, Number "
-                "or Binary, optionally with a .custom suffix."
-            )
-        if data_type.startswith("Binary"):
-            raw = attr.get("BinaryValue")
-            if not isinstance(raw, str):
-                raise errors.InvalidParameterValue(
-                    f"The message attribute {name!r} of type Binary needs a BinaryValue."
-                )
-            try:
-                base64.b64decode(raw, validate=True)
-            except (binascii.Error, ValueError) as exc:
-                raise errors.InvalidParameterValue(
-                    f"The BinaryValue of message attribute {name!r} is not base64."
-                ) from exc
-            out[name] = {"DataType": data_type, "BinaryValue": raw}
-        else:
-            text = attr.get("StringValue")
-            if not isinstance(text, str) or not text:
-                raise errors.InvalidParameterValue(
-                    f"The message attribute {name!r} of type {data_type} needs a non-empty "
-                    "StringValue."
-                )
-            if _BAD_BODY_CHAR.search(text):
-                raise errors.InvalidParameterValue(
-                    f"The message attribute {name!r} has characters SQS does not allow."
-                )
-            if data_type.startswith("Number") and not (
-                _NUMBER.fullmatch(text) and len(text.lstrip("+-")) <= 40
-            ):
-                raise errors.InvalidParameterValue(
-                    f"The message attribute {name!r} of type Number has the non-numeric "
-                    f"value {text[:50]!r}."
-                )
-            out[name] = {"DataType": data_type, "StringValue": text}
-    return out
-
-
-def _attributes_size(attrs: Mapping[str, Mapping[str, str]]) -> int:
-    size = 0
-    for name, attr in attrs.items():
-        size += len(name.encode()) + len(attr["DataType"].encode())
-        if "BinaryValue" in attr:
-            size += len(base64.b64decode(attr["BinaryValue"]))
-        else:
-            size += len(attr["StringValue"].encode())
-    return size
-
-
-def _attr_wanted(name: str, wanted: Sequence[str]) -> bool:
-    for w in wanted:
-        if w in ("All", ".*") or w == name:
-            return True
-        if w.endswith(".*") and name.startswith(w[:-1]):
-            return True
-    return False
-
-
-def _fifo_seq(seq: int) -> str:
-    return f"{seq:020d}"
-
-
-def _handle(name: str, seq: int, token: str) -> str:
-    raw = f"{name}\n{seq}\n{token}".encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def _parse_handle(name: str, handle: str) -> tuple[int, str]:
-    """Sequence number and token of a receipt handle. Raises ReceiptHandleIsInvalid."""
-    try:
-        raw = base64.urlsafe_b64decode(handle + "=" * (-len(handle) % 4)).decode()
-        queue, seq, token = raw.split("\n")
-        if queue != name or not token:
-            raise ValueError("handle of another queue")
-        return int(seq), token
-    except (ValueError, binascii.Error) as exc:
-        raise errors.ReceiptHandleIsInvalid(
-            f"The input receipt handle {handle[:100]!r} is not a valid receipt handle for "
-            "this queue."
-        ) from exc
