@@ -97,7 +97,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pin", choices=PINS, default="none",
                         help="CPU pinning of each run's two processes (default none)")  # fmt: skip
     parser.add_argument("--master", default=None, metavar="URL",
-                        help="Spark master for the pipeline (default: local mode in this process)")  # fmt: skip
+                        help="Spark master for the pipeline (default: local mode in this process); "
+                             "OUT must then be on storage the cluster's executors can read")  # fmt: skip
     parser.add_argument("--overwrite", action="store_true",
                         help="replace the records of an earlier run in --out")  # fmt: skip
     parser.add_argument("--no-report", dest="report", action="store_false",

@@ -375,7 +375,10 @@ def run_lab(
     headlines: list[str] = []
     pipeline_started = time.monotonic()
     if config.report:
-        with ui.status("cmq lab: aggregating the records on Spark and writing the report ..."):
+        with ui.status(
+            f"cmq lab: aggregating the records on Spark and writing the report "
+            f"(Spark's log: {out / 'spark.log'}) ..."
+        ):
             report_path, data = _report(out, spark=spark, master=config.master)
         # Every section with data, including report-only ones an experiment
         # writes besides its own (tuning writes tuning-idle).
@@ -404,9 +407,7 @@ def _report(
     from cmq.pipeline.report import collect, render_html
 
     if spark is None:
-        from cmq.pipeline.session import SessionConfig, build_session
-
-        spark = build_session(SessionConfig(master=master) if master else SessionConfig())
+        spark = _start_spark(out, master)
     data = collect(spark, out)
     page = render_html(data, source=str(out))
     target = out / "report.html"
@@ -414,6 +415,29 @@ def _report(
     tmp.write_text(page, encoding="utf-8")
     os.replace(tmp, target)
     return target, data
+
+
+def _start_spark(out: Path, master: str | None) -> SparkSession:
+    """Start the pipeline's session, its JVM's chatter going to ``out/spark.log``.
+
+    The JVM inherits this process's stderr when it starts and writes its
+    start-up notes there (log4j profile, native-hadoop and module warnings):
+    it gets the log file instead, so the lab's own lines stay readable.
+    """
+    from cmq.pipeline.session import SessionConfig, build_session
+
+    config = SessionConfig(master=master) if master else SessionConfig()
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(out / "spark.log", "ab") as log:
+            os.dup2(log.fileno(), 2)
+            try:
+                return build_session(config)
+            finally:
+                os.dup2(saved, 2)
+    finally:
+        os.close(saved)
 
 
 def _verdicts(data: ReportData, ran: set[str]) -> list[Verdict]:

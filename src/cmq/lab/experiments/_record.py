@@ -96,6 +96,11 @@ class RunBook:
     on exit every writer is closed with its status: ``skipped`` when the
     system was skipped, ``failed`` when any of its runs failed (its reason
     lists them), else ``ok``.
+
+    Raises:
+        ConfigError: on construction, an unknown pinning mode; on a system's
+            first row, run metadata the records schema refuses (see
+            :class:`~cmq.lab.records.RunInfo`).
     """
 
     def __init__(

@@ -99,8 +99,8 @@ def _memory(ctx: Context, book: RunBook) -> None:
             book.problem("cmq", f"memory run: the receiver got nothing ({result.get('stopped')})")
         else:
             ctx.say(
-                f"scalability: receiver got {result['delivered']:,} of {sent.get('sent', 0):,} "
-                f"messages in the memory run"
+                f"scalability: the memory run's receiver drained {result['delivered']:,} messages "
+                f"in {p.rss_seconds:g} s (the sender pushed {sent.get('sent', 0):,})"
             )
     finally:
         for child in (sender, receiver):
