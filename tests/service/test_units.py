@@ -207,6 +207,32 @@ def test_delay_and_dedup_window_in_virtual_time() -> None:
     run(go())
 
 
+def test_retention_period_in_virtual_time() -> None:
+    svc, clock = service()
+
+    async def go() -> None:
+        url = (
+            await svc.handle(
+                "CreateQueue",
+                {"QueueName": "r", "Attributes": {"MessageRetentionPeriod": "60"}},
+                "h",
+            )
+        )["QueueUrl"]
+        await svc.handle("SendMessage", {"QueueUrl": url, "MessageBody": "old"}, "h")
+        clock.now += 30_000
+        await svc.handle("SendMessage", {"QueueUrl": url, "MessageBody": "young"}, "h")
+        clock.now += 30_000  # "old" is 60 s old now: gone
+        got = await svc.handle("ReceiveMessage", {"QueueUrl": url, "MaxNumberOfMessages": 10}, "h")
+        assert [m["Body"] for m in got["Messages"]] == ["young"]
+        attrs = await svc.handle(
+            "GetQueueAttributes", {"QueueUrl": url, "AttributeNames": ["All"]}, "h"
+        )
+        assert attrs["Attributes"]["ApproximateNumberOfMessagesNotVisible"] == "1"
+        assert attrs["Attributes"]["ApproximateNumberOfMessages"] == "0"
+
+    run(go())
+
+
 def test_attribute_changes_reach_other_nodes_within_the_cache_time() -> None:
     store = MemoryStore()
     clock = Clock()

@@ -170,6 +170,7 @@ class _Queue:
     content_dedup: bool
     dead_letter: str | None
     max_receive_count: int
+    retention_ms: int
 
     @classmethod
     def from_record(cls, record: QueueRecord) -> _Queue:
@@ -191,6 +192,7 @@ class _Queue:
             content_dedup=a.get("ContentBasedDeduplication") == "true",
             dead_letter=dead_letter,
             max_receive_count=max_receives,
+            retention_ms=int(a.get("MessageRetentionPeriod", "345600")) * 1000,
         )
 
 
@@ -417,10 +419,12 @@ class QueueService:
             if got or remaining <= 0:
                 break
             await self.notifier.wait(name, min(self.store.poll_interval, remaining / 1000))
-        messages = [self._render(queue, r, system, wanted_attrs) for r in got]
+        messages = [self._render(queue, r, data, system, wanted_attrs) for r, data in got]
         return {"Messages": messages} if messages else {}
 
-    async def _receive_once(self, queue: _Queue, n: int, vis_ms: int) -> list[Received]:
+    async def _receive_once(
+        self, queue: _Queue, n: int, vis_ms: int
+    ) -> list[tuple[Received, dict[str, Any]]]:
         now = self._clock()
         spec = ReceiveSpec(
             now=now,
@@ -431,30 +435,35 @@ class QueueService:
             token=f"{self._rng.getrandbits(64):016x}",
             rand=tuple(self._rng.random() for _ in range(n)),
         )
-        got = await self.store.receive(queue.name, spec)
-        if not queue.dead_letter or not got:
-            return got
-        keep: list[Received] = []
-        dead: list[Received] = []
-        for r in got:
-            (dead if r.receive_count > queue.max_receive_count else keep).append(r)
+        got = [(r, json.loads(r.payload)) for r in await self.store.receive(queue.name, spec)]
+        keep: list[tuple[Received, dict[str, Any]]] = []
+        dead: list[tuple[Received, dict[str, Any]]] = []
+        expired: list[int] = []
+        for r, data in got:
+            if data["t"] + queue.retention_ms <= now:
+                # Past MessageRetentionPeriod: SQS deletes it. Done lazily,
+                # when the message comes up for receive.
+                expired.append(r.seq)
+            elif queue.dead_letter and r.receive_count > queue.max_receive_count:
+                dead.append((r, data))
+            else:
+                keep.append((r, data))
+        if expired:
+            await self.store.delete(queue.name, expired)
         if dead:
             await self._redrive(queue, dead, now)
         return keep
 
-    async def _redrive(self, queue: _Queue, dead: list[Received], now: int) -> None:
+    async def _redrive(
+        self, queue: _Queue, dead: list[tuple[Received, dict[str, Any]]], now: int
+    ) -> None:
         assert queue.dead_letter is not None
-        moved = []
-        for r in dead:
-            data = json.loads(r.payload)
-            moved.append(
-                NewMessage(
-                    message_id=data["i"],
-                    payload=r.payload,
-                    visible_at=now,
-                    group_id=data.get("g"),
-                )
+        moved = [
+            NewMessage(
+                message_id=data["i"], payload=r.payload, visible_at=now, group_id=data.get("g")
             )
+            for r, data in dead
+        ]
         try:
             await self.store.send(queue.dead_letter, moved, now)
         except errors.QueueDoesNotExist:
@@ -462,12 +471,16 @@ class QueueService:
             # they are; they stay in flight and come back as usual.
             return
         self.notifier.notify(queue.dead_letter)
-        await self.store.delete(queue.name, [r.seq for r in dead])
+        await self.store.delete(queue.name, [r.seq for r, _ in dead])
 
     def _render(
-        self, queue: _Queue, r: Received, system: set[str], wanted: Sequence[str]
+        self,
+        queue: _Queue,
+        r: Received,
+        data: Mapping[str, Any],
+        system: set[str],
+        wanted: Sequence[str],
     ) -> dict[str, Any]:
-        data = json.loads(r.payload)
         body: str = data["b"]
         msg: dict[str, Any] = {
             "MessageId": data["i"],
