@@ -124,16 +124,16 @@ AMQP_PROFILES: Final[dict[str, AmqpProfile]] = {
     "quick": AmqpProfile(
         name="quick",
         sizes=(1, 256, 4096, 65536, _MB),
-        count=3000,
-        volume=16 * _MB,
+        count=10_000,
+        volume=32 * _MB,
         pp_sizes=(16, 4096, 65536),
         pp_count=300,
         pairs=(1, 2, 4, 8),
-        pair_count=2000,
+        pair_count=4000,
         consumers=(1, 4, 16),
-        fanout_count=2000,
+        fanout_count=4000,
         bindings=(1, 64, 1024),
-        topic_count=3000,
+        topic_count=10_000,
     ),
     # Seconds: for tests of the whole path.
     "tiny": AmqpProfile(
