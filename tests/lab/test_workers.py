@@ -17,12 +17,13 @@ def test_polled_ping_pong_completes_every_round_trip(idle_gap: float) -> None:
         "poll-echo",
         {"options": options, "startup": READY_TIMEOUT, "idle": 5.0},
         "poll-pingpong",
-        {"options": options, "size": 64, "count": 5, "timeout": 2.0},
-        client_time=10.0,
+        # Generous: a loaded 2-core machine may stall a process for seconds.
+        {"options": options, "size": 64, "count": 5, "timeout": 10.0},
+        client_time=60.0,
     )
-    assert server == {"echoed": 5, "stopped": "end"}
-    assert len(client["send_ns"]) == 5 and client["stale"] == 0
-    assert all(r > s for s, r in zip(client["send_ns"], client["recv_ns"], strict=True))
+    assert server == {"echoed": 5, "stopped": "end"}, (server, client)
+    assert len(client["send_ns"]) == 5 and client["stale"] == 0, client
+    assert all(r > s for s, r in zip(client["send_ns"], client["recv_ns"], strict=True)), client
 
 
 def test_a_worker_that_fails_says_why() -> None:
