@@ -459,6 +459,8 @@ def _verdicts(data: ReportData, ran: set[str]) -> list[Verdict]:
 
 def _fmt_us(ns: float) -> str:
     us = ns / 1e3
+    if us >= 10_000:
+        return f"{us / 1e3:,.0f} ms"
     return f"{us:,.0f} µs" if us >= 100 else f"{us:,.1f} µs"
 
 
@@ -494,6 +496,17 @@ def headline_figures(data: ReportData) -> list[str]:
                     f"{r['system']} {r['msgs_per_s'] / 1e3:,.0f}k msgs/s ({r['mb_per_s']:,.1f} MB/s)"
                     for r in at
                 )
+            )
+    idle = [r for r in data.rows("tuning-idle", scenario="pingpong") if r["mean_ns"] is not None]
+    if idle:
+        top = max(r["p"].get("timeout", 0) for r in idle)
+        cells = {str(r["p"].get("idle_gap")): r for r in idle if r["p"].get("timeout") == top}
+        off = cells.pop("inf", None)
+        on = next(iter(cells.values()), None)
+        if on is not None and off is not None:
+            lines.append(
+                f"batch timeout {top * 1e3:g} ms, polled ping-pong mean: {_fmt_us(on['mean_ns'])} "
+                f"with the idle rule, {_fmt_us(off['mean_ns'])} without"
             )
     push = [r for r in data.sample_rows("scalability", metric="push_ns") if r["x"] is not None]
     if push:
