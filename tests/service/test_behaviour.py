@@ -290,6 +290,14 @@ def test_visibility_timeout_and_receive_count(sqs: Any, queue: str) -> None:
     with pytest.raises(ClientError) as exc:
         sqs.change_message_visibility(QueueUrl=queue, ReceiptHandle=handle, VisibilityTimeout=5)
     assert _error_code(exc) == "AWS.SimpleQueueService.MessageNotInflight"
+    # Deleting with the stale handle succeeds but keeps the message, as in SQS.
+    sqs.delete_message(QueueUrl=queue, ReceiptHandle=handle)
+    attrs = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["All"])["Attributes"]
+    assert (
+        int(attrs["ApproximateNumberOfMessages"])
+        + int(attrs["ApproximateNumberOfMessagesNotVisible"])
+        == 1
+    )
     # After its 1 s visibility timeout the message comes back by itself.
     back = wait_until(
         lambda: sqs.receive_message(QueueUrl=queue, AttributeNames=["All"]).get("Messages"),

@@ -108,7 +108,9 @@ def test_change_visibility_and_stale_tokens(with_store: Any) -> None:
             await store.change_visibility(q, r.seq, r.token, T0, T0 + 1)
             is ChangeResult.NOT_IN_FLIGHT
         )
-        await store.delete(q, [r2.seq])
+        await store.delete(q, [(r2.seq, r.token)])  # stale token: not deleted
+        assert (await store.counts(q, T0 + 1)).in_flight == 1
+        await store.delete(q, [(r2.seq, r2.token)])
         assert (
             await store.change_visibility(q, sent.seq, r2.token, T0, T0) is ChangeResult.NOT_FOUND
         )

@@ -438,12 +438,12 @@ class QueueService:
         got = [(r, json.loads(r.payload)) for r in await self.store.receive(queue.name, spec)]
         keep: list[tuple[Received, dict[str, Any]]] = []
         dead: list[tuple[Received, dict[str, Any]]] = []
-        expired: list[int] = []
+        expired: list[tuple[int, str]] = []
         for r, data in got:
             if data["t"] + queue.retention_ms <= now:
                 # Past MessageRetentionPeriod: SQS deletes it. Done lazily,
                 # when the message comes up for receive.
-                expired.append(r.seq)
+                expired.append((r.seq, r.token))
             elif queue.dead_letter and r.receive_count > queue.max_receive_count:
                 dead.append((r, data))
             else:
@@ -471,7 +471,7 @@ class QueueService:
             # they are; they stay in flight and come back as usual.
             return
         self.notifier.notify(queue.dead_letter)
-        await self.store.delete(queue.name, [r.seq for r, _ in dead])
+        await self.store.delete(queue.name, [(r.seq, r.token) for r, _ in dead])
 
     def _render(
         self,
@@ -513,26 +513,30 @@ class QueueService:
         return msg
 
     async def delete_message(self, p: Mapping[str, Any], host: str) -> dict[str, Any]:
-        """DeleteMessage. Raises ReceiptHandleIsInvalid, QueueDoesNotExist."""
+        """DeleteMessage. Raises ReceiptHandleIsInvalid, QueueDoesNotExist.
+
+        A stale handle (the message was received again since) succeeds
+        without deleting, as in SQS.
+        """
         name = self._name(p)
-        seq, _ = parse_receipt_handle(name, get_str(p, "ReceiptHandle"))
-        await self.store.delete(name, [seq])
+        receipt = parse_receipt_handle(name, get_str(p, "ReceiptHandle"))
+        await self.store.delete(name, [receipt])
         return {}
 
     async def delete_message_batch(self, p: Mapping[str, Any], host: str) -> dict[str, Any]:
         """DeleteMessageBatch: valid handles are deleted in one store call."""
         name = self._name(p)
-        failed, ok, seqs = [], [], []
+        failed, ok, receipts = [], [], []
         for entry in entries(p):
             try:
-                seq, _ = parse_receipt_handle(name, get_str(entry, "ReceiptHandle"))
+                receipt = parse_receipt_handle(name, get_str(entry, "ReceiptHandle"))
             except errors.SqsError as exc:
                 failed.append(failure(entry["Id"], exc))
             else:
-                seqs.append(seq)
+                receipts.append(receipt)
                 ok.append({"Id": entry["Id"]})
-        if seqs:
-            await self.store.delete(name, seqs)
+        if receipts:
+            await self.store.delete(name, receipts)
         else:
             await self.store.get_queue(name)
         return {"Successful": ok, "Failed": failed}

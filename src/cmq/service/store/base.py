@@ -89,10 +89,13 @@ class Store(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def delete(self, name: str, seqs: Sequence[int]) -> None:
-        """Delete messages by sequence number; absent ones are ignored.
+    async def delete(self, name: str, receipts: Sequence[tuple[int, str]]) -> None:
+        """Delete messages given as ``(seq, receipt token)``.
 
-        Raises QueueDoesNotExist.
+        A message is deleted only when the token is that of its latest
+        receive: as in SQS, deleting with a stale handle succeeds but leaves
+        the message (it was received again since). Absent messages are
+        ignored. Raises QueueDoesNotExist.
         """
 
     @abc.abstractmethod

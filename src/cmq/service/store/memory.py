@@ -145,10 +145,12 @@ class MemoryStore(Store):
             )
         return out
 
-    async def delete(self, name: str, seqs: Sequence[int]) -> None:
+    async def delete(self, name: str, receipts: Sequence[tuple[int, str]]) -> None:
         q = self._queue(name)
-        for seq in seqs:
-            q.messages.pop(seq, None)
+        for seq, token in receipts:
+            m = q.messages.get(seq)
+            if m is not None and m.token == token:
+                del q.messages[seq]
 
     async def change_visibility(
         self, name: str, seq: int, token: str, visible_at: int, now: int

@@ -211,10 +211,13 @@ return out
 """,
     "delete": _PRELUDE
     + """
-for _, s in ipairs(ARGV) do
-  redis.call('ZREM', K.vis, s); redis.call('ZREM', K.inv, s)
-  redis.call('HDEL', K.msg, s); redis.call('HDEL', K.grp, s); redis.call('HDEL', K.rc, s)
-  redis.call('HDEL', K.fr, s); redis.call('HDEL', K.tok, s)
+for i = 1, #ARGV, 2 do
+  local s = ARGV[i]
+  if redis.call('HGET', K.tok, s) == ARGV[i + 1] then
+    redis.call('ZREM', K.vis, s); redis.call('ZREM', K.inv, s)
+    redis.call('HDEL', K.msg, s); redis.call('HDEL', K.grp, s); redis.call('HDEL', K.rc, s)
+    redis.call('HDEL', K.fr, s); redis.call('HDEL', K.tok, s)
+  end
 end
 return 1
 """,
@@ -525,8 +528,8 @@ class RedisClusterStore(Store):
             for seq, payload, count, first in rows
         ]
 
-    async def delete(self, name: str, seqs: Sequence[int]) -> None:
-        await self._call("delete", name, list(seqs))
+    async def delete(self, name: str, receipts: Sequence[tuple[int, str]]) -> None:
+        await self._call("delete", name, [x for receipt in receipts for x in receipt])
 
     async def change_visibility(
         self, name: str, seq: int, token: str, visible_at: int, now: int

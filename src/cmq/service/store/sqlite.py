@@ -357,11 +357,12 @@ class SqliteStore(Store):
 
         return await self._run(job)
 
-    async def delete(self, name: str, seqs: Sequence[int]) -> None:
+    async def delete(self, name: str, receipts: Sequence[tuple[int, str]]) -> None:
         def job(conn: sqlite3.Connection) -> None:
             _check_queue(conn, name)
             conn.executemany(
-                "DELETE FROM messages WHERE queue = ? AND seq = ?", [(name, s) for s in seqs]
+                "DELETE FROM messages WHERE queue = ? AND seq = ? AND token = ?",
+                [(name, seq, token) for seq, token in receipts],
             )
 
         await self._run(job)
