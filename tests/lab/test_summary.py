@@ -1,0 +1,71 @@
+"""The command's summary: headline figures from the aggregates, and its layout (no Spark)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from cmq.commands.lab import _summary
+from cmq.lab.orchestrate import LabResult, Verdict, headline_figures
+from cmq.pipeline.report import ReportData
+
+
+def _rt(experiment: str, system: str, size: int, mean_us: float, sd_us: float = 1.0,
+        **p: Any) -> dict[str, Any]:  # fmt: skip
+    return {"experiment": experiment, "scenario": "pingpong", "system": system, "size": size,
+            "p": p, "mean_ns": mean_us * 1e3, "stddev_ns": sd_us * 1e3, "msgs_per_s": None}  # fmt: skip
+
+
+def _tp(system: str, size: int, rate: float) -> dict[str, Any]:
+    return {"experiment": "zmq-throughput", "scenario": "throughput", "system": system,
+            "size": size, "p": {}, "mean_ns": None, "msgs_per_s": rate,
+            "mb_per_s": rate * size / 1e6}  # fmt: skip
+
+
+def test_headline_figures() -> None:
+    data = ReportData(
+        summary=[
+            _rt("cmq-fig5", "cmq", 512, 98.9), _rt("cmq-fig5", "udp", 512, 44.2),
+            _rt("cmq-fig5", "cmq", 4, 50.0),
+            _rt("cmq-fig6", "tcp", 512, 7097.0, 38227.0), _rt("cmq-fig6", "cmq", 512, 132.4, 526.6),
+            _tp("cmq", 1, 391_000), _tp("zmq", 1, 1_020_000), _tp("zmq", 16384, 31_000),
+            _rt("tuning-idle", "cmq", 64, 213.0, qthresh=512, timeout=0.2, idle_gap=5e-6),
+            _rt("tuning-idle", "cmq", 64, 402_000.0, qthresh=512, timeout=0.2, idle_gap="inf"),
+        ],
+        samples=[
+            {"experiment": "scalability", "metric": "push_ns", "system": "cmq", "x": 1.0, "mean": 5384.0},
+            {"experiment": "scalability", "metric": "push_ns", "system": "cmq", "x": 1e5, "mean": 10657.0},
+        ],
+        series=[
+            {"experiment": "scalability", "metric": "rss_bytes", "system": "cmq", "t_s": t, "value": v}
+            for t, v in ((0.0, 24.8e6), (6.0, 32.7e6), (12.0, 32.7e6))
+        ],
+    )  # fmt: skip
+    assert headline_figures(data) == [
+        "ping-pong 512 B, mean round trip: udp 44.2 µs, cmq 98.9 µs",
+        "ping-pong 512 B under loss, mean (sd): cmq 132 µs (527 µs), tcp 7,097 µs (38 ms)",
+        "throughput 1 B: zmq 1,020k msgs/s (1.0 MB/s), cmq 391k msgs/s (0.4 MB/s)",
+        "throughput 16384 B: zmq 31k msgs/s (507.9 MB/s)",
+        "batch timeout 200 ms, polled ping-pong mean: 213 µs with the idle rule, 402 ms without",
+        "push cost: 1 destinations 5,384 ns, 100,000 destinations 10,657 ns",
+        "receiver RSS: 24.8 MB at start, 32.7 MB after 12 s (median 32.7 MB)",
+    ]
+    assert headline_figures(ReportData()) == []
+
+
+def test_summary_layout() -> None:
+    result = LabResult(
+        out=Path("/tmp/x"), report=Path("/tmp/x/report.html"), profile="quick",
+        experiments=("cmq-fig5",), seconds=250.3, pipeline_seconds=55.4,
+        runs={"ok": 21, "skipped": 2}, skipped=("nats: no nats-server: apt-get install nats-server",),
+        failures=(), headlines=("ping-pong 512 B, mean round trip: udp 44.2 µs",),
+        verdicts=(Verdict(experiment="cmq-fig5", claim="c", status="pass", result="r"),),
+    )  # fmt: skip
+    assert _summary(result).splitlines() == [
+        "cmq lab: quick profile, 1 experiments, runs: 21 ok, 2 skipped; 4m10.3s (pipeline 55.4s)",
+        "  ping-pong 512 B, mean round trip: udp 44.2 µs",
+        "claims:",
+        "  [pass] cmq-fig5: r",
+        "skipped nats: no nats-server: apt-get install nats-server",
+        "report: /tmp/x/report.html",
+    ]
