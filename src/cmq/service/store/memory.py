@@ -25,6 +25,9 @@ from cmq.service.store.base import Store
 
 __all__ = ["MemoryStore"]
 
+#: Forget ended dedup windows once this many ids are remembered (amortised).
+_DEDUP_PRUNE_AT = 1024
+
 
 @dataclass(slots=True)
 class _Message:
@@ -94,6 +97,8 @@ class MemoryStore(Store):
 
     async def send(self, name: str, messages: Sequence[NewMessage], now: int) -> list[SendResult]:
         q = self._queue(name)
+        if len(q.dedup) > _DEDUP_PRUNE_AT:
+            q.dedup = {k: v for k, v in q.dedup.items() if v[2] > now}
         results = []
         for new in messages:
             if new.dedup_id is not None:
