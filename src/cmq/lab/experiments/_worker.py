@@ -81,7 +81,7 @@ def _rss_receiver(params: dict[str, Any]) -> None:
         start = last = clock()
         stop_at = start + int(float(params["seconds"]) * 1e9)
         next_sample = start
-        delivered = 0
+        delivered = peak = 0
         stopped = "time"
         while True:
             now = clock()
@@ -95,7 +95,12 @@ def _rss_receiver(params: dict[str, Any]) -> None:
                 stopped = "idle"
                 break
             if now >= next_sample:
-                _emit("SAMPLE", {"t_ns": now, "rss_bytes": rss_bytes(), "delivered": delivered})
+                # queued: messages received but not yet popped (the backlog
+                # a stall of this process leaves; it sets the heap's high-water mark).
+                queued = q.stats().queued
+                peak = max(peak, queued)
+                _emit("SAMPLE", {"t_ns": now, "rss_bytes": rss_bytes(), "delivered": delivered,
+                                 "queued": queued})  # fmt: skip
                 # Never fall behind by more than one sample (a stall is a gap, not a burst).
                 next_sample = max(next_sample + interval, now)
             if now >= stop_at:
@@ -107,8 +112,10 @@ def _rss_receiver(params: dict[str, Any]) -> None:
                 except cmq.Timeout:
                     got = []
         now = clock()
-        _emit("SAMPLE", {"t_ns": now, "rss_bytes": rss_bytes(), "delivered": delivered})
-        _emit("RESULT", {"delivered": delivered, "stopped": stopped, "stats": q.stats().as_dict()})
+        _emit("SAMPLE", {"t_ns": now, "rss_bytes": rss_bytes(), "delivered": delivered,
+                         "queued": q.stats().queued})  # fmt: skip
+        _emit("RESULT", {"delivered": delivered, "stopped": stopped, "peak_queued": peak,
+                         "stats": q.stats().as_dict()})  # fmt: skip
 
 
 def _rss_sender(params: dict[str, Any]) -> None:

@@ -11,8 +11,9 @@ one per repeat.
 Receiver memory: a cmq receiver drains a sender pushing 64-byte messages as
 fast as it can for ``profile.rss_seconds`` (minutes in ``--full``), and
 samples its own resident set size every ``profile.rss_interval`` seconds.
-Samples ``metric="rss_bytes"`` (and ``"delivered"``, the running count),
-with ``t_ns``. The paper reports an 80 KB Haskell heap over five hours;
+Samples ``metric="rss_bytes"`` (and ``"delivered"``, the running count, and
+``"queued"``, the receiver's backlog: a stall leaves one, and Python keeps
+the memory it took), with ``t_ns``. The paper reports an 80 KB Haskell heap over five hours;
 we measure a whole Python process and test that it stops growing.
 """
 
@@ -88,8 +89,9 @@ def _memory(ctx: Context, book: RunBook) -> None:
             if tag == "SAMPLE":
                 w.sample(scenario="memory", metric="rss_bytes", t_ns=int(value["t_ns"]),
                          value=float(value["rss_bytes"]), params=params)  # fmt: skip
-                w.sample(scenario="memory", metric="delivered", t_ns=int(value["t_ns"]),
-                         value=float(value["delivered"]), params=params)  # fmt: skip
+                for metric in ("delivered", "queued"):
+                    w.sample(scenario="memory", metric=metric, t_ns=int(value["t_ns"]),
+                             value=float(value.get(metric, 0)), params=params)  # fmt: skip
                 samples += 1
                 ctx.step(f"receiver memory, {samples * p.rss_interval:.0f} s")
             elif tag == "RESULT":
@@ -100,7 +102,8 @@ def _memory(ctx: Context, book: RunBook) -> None:
         else:
             ctx.say(
                 f"scalability: the memory run's receiver drained {result['delivered']:,} messages "
-                f"in {p.rss_seconds:g} s (the sender pushed {sent.get('sent', 0):,})"
+                f"in {p.rss_seconds:g} s (the sender pushed {sent.get('sent', 0):,}; largest "
+                f"backlog seen {result.get('peak_queued', 0):,} messages)"
             )
     finally:
         for child in (sender, receiver):
