@@ -153,3 +153,13 @@ def test_decoder_returns_or_raises_protocol_error_only(data: bytes) -> None:
             decode(data, key)
         except ProtocolError:
             pass
+
+
+@given(size=st.integers(0, 254), count=st.integers(1, 200), fill=st.integers(0, 255))
+def test_equal_frames_round_trip(size: int, count: int, fill: int) -> None:
+    """A batch of equal messages takes the receiver's C-level path; it must agree with the loop."""
+    payloads = [bytes([fill]) * size] * count
+    assert decode(encode_frames(payloads, flags=0, sender=1, mailbox=0, seq=0))[1] == payloads
+    # One odd frame in the middle breaks the pattern: the loop handles it.
+    mixed = [*payloads, b"odd!" * 3, *payloads]
+    assert decode(encode_frames(mixed, flags=0, sender=1, mailbox=0, seq=0))[1] == mixed

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from operator import length_hint
 
 import msgpack
 from hypothesis import given, settings
@@ -11,13 +12,22 @@ from hypothesis import strategies as st
 from cmq import QueueConfig
 from cmq.wire.batcher import LARGE, Batcher
 from cmq.wire.frames import FLAG_MSGPACK, encode_fragment, encode_frames
-from cmq.wire.receiver import ENVELOPE_BIT, KIND_REPLY, KIND_REQUEST, Receiver
+from cmq.wire.receiver import EMPTY, ENVELOPE_BIT, KIND_REPLY, KIND_REQUEST, Receiver
 
 ADDR = ("127.0.0.1", 5555)
 
 
+def items(rx: Receiver, mailbox: int = 0) -> list[tuple[object, tuple[object, ...]]]:
+    """What waits in ``mailbox``, with meta, without taking it."""
+    out = []
+    for chunk in rx.mailbox(mailbox).chunks:
+        left = length_hint(chunk.it)
+        out += [(p, chunk.meta) for p in chunk.items[len(chunk.items) - left :]]
+    return out
+
+
 def payloads(rx: Receiver, mailbox: int = 0) -> list[object]:
-    return [p for p, _ in rx.mailbox(mailbox)]
+    return [p for p, _ in items(rx, mailbox)]
 
 
 def dgram(*msgs: bytes, seq: int = 0, mailbox: int = 0, flags: int = 0, sender: int = 1, key: bytes | None = None) -> bytes:
@@ -29,7 +39,7 @@ def test_messages_are_delivered_in_datagram_order_with_meta() -> None:
     assert rx.datagram_received(dgram(b"a", b"b", seq=0), ADDR, 0.0) == 2
     assert rx.datagram_received(dgram(b"c", seq=1), ADDR, 0.0) == 1
     assert payloads(rx) == [b"a", b"b", b"c"]
-    _, meta = rx.mailbox(0)[2]
+    _, meta = items(rx)[2]
     assert meta == (ADDR, 1, 0, 1, None)
     assert (rx.messages_received, rx.datagrams_received) == (3, 2)
 
@@ -70,7 +80,7 @@ def test_receive_queue_is_bounded_and_overflow_counted() -> None:
     rx.datagram_received(dgram(b"3", b"4", b"5", seq=1), ADDR, 0.0)
     assert payloads(rx) == [b"1", b"2", b"3"]
     assert rx.dropped["queue_full"] == 2
-    rx.mailbox(0).popleft()
+    assert rx.mailbox(0).pop() == b"1"
     rx.datagram_received(dgram(b"6", seq=2), ADDR, 0.0)
     assert payloads(rx) == [b"2", b"3", b"6"]
 
@@ -146,7 +156,7 @@ def test_requests_go_to_the_mailbox_and_replies_to_the_reply_list() -> None:
     rx.datagram_received(dgram(env.pack(KIND_REQUEST, 99) + b"question", mailbox=ENVELOPE_BIT | 3), ADDR, 0.0)
     rx.datagram_received(dgram(env.pack(KIND_REPLY, 5) + b"answer", mailbox=ENVELOPE_BIT, seq=0, sender=2), ADDR, 0.0)
     rx.datagram_received(dgram(b"tiny", mailbox=ENVELOPE_BIT, sender=3), ADDR, 0.0)
-    [(payload, meta)] = rx.mailbox(3)
+    [(payload, meta)] = items(rx, 3)
     assert payload == b"question" and meta[4] == 99 and meta[2] == 3
     assert list(rx.replies) == [(5, b"answer", ADDR)]
     assert rx.dropped["bad_envelope"] == 1
@@ -160,3 +170,43 @@ def test_receiver_never_raises_and_accounts_for_every_datagram(datagrams: list[b
         rx.datagram_received(d, ADDR, 0.0)
         rx.datagram_received(b"\xc3\x51\x01" + d, ADDR, 0.0)
     assert rx.datagrams_received == 2 * len(datagrams)
+
+
+def test_mailbox_takes_in_order_across_chunks() -> None:
+    rx = Receiver(QueueConfig())
+    for seq, msgs in enumerate([[b"a", b"b", b"c"], [b"d"], [b"e", b"f"]]):
+        rx.datagram_received(dgram(*msgs, seq=seq), ADDR, 0.0)
+    mb = rx.mailbox(0)
+    assert mb.queued() == 6
+    assert mb.pop() == b"a"
+    assert mb.take(3) == [b"b", b"c", b"d"]
+    assert mb.take_matching(lambda p: p == b"f") is not None
+    assert mb.any_matching(lambda p: p == b"e")
+    assert [p for p, _ in mb.take_items(10)] == [b"e"]
+    assert mb.pop() is EMPTY
+    assert mb.exact() == 0 and mb.queued() == 0 and not mb.chunks
+
+
+def test_concurrent_consumers_never_take_a_message_twice() -> None:
+    import threading
+
+    rx = Receiver(QueueConfig(max_queued=10**6))
+    for seq in range(2000):
+        rx.datagram_received(dgram(*[b"%d" % (seq * 10 + i) for i in range(10)], seq=seq), ADDR, 0.0)
+    mb = rx.mailbox(0)
+    taken: list[list[object]] = [[], [], []]
+
+    def consume(k: int) -> None:
+        while True:
+            got = mb.take(7) if k == 0 else [mb.pop()]
+            if got == [EMPTY] or not got:
+                return
+            taken[k].extend(got)
+
+    threads = [threading.Thread(target=consume, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    everything = sorted(int(p) for part in taken for p in part)  # type: ignore[call-overload]
+    assert everything == list(range(20000))

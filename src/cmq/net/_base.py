@@ -25,7 +25,7 @@ from cmq._types import Address, Message, Stats
 from cmq.net._sock import kernel_drops, membership, open_socket, parse_address, resolve
 from cmq.patterns.pending import PendingTable
 from cmq.wire.batcher import FULL, LARGE, OPENED, Batcher, Stream
-from cmq.wire.receiver import ENVELOPE_BIT, KIND_REPLY, KIND_REQUEST, Meta, Receiver
+from cmq.wire.receiver import EMPTY, ENVELOPE_BIT, KIND_REPLY, KIND_REQUEST, Meta, Receiver
 
 __all__ = ["Endpoint", "OnTimeout", "message_of"]
 
@@ -344,90 +344,73 @@ class Endpoint(ABC):
         Raises:
             Closed: the queue was closed and nothing is left.
         """
-        try:
-            return self._mailboxes[mailbox].popleft()[0]
-        except (KeyError, IndexError):
-            pass
+        mb = self._mailboxes.get(mailbox)
+        if mb is not None:
+            payload = mb.pop()
+            if payload is not EMPTY:
+                return payload
         self._poll()
-        try:
-            return self._mailboxes[mailbox].popleft()[0]
-        except (KeyError, IndexError):
-            if self._closed:
-                raise Closed("queue is closed") from None
-            return None
+        mb = self._mailboxes.get(mailbox)
+        if mb is not None:
+            payload = mb.pop()
+            if payload is not EMPTY:
+                return payload
+        if self._closed:
+            raise Closed("queue is closed")
+        return None
 
     def pop_message(self, mailbox: int = 0) -> Message | None:
         """Like :meth:`pop`, but the :class:`Message` with its sender, or None."""
-        try:
-            item = self._mailboxes[mailbox].popleft()
-        except (KeyError, IndexError):
+        item = self._take_item(mailbox, None)
+        if item is None:
             self._poll()
-            try:
-                item = self._mailboxes[mailbox].popleft()
-            except (KeyError, IndexError):
+            item = self._take_item(mailbox, None)
+            if item is None:
                 if self._closed:
-                    raise Closed("queue is closed") from None
+                    raise Closed("queue is closed")
                 return None
         return message_of(item)
 
     def pop_many(self, limit: int = 1 << 30, mailbox: int = 0) -> list[Any]:
         """Up to ``limit`` waiting messages of ``mailbox`` (possibly none). Never blocks."""
-        dq = self._mailboxes.get(mailbox)
-        if not dq:
+        mb = self._mailboxes.get(mailbox)
+        if mb is None or not mb.chunks:
             self._poll()
-            dq = self._mailboxes.get(mailbox)
-            if not dq:
+            mb = self._mailboxes.get(mailbox)
+            if mb is None:
                 if self._closed:
                     raise Closed("queue is closed")
                 return []
-        out: list[Any] = []
-        popleft = dq.popleft
-        append = out.append
-        try:
-            for _ in range(min(limit, len(dq))):
-                append(popleft()[0])
-        except IndexError:
-            pass  # another consumer took some
+        out = mb.take(limit)
+        if not out and self._closed:
+            raise Closed("queue is closed")
         return out
 
     def pop_many_messages(self, limit: int = 1 << 30, mailbox: int = 0) -> list[Message]:
         """Like :meth:`pop_many`, but :class:`Message` objects with their senders."""
-        dq = self._mailboxes.get(mailbox)
-        if not dq:
+        mb = self._mailboxes.get(mailbox)
+        if mb is None or not mb.chunks:
             self._poll()
-            dq = self._mailboxes.get(mailbox)
-            if not dq:
+            mb = self._mailboxes.get(mailbox)
+            if mb is None:
                 if self._closed:
                     raise Closed("queue is closed")
                 return []
-        out: list[Message] = []
-        try:
-            for _ in range(min(limit, len(dq))):
-                out.append(message_of(dq.popleft()))
-        except IndexError:
-            pass  # another consumer took some
-        return out
+        return [message_of(item) for item in mb.take_items(limit)]
 
     def _take_item(self, mailbox: int, predicate: Callable[[Any], bool] | None) -> tuple[Any, Meta] | None:
-        dq = self._mailboxes.get(mailbox)
-        if not dq:
+        mb = self._mailboxes.get(mailbox)
+        if mb is None:
             return None
         if predicate is None:
-            try:
-                return dq.popleft()
-            except IndexError:
-                return None
-        for i, item in enumerate(dq):
-            if predicate(item[0]):
-                del dq[i]
-                return item
-        return None
+            return mb.pop_item()
+        return mb.take_matching(predicate)
 
     def _take_ready(self, mailbox: int, predicate: Callable[[Any], bool] | None) -> bool:
-        dq = self._mailboxes.get(mailbox)
-        if not dq:
+        mb = self._mailboxes.get(mailbox)
+        if mb is None:
             return False
-        return predicate is None or any(predicate(item[0]) for item in dq)
+        return mb.available() if predicate is None else mb.any_matching(predicate)
 
     # -- requests ----------------------------------------------------------
 

@@ -27,7 +27,7 @@ from cmq._errors import Closed, Timeout, TransportError
 from cmq._types import Address, Message
 from cmq.net._base import Endpoint, message_of
 from cmq.wire.batcher import Stream
-from cmq.wire.receiver import Meta
+from cmq.wire.receiver import EMPTY, Meta
 
 __all__ = ["AsyncQueue"]
 
@@ -159,7 +159,7 @@ class AsyncQueue(Endpoint):
 
     def _poll(self) -> None:
         if not self._closed:
-            self._drain(_DRAIN_BATCH)
+            self._drain(_DRAIN_BATCH, backlog=self._backlog)
 
     def _on_readable(self) -> None:
         if self._receiver.queued() >= self._backlog:
@@ -168,13 +168,13 @@ class AsyncQueue(Endpoint):
             self._loop.remove_reader(self._sock.fileno())
             self._loop.call_later(_RESUME_AFTER, self._resume_reading)
             return
-        self._drain(_DRAIN_BATCH)
+        self._drain(_DRAIN_BATCH, backlog=self._backlog)
 
     def _resume_reading(self) -> None:
         if not self._closed:
             self._loop.add_reader(self._sock.fileno(), self._on_readable)
 
-    def _drain(self, limit: int) -> int:
+    def _drain(self, limit: int, backlog: int | None = None) -> int:
         recv = self._sock.recvfrom_into
         buf, view = self._buf, self._view
         received = self._receiver.datagram_received
@@ -191,6 +191,8 @@ class AsyncQueue(Endpoint):
                 continue
             received(view[:n].tobytes(), addr, now)
             count += 1
+            if backlog is not None and self._receiver.queued() >= backlog:
+                break
         if count:
             if self._receiver.replies:
                 self._resolve_replies()
@@ -202,7 +204,7 @@ class AsyncQueue(Endpoint):
     def _wake_waiters(self) -> None:
         if not self._waiters:
             return
-        for mailbox in [m for m, dq in self._mailboxes.items() if dq and m in self._waiters]:
+        for mailbox in [m for m, mb in self._mailboxes.items() if m in self._waiters and mb.chunks]:
             for fut in self._waiters.pop(mailbox):
                 if not fut.done():
                     fut.set_result(None)
@@ -260,10 +262,12 @@ class AsyncQueue(Endpoint):
             Timeout: nothing arrived in time.
             Closed: the queue was closed.
         """
-        try:
-            return self._mailboxes[mailbox].popleft()[0]
-        except (KeyError, IndexError):
-            return (await self._wait_item(mailbox, timeout, None))[0]
+        mb = self._mailboxes.get(mailbox)
+        if mb is not None:
+            payload = mb.pop()
+            if payload is not EMPTY:
+                return payload
+        return (await self._wait_item(mailbox, timeout, None))[0]
 
     async def get_message(self, timeout: float | None = None, mailbox: int = 0) -> Message:
         """Like :meth:`get`, but the :class:`Message` with its sender.

@@ -45,7 +45,7 @@ from cmq._errors import Closed, Timeout, TransportError
 from cmq._types import Address, Message
 from cmq.net._base import Endpoint, message_of
 from cmq.wire.batcher import Stream
-from cmq.wire.receiver import Meta
+from cmq.wire.receiver import EMPTY, Meta
 
 __all__ = ["Queue"]
 
@@ -184,10 +184,12 @@ class Queue(Endpoint):
             Timeout: nothing arrived in time.
             Closed: the queue was closed.
         """
-        try:
-            return self._mailboxes[mailbox].popleft()[0]
-        except (KeyError, IndexError):
-            return self._wait_item(mailbox, timeout, None)[0]
+        mb = self._mailboxes.get(mailbox)
+        if mb is not None:
+            payload = mb.pop()
+            if payload is not EMPTY:
+                return payload
+        return self._wait_item(mailbox, timeout, None)[0]
 
     def get_message(self, timeout: float | None = None, mailbox: int = 0) -> Message:
         """Like :meth:`get`, but the :class:`Message` with its sender.
@@ -245,7 +247,7 @@ class Queue(Endpoint):
         if self._closed or not self._rx_lock.acquire(blocking=False):
             return
         try:
-            self._drain(_DRAIN_BATCH)
+            self._drain(_DRAIN_BATCH, backlog=self._backlog)
         finally:
             self._rx_lock.release()
 

@@ -9,10 +9,10 @@ is dropped and counted in :attr:`Receiver.dropped` by reason, and the next
 datagram is handled as if nothing happened (the original CMQ's receiver
 thread died on the first bad datagram).
 
-Delivered messages are appended to the mailbox's deque as
-``(payload, meta)`` pairs; ``meta`` is ``(addr, sender, mailbox, seq,
-correlation)`` and is shared by all messages of one datagram, so delivery
-costs one tuple per message. All messages of a datagram are appended in one
+Delivered messages are appended to the :class:`Mailbox` as one
+:class:`Chunk` per datagram: the list of payloads and one ``meta`` tuple
+``(addr, sender, mailbox, seq, correlation)`` for all of them, so delivery
+costs nothing per message. All messages of a datagram are appended in one
 step, so messages of different datagrams are never interleaved.
 
 Mailboxes with :data:`ENVELOPE_BIT` set carry request/response traffic: each
@@ -36,7 +36,9 @@ from __future__ import annotations
 
 import struct
 from collections import deque
-from itertools import repeat
+from collections.abc import Callable
+from itertools import islice, repeat
+from operator import length_hint
 from typing import Any, Final
 
 import msgpack
@@ -57,10 +59,13 @@ from cmq.wire.frames import (
 )
 
 __all__ = [
+    "EMPTY",
     "ENVELOPE_BIT",
     "ENVELOPE_SIZE",
     "KIND_REPLY",
     "KIND_REQUEST",
+    "Chunk",
+    "Mailbox",
     "Meta",
     "Receiver",
 ]
@@ -100,6 +105,153 @@ def _unpack(data: bytes) -> Any:
     return msgpack.unpackb(data, raw=False, strict_map_key=False)
 
 
+class Chunk:
+    """The messages of one datagram as delivered: a list, an iterator over it, and their meta."""
+
+    __slots__ = ("it", "items", "meta")
+
+    def __init__(self, items: list[Any], meta: Meta) -> None:
+        self.items = items
+        self.it = iter(items)
+        self.meta = meta
+
+
+#: Returned by :meth:`Mailbox.pop` when the mailbox is empty (None is a valid message).
+EMPTY: Final = object()
+
+
+class Mailbox:
+    """The messages waiting for one mailbox, a deque of per-datagram chunks.
+
+    Delivery appends one chunk per datagram (no per-message work); taking a
+    message advances the head chunk's iterator, and a batch is taken with
+    one C-level ``islice``. Each step is a single operation on a deque or a
+    list iterator, so consumers in several threads never take a message
+    twice, without a lock. ``delivered`` is written by the delivering thread
+    only; ``consumed`` by consumers (a lost update between two consumer
+    threads only skews the estimate :meth:`queued`, which :meth:`exact`
+    corrects when it matters).
+    """
+
+    __slots__ = ("chunks", "consumed", "delivered")
+
+    def __init__(self) -> None:
+        self.chunks: deque[Chunk] = deque()
+        self.delivered = 0
+        self.consumed = 0
+
+    def __bool__(self) -> bool:
+        return self.available()
+
+    def queued(self) -> int:
+        """Messages waiting (an estimate, see the class doc)."""
+        return self.delivered - self.consumed
+
+    def exact(self) -> int:
+        """Messages waiting, counted; resets the estimate."""
+        n = sum(length_hint(c.it) for c in list(self.chunks))
+        self.consumed = self.delivered - n
+        return n
+
+    def available(self) -> bool:
+        """Whether a message is waiting."""
+        return any(length_hint(c.it) for c in list(self.chunks))
+
+    def _drop_head(self, head: Chunk) -> None:
+        try:
+            self.chunks.remove(head)  # the head: found at once
+        except ValueError:
+            pass  # another consumer removed it first
+
+    def pop(self) -> Any:
+        """The next message, or :data:`EMPTY`."""
+        chunks = self.chunks
+        while chunks:
+            try:
+                head = chunks[0]
+            except IndexError:
+                break
+            for payload in head.it:
+                self.consumed += 1
+                return payload
+            self._drop_head(head)
+        return EMPTY
+
+    def pop_item(self) -> tuple[Any, Meta] | None:
+        """The next message with its meta, or None."""
+        chunks = self.chunks
+        while chunks:
+            try:
+                head = chunks[0]
+            except IndexError:
+                break
+            for payload in head.it:
+                self.consumed += 1
+                return payload, head.meta
+            self._drop_head(head)
+        return None
+
+    def take(self, limit: int) -> list[Any]:
+        """Up to ``limit`` messages, in order."""
+        out: list[Any] = []
+        chunks = self.chunks
+        while len(out) < limit:
+            try:
+                head = chunks[0]
+            except IndexError:
+                break
+            want = limit - len(out)
+            before = len(out)
+            out.extend(islice(head.it, want))
+            if len(out) - before < want:
+                self._drop_head(head)
+        self.consumed += len(out)
+        return out
+
+    def take_items(self, limit: int) -> list[tuple[Any, Meta]]:
+        """Up to ``limit`` messages with their meta, in order."""
+        out: list[tuple[Any, Meta]] = []
+        chunks = self.chunks
+        while len(out) < limit:
+            try:
+                head = chunks[0]
+            except IndexError:
+                break
+            want = limit - len(out)
+            got = list(islice(head.it, want))
+            out.extend(zip(got, repeat(head.meta)))
+            if len(got) < want:
+                self._drop_head(head)
+        self.consumed += len(out)
+        return out
+
+    def take_matching(self, predicate: Callable[[Any], bool]) -> tuple[Any, Meta] | None:
+        """The first message for which ``predicate`` is true, the others left in order.
+
+        Not safe against other consumers of this mailbox running at the same time.
+        """
+        for chunk in list(self.chunks):
+            left = length_hint(chunk.it)
+            if not left:
+                continue
+            rest = chunk.items[len(chunk.items) - left :]
+            for i, payload in enumerate(rest):
+                if predicate(payload):
+                    chunk.items = rest[:i] + rest[i + 1 :]
+                    chunk.it = iter(chunk.items)
+                    self.consumed += 1
+                    return payload, chunk.meta
+        return None
+
+    def any_matching(self, predicate: Callable[[Any], bool]) -> bool:
+        """Whether a waiting message matches ``predicate`` (nothing is taken)."""
+        for chunk in list(self.chunks):
+            left = length_hint(chunk.it)
+            if left and any(predicate(p) for p in chunk.items[len(chunk.items) - left :]):
+                return True
+        return False
+
+
 class _Partial:
     __slots__ = ("count", "deadline", "got", "meta", "pieces", "size")
 
@@ -119,7 +271,7 @@ class Receiver:
         self.config = config
         self._key = config.key
         self._max_queued = config.max_queued
-        self.mailboxes: dict[int, deque[tuple[Any, Meta]]] = {}
+        self.mailboxes: dict[int, Mailbox] = {}
         #: Replies to requests: (correlation id, payload, addr).
         self.replies: deque[tuple[int, Any, Any]] = deque()
         self.dropped: dict[str, int] = dict.fromkeys(DROP_REASONS, 0)
@@ -134,19 +286,29 @@ class Receiver:
 
     # -- mailboxes ---------------------------------------------------------
 
-    def mailbox(self, mailbox: int) -> deque[tuple[Any, Meta]]:
-        """The deque of ``mailbox``, created on first use."""
-        dq = self.mailboxes.get(mailbox)
-        if dq is None:
+    def mailbox(self, mailbox: int) -> Mailbox:
+        """``mailbox``'s messages, created on first use."""
+        mb = self.mailboxes.get(mailbox)
+        if mb is None:
             if len(self.mailboxes) >= MAX_MAILBOXES:
-                for k in [k for k, v in self.mailboxes.items() if not v]:
+                for k in [k for k, v in self.mailboxes.items() if not v.chunks]:
                     del self.mailboxes[k]
-            dq = self.mailboxes.setdefault(mailbox, deque())
-        return dq
+            mb = self.mailboxes.setdefault(mailbox, Mailbox())
+        return mb
 
     def queued(self) -> int:
-        """Messages waiting in all mailboxes."""
-        return sum(len(v) for v in list(self.mailboxes.values()))
+        """Messages waiting in all mailboxes (an estimate, see :class:`Mailbox`)."""
+        return sum(v.queued() for v in list(self.mailboxes.values()))
+
+    def _room(self, mb: Mailbox, n: int) -> int:
+        """How many of ``n`` messages fit in ``mb``; counts the rest as dropped."""
+        if mb.delivered - mb.consumed + n <= self._max_queued:
+            return n
+        room = max(self._max_queued - mb.exact(), 0)
+        if room < n:
+            self.dropped["queue_full"] += n - room
+            return room
+        return n
 
     # -- datagrams ---------------------------------------------------------
 
@@ -175,17 +337,14 @@ class Receiver:
                 self._sequence(addr, sender, mailbox, seq)
             if flags or mailbox & ENVELOPE_BIT:
                 return self._deliver(payloads, flags, addr, sender, mailbox, seq)
-            dq = self.mailboxes.get(mailbox)
-            if dq is None:
-                dq = self.mailbox(mailbox)
+            mb = self.mailboxes.get(mailbox)
+            if mb is None:
+                mb = self.mailbox(mailbox)
             n = len(payloads)
-            if len(dq) + n > self._max_queued:
+            if mb.delivered - mb.consumed + n > self._max_queued:
                 return self._deliver(payloads, flags, addr, sender, mailbox, seq)
-            meta = (addr, sender, mailbox, seq, None)
-            if n == 1:
-                dq.append((payloads[0], meta))
-            else:
-                dq.extend(zip(payloads, repeat(meta)))
+            mb.chunks.append(Chunk(payloads, (addr, sender, mailbox, seq, None)))
+            mb.delivered += n
             self.messages_received += n
             return n
         try:
@@ -232,16 +391,14 @@ class Receiver:
             return self._deliver_enveloped(payloads, flags, addr, sender, mailbox, seq)
         if flags & FLAG_MSGPACK:
             payloads = self._decode_all(payloads)
-        dq = self.mailbox(mailbox)
-        room = self._max_queued - len(dq)
-        n = len(payloads)
-        if n > room:
-            self.dropped["queue_full"] += n - max(room, 0)
-            if room <= 0:
-                return 0
-            payloads = payloads[:room]
-            n = room
-        dq.extend(zip(payloads, repeat((addr, sender, mailbox, seq, None))))
+        mb = self.mailbox(mailbox)
+        n = self._room(mb, len(payloads))
+        if n <= 0:
+            return 0
+        if n < len(payloads):
+            payloads = payloads[:n]
+        mb.chunks.append(Chunk(payloads, (addr, sender, mailbox, seq, None)))
+        mb.delivered += n
         self.messages_received += n
         return n
 
@@ -278,11 +435,11 @@ class Receiver:
                 self.replies.append((corr, body, addr))
                 self.messages_received += 1
             elif kind == KIND_REQUEST:
-                dq = self.mailbox(user_mailbox)
-                if len(dq) >= self._max_queued:
-                    self.dropped["queue_full"] += 1
+                mb = self.mailbox(user_mailbox)
+                if not self._room(mb, 1):
                     continue
-                dq.append((body, (addr, sender, user_mailbox, seq, corr)))
+                mb.chunks.append(Chunk([body], (addr, sender, user_mailbox, seq, corr)))
+                mb.delivered += 1
                 self.messages_received += 1
                 delivered += 1
             else:
