@@ -14,9 +14,13 @@ from cmq._errors import (
     TransportError,
     WouldBlock,
 )
+from typing import TYPE_CHECKING, Any
+
 from cmq._types import Message, Stats
-from cmq.net.aqueue import AsyncQueue
 from cmq.net.queue import Queue
+
+if TYPE_CHECKING:
+    from cmq.net.aqueue import AsyncQueue
 
 __version__ = "0.1.0"
 
@@ -37,3 +41,13 @@ __all__ = [
     "WouldBlock",
     "__version__",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # AsyncQueue imports asyncio, which costs every `cmq send` and every
+    # benchmark worker a noticeable start-up; load it on first use.
+    if name == "AsyncQueue":
+        from cmq.net.aqueue import AsyncQueue
+
+        return AsyncQueue
+    raise AttributeError(f"module 'cmq' has no attribute {name!r}")
