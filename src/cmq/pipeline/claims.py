@@ -437,6 +437,14 @@ def _grid(rows: Sequence[Row], value: str) -> dict[tuple[float, float], float]:
     return {k: statistics.fmean(v) for k, v in cells.items()}
 
 
+def _short(v: float) -> str:
+    """A cell label: 3 significant digits with k/M, no exponent notation."""
+    for scale, suffix in ((1e6, "M"), (1e3, "k")):
+        if abs(v) >= scale:
+            return f"{v / scale:.3g}{suffix}"
+    return f"{v:.3g}"
+
+
 def _heatmap(ax: Axes, grid: dict[tuple[float, float], float], title: str, fmt: str) -> None:
     qs = sorted({q for q, _ in grid})
     ts = sorted({t for _, t in grid})
@@ -450,7 +458,7 @@ def _heatmap(ax: Axes, grid: dict[tuple[float, float], float], title: str, fmt: 
     for i, row in enumerate(matrix):
         for j, v in enumerate(row):
             if v == v:  # not NaN
-                ax.text(j, i, format(v, fmt), ha="center", va="center", fontsize=6, color="w")
+                ax.text(j, i, _short(v), ha="center", va="center", fontsize=7, color="w")
     ax.figure.colorbar(image, ax=ax, shrink=0.8)
 
 
