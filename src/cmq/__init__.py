@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+from typing import Any as _Any
+
 from cmq._config import QueueConfig
 from cmq._errors import (
     Closed,
@@ -14,12 +17,10 @@ from cmq._errors import (
     TransportError,
     WouldBlock,
 )
-from typing import TYPE_CHECKING, Any
-
 from cmq._types import Message, Stats
 from cmq.net.queue import Queue
 
-if TYPE_CHECKING:
+if _TYPE_CHECKING:
     from cmq.net.aqueue import AsyncQueue
 
 __version__ = "0.1.0"
@@ -43,7 +44,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _Any:
     # AsyncQueue imports asyncio, which costs every `cmq send` and every
     # benchmark worker a noticeable start-up; load it on first use.
     if name == "AsyncQueue":
