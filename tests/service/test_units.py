@@ -400,3 +400,15 @@ def test_order_experiment_runs_end_to_end() -> None:
     k1, no_order = summarise(records)
     assert k1["out_of_order_rate"] == 0.0
     assert no_order["out_of_order_rate"] > 0.0
+
+
+@given(st.binary(max_size=200), st.text(max_size=20))
+@settings(max_examples=200, deadline=None)
+def test_decode_form_never_raises_anything_else(body: bytes, path: str) -> None:
+    """Invariant of the query protocol's decoder: a Request or an SqsError."""
+    from cmq.service.query_protocol import decode_form
+
+    try:
+        decode_form(body, path)
+    except errors.SqsError:
+        pass

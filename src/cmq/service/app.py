@@ -1,6 +1,8 @@
 """The HTTP edge: an ASGI application served by uvicorn.
 
-``POST /`` speaks the SQS JSON protocol (:mod:`cmq.service.protocol`),
+``POST /`` speaks the SQS JSON protocol (:mod:`cmq.service.protocol`) and,
+for a form body without ``X-Amz-Target``, the older query protocol
+(:mod:`cmq.service.query_protocol`, XML replies);
 ``GET /metrics`` the Prometheus text format, ``GET /health`` answers ``ok``.
 This is the only place where errors become HTTP responses: an
 :class:`~cmq.service.errors.SqsError` becomes its SQS error shape, anything
@@ -23,6 +25,12 @@ from cmq.service.metrics import Metrics
 from cmq.service.model import QueueCounts
 from cmq.service.operations import QueueService
 from cmq.service.protocol import decode_request, encode_error, encode_result
+from cmq.service.query_protocol import (
+    FORM_CONTENT_TYPE,
+    decode_form,
+    encode_xml_error,
+    encode_xml_result,
+)
 from cmq.service.store.base import Store
 
 __all__ = ["SqsApp"]
@@ -35,6 +43,14 @@ Send = Callable[[Message], Awaitable[None]]
 _log = logging.getLogger("cmq.service")
 #: Queues whose depths one /metrics scrape reports at most.
 MAX_METRIC_QUEUES = 1000
+
+
+def _is_form(scope: Scope) -> bool:
+    """A query-protocol request, which may address its queue by the path."""
+    return any(
+        k == b"content-type" and v.startswith(FORM_CONTENT_TYPE.encode())
+        for k, v in scope["headers"]
+    )
 
 
 class SqsApp:
@@ -76,7 +92,7 @@ class SqsApp:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         method, path = scope["method"], scope["path"]
-        if path == "/" and method == "POST":
+        if method == "POST" and (path == "/" or _is_form(scope)):
             status, headers, body = await self._sqs(scope, receive)
         elif path == "/metrics" and method == "GET":
             body = (await self._render_metrics()).encode()
@@ -95,6 +111,7 @@ class SqsApp:
         start = time.perf_counter()
         target = host = None
         length = 0
+        form = False
         for key, value in scope["headers"]:
             if key == b"x-amz-target":
                 target = value.decode("latin-1")
@@ -102,6 +119,11 @@ class SqsApp:
                 host = value.decode("latin-1")
             elif key == b"content-length":
                 length = int(value) if value.isdigit() else 0
+            elif key == b"content-type":
+                form = value.startswith(FORM_CONTENT_TYPE.encode())
+        # The query protocol (older SDKs): a form without X-Amz-Target.
+        form = form and target is None
+        encode_err = encode_xml_error if form else encode_error
         action = "unknown"
         try:
             if length > self.max_request_bytes:
@@ -109,19 +131,19 @@ class SqsApp:
                     f"The request body has {length} bytes; the limit is {self.max_request_bytes}."
                 )
             body = await self._read_body(receive)
-            request = decode_request(target, body)
+            request = decode_form(body, scope["path"]) if form else decode_request(target, body)
             action = request.action
             result = await self.service.handle(
                 request.action, request.params, host or f"{scope['server'][0]}:{scope['server'][1]}"
             )
-            reply = encode_result(result)
+            reply = encode_xml_result(action, result) if form else encode_result(result)
             code = None
         except errors.SqsError as exc:
-            reply = encode_error(exc)
+            reply = encode_err(exc)
             code = exc.type_name
         except Exception:  # noqa: BLE001 - the edge: a bug is a 500, never a dead node
             _log.exception("internal error in %s", action)
-            reply = encode_error(errors.SqsError("The service met an internal error."))
+            reply = encode_err(errors.SqsError("The service met an internal error."))
             code = "InternalError"
         self.metrics.observe(action, time.perf_counter() - start, code)
         return reply

@@ -1,0 +1,163 @@
+"""The classic SQS query protocol, sans-IO: form in, XML out.
+
+SDKs released before SQS moved to JSON (late 2023) send
+``application/x-www-form-urlencoded`` bodies such as
+``Action=SendMessage&QueueUrl=...&MessageAttribute.1.Name=a&...`` and read
+XML replies in the ``2012-11-05`` namespace. This module maps such a request
+onto the JSON parameters that :class:`~cmq.service.operations.QueueService`
+takes, and its JSON result back onto the query protocol's XML, so both
+protocols share every line of the queue logic.
+
+Flattened names map as SQS defines them: ``Attribute.N.Name/Value`` is the
+``Attributes`` map, ``AttributeName.N`` the ``AttributeNames`` list,
+``MessageAttribute.N.Name`` with ``.Value.DataType`` / ``.Value.StringValue``
+/ ``.Value.BinaryValue`` the ``MessageAttributes`` map, and
+``<Action>RequestEntry.N.<field>`` the batch ``Entries``.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import parse_qsl
+from xml.sax.saxutils import escape
+
+from cmq.service.errors import InvalidAction, SerializationError, SqsError
+from cmq.service.protocol import ACTIONS, UNSUPPORTED_ACTIONS, Request
+
+__all__ = ["FORM_CONTENT_TYPE", "decode_form", "encode_xml_error", "encode_xml_result"]
+
+FORM_CONTENT_TYPE = "application/x-www-form-urlencoded"
+_NS = "http://queue.amazonaws.com/doc/2012-11-05/"
+_LISTS = {
+    "AttributeName": "AttributeNames",
+    "MessageAttributeName": "MessageAttributeNames",
+    "MessageSystemAttributeName": "MessageSystemAttributeNames",
+}
+_ENTRY = re.compile(r"(\w+BatchRequestEntry)\.(\d+)\.(.+)")
+_INDEXED = re.compile(r"(\w+?)\.(\d+)\.(.+)")
+
+
+def decode_form(body: bytes, path: str) -> Request:
+    """Decode a query-protocol request; ``path`` may carry the queue URL's path.
+
+    Raises SerializationError for a body that is not a form and InvalidAction
+    for a missing or unknown ``Action``.
+    """
+    try:
+        pairs = parse_qsl(body.decode("utf-8"), keep_blank_values=True, strict_parsing=False)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise SerializationError(f"The request body is not a valid form: {exc}") from exc
+    flat = dict(pairs)
+    action = flat.pop("Action", "")
+    flat.pop("Version", None)
+    if action not in ACTIONS and action not in UNSUPPORTED_ACTIONS:
+        raise InvalidAction(f"Unknown or missing Action {action[:64]!r}.")
+    params = _unflatten(flat)
+    if "QueueUrl" not in params and path.strip("/"):
+        # Old SDKs (boto 2) address the queue by the request path.
+        params["QueueUrl"] = path
+    return Request(action=action, params=params)
+
+
+def _unflatten(flat: Mapping[str, str]) -> dict[str, Any]:
+    params: dict[str, Any] = {}
+    entries: dict[int, dict[str, str]] = {}
+    groups: dict[str, dict[int, dict[str, str]]] = {}
+    for key, value in flat.items():
+        m = _ENTRY.fullmatch(key)
+        if m:
+            entries.setdefault(int(m.group(2)), {})[m.group(3)] = value
+            continue
+        m = _INDEXED.fullmatch(key)
+        if m:
+            groups.setdefault(m.group(1), {}).setdefault(int(m.group(2)), {})[m.group(3)] = value
+            continue
+        name, dot, index = key.rpartition(".")
+        if dot and index.isdigit() and name in _LISTS:
+            params.setdefault(_LISTS[name], {})[int(index)] = value
+            continue
+        params[key] = value
+    for name, indexed in list(params.items()):
+        if name in _LISTS.values():
+            params[name] = [indexed[i] for i in sorted(indexed)]
+    for group, items in groups.items():
+        ordered = [items[i] for i in sorted(items)]
+        if group == "Attribute":
+            params["Attributes"] = {i.get("Name", ""): i.get("Value", "") for i in ordered}
+        elif group in ("MessageAttribute", "MessageSystemAttribute"):
+            params[group + "s"] = _attributes(ordered)
+        elif group == "Tag":
+            params["tags"] = {i.get("Key", ""): i.get("Value", "") for i in ordered}
+    if entries:
+        params["Entries"] = [_unflatten(entries[i]) for i in sorted(entries)]
+    return params
+
+
+def _attributes(items: list[dict[str, str]]) -> dict[str, dict[str, str]]:
+    out: dict[str, dict[str, str]] = {}
+    for item in items:
+        value = {k.removeprefix("Value."): v for k, v in item.items() if k.startswith("Value.")}
+        out[item.get("Name", "")] = value
+    return out
+
+
+def encode_xml_result(
+    action: str, result: Mapping[str, Any]
+) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """Status, headers and XML body of a successful query-protocol reply."""
+    inner = "".join(_element(action, key, value) for key, value in result.items())
+    body = (
+        f'<?xml version="1.0"?><{action}Response xmlns="{_NS}">'
+        + (f"<{action}Result>{inner}</{action}Result>" if result else "")
+        + f"<ResponseMetadata><RequestId>{uuid.uuid4()}</RequestId></ResponseMetadata>"
+        f"</{action}Response>"
+    ).encode()
+    return 200, _headers(body), body
+
+
+def encode_xml_error(error: SqsError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """Status, headers and XML body of an error, in the query protocol's shape."""
+    fault = "Sender" if error.sender_fault else "Receiver"
+    body = (
+        f'<?xml version="1.0"?><ErrorResponse xmlns="{_NS}"><Error><Type>{fault}</Type>'
+        f"<Code>{escape(error.query_code)}</Code><Message>{escape(error.message)}</Message>"
+        f"<Detail/></Error><RequestId>{uuid.uuid4()}</RequestId></ErrorResponse>"
+    ).encode()
+    return error.status, _headers(body), body
+
+
+def _headers(body: bytes) -> list[tuple[bytes, bytes]]:
+    return [(b"content-type", b"text/xml"), (b"content-length", str(len(body)).encode())]
+
+
+def _element(action: str, key: str, value: Any) -> str:
+    if key == "QueueUrls":
+        return "".join(f"<QueueUrl>{escape(u)}</QueueUrl>" for u in value)
+    if key == "Attributes":
+        return "".join(
+            f"<Attribute><Name>{escape(k)}</Name><Value>{escape(v)}</Value></Attribute>"
+            for k, v in value.items()
+        )
+    if key == "MessageAttributes":
+        return "".join(
+            f"<MessageAttribute><Name>{escape(k)}</Name><Value>"
+            + "".join(f"<{f}>{escape(str(x))}</{f}>" for f, x in v.items())
+            + "</Value></MessageAttribute>"
+            for k, v in value.items()
+        )
+    if key == "Messages":
+        return "".join(
+            "<Message>" + "".join(_element(action, k, v) for k, v in m.items()) + "</Message>"
+            for m in value
+        )
+    if key in ("Successful", "Failed"):
+        tag = f"{action}ResultEntry" if key == "Successful" else "BatchResultErrorEntry"
+        return "".join(
+            f"<{tag}>" + "".join(_element(action, k, v) for k, v in e.items()) + f"</{tag}>"
+            for e in value
+        )
+    text = ("true" if value else "false") if isinstance(value, bool) else str(value)
+    return f"<{key}>{escape(text)}</{key}>"
