@@ -445,7 +445,7 @@ def _short(v: float) -> str:
     return f"{v:.3g}"
 
 
-def _heatmap(ax: Axes, grid: dict[tuple[float, float], float], title: str, fmt: str) -> None:
+def _heatmap(ax: Axes, grid: dict[tuple[float, float], float], title: str) -> None:
     qs = sorted({q for q, _ in grid})
     ts = sorted({t for _, t in grid})
     matrix = [[grid.get((q, t), float("nan")) for t in ts] for q in qs]
@@ -468,18 +468,18 @@ def _tuning_section(data: ReportData, experiment: str) -> Section:
     rates = _grid([r for r in rows if r["scenario"] == "throughput"], "msgs_per_s")
     latency = _grid(rows, "mean_ns")
     panels = [
-        (g, t, f)
-        for g, t, f in (
-            (rates, "messages/s", ".3g"),
-            ({k: v / 1e3 for k, v in latency.items()}, "mean latency (µs)", ".3g"),
+        (g, t)
+        for g, t in (
+            (rates, "messages/s"),
+            ({k: v / 1e3 for k, v in latency.items()}, "mean latency (µs)"),
         )
         if g
     ]
     figures = []
     if panels:
         fig, axes = new_figure(len(panels), height=4.2)
-        for ax, (grid, title, fmt) in zip(axes, panels, strict=True):
-            _heatmap(ax, grid, title, fmt)
+        for ax, (grid, title) in zip(axes, panels, strict=True):
+            _heatmap(ax, grid, title)
         figures.append(svg(fig))
     table = Table(
         caption="qthresh x timeout",
