@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from array import array
 from pathlib import Path
 
@@ -11,6 +13,7 @@ from cmq import ConfigError
 from cmq.lab.amqp import plans
 from cmq.lab.amqp._worker import body, read_stamps, seq_of, write_stamps
 from cmq.lab.amqp.plans import AMQP_PROFILES, AmqpProfile, amqp_profile, measure, points
+from cmq.lab.amqp.report import collapse
 from cmq.lab.amqp.suite import Point, Stream, sync_every
 from cmq.lab.amqp.transport import rabbit_available
 from cmq.lab.experiments import PROFILES, experiments
@@ -114,7 +117,7 @@ def _run(tmp_path: Path, bench: str, systems: list[str], profile: AmqpProfile) -
     steps: list[str] = []
     with RunBook(tmp_path, f"amqp-{bench}") as book:
         measure(bench, f"amqp-{bench}", book, systems, profile, step=steps.append, say=print)
-    assert len(steps) == len(points(bench, profile)) * len(systems)
+    assert len(steps) == len(points(bench, profile)) * len(systems) * profile.repeat
     runs = read_table(tmp_path, "runs").to_pylist()
     assert [r["status"] for r in runs] == ["ok"] * len(systems), runs
     rows = read_table(tmp_path, "records").to_pylist()
@@ -128,7 +131,7 @@ def _run(tmp_path: Path, bench: str, systems: list[str], profile: AmqpProfile) -
 
 SMALL = AmqpProfile(name="test", sizes=(16,), count=200, volume=1 << 20, pp_sizes=(16,), pp_count=10,
                     pairs=(2,), pair_count=100, consumers=(3,), fanout_count=100, bindings=(8,),
-                    topic_count=100)  # fmt: skip
+                    topic_count=100, repeat=1)  # fmt: skip
 
 
 @pytest.mark.slow
@@ -159,3 +162,31 @@ def test_spsc_beside_rabbitmq(tmp_path: Path) -> None:
         pytest.skip(why)
     got = _run(tmp_path, "de-spsc", ["cmq", "rabbitmq"], SMALL)
     assert got["rows"] == 2 * 200 and got["receivers"] == 2
+
+
+def _row(system: str, rate: float, repeat: int) -> dict[str, object]:
+    params = {"bindings": 8, "repeat": repeat}
+    return {"experiment": "amqp-te-spsc", "system": system, "scenario": "te-spsc", "size": 64,
+            "params": json.dumps(params), "p": params, "msgs_per_s": rate, "mean_ns": rate}  # fmt: skip
+
+
+def test_repeats_collapse_to_the_median_repeat() -> None:
+    rows = [_row("cmq", r, k) for k, r in enumerate((30.0, 10.0, 20.0))] + [
+        _row("rabbitmq", 5.0, 0)
+    ]
+    got = {r["system"]: r for r in collapse(rows)}
+    assert got["cmq"]["msgs_per_s"] == 20.0 and got["cmq"]["mean_ns"] == 20.0
+    assert (got["cmq"]["repeats"], got["cmq"]["rate_min"], got["cmq"]["rate_max"]) == (
+        3,
+        10.0,
+        30.0,
+    )
+    assert got["cmq"]["p"] == {"bindings": 8} == got["rabbitmq"]["p"]
+    assert got["cmq"]["params"] == got["rabbitmq"]["params"]
+
+
+@pytest.mark.slow
+def test_repeats_are_groups_of_their_own(tmp_path: Path) -> None:
+    profile = dataclasses.replace(SMALL, repeat=2)
+    got = _run(tmp_path, "te-spsc", ["cmq"], profile)
+    assert got["rows"] == 2 * 100 and got["receivers"] == 2

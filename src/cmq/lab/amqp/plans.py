@@ -14,8 +14,11 @@ writes its records through a :class:`~cmq.lab.experiments._record.RunBook`:
   varied quantity, for every point whose broker pid is known.
 
 Systems are interleaved per point (cmq, then RabbitMQ, at each size or
-count) so that a neighbour's burst on the shared machine does not land on
-one system only.
+count), and the whole plan is run ``repeat`` times over (its rows then
+carry ``"repeat": k`` in their params, one group each), so that a
+neighbour's burst on the shared machine does not land on one system or one
+point only; the report takes the median repeat
+(:func:`cmq.lab.amqp.report.collapse`).
 """
 
 from __future__ import annotations
@@ -100,13 +103,15 @@ class AmqpProfile:
     """TE-SPSC messages per point."""
     small_size: int = 64
     """Message size of FE-SPMC and TE-SPSC (message rate is the figure)."""
+    repeat: int = 3
+    """Runs of every point, interleaved (the report takes the median)."""
 
     def __post_init__(self) -> None:
         for name in ("sizes", "pp_sizes", "pairs", "consumers"):
             _check(name, getattr(self, name))
         _check("bindings", self.bindings, least=0)
         for name in ("count", "volume", "pp_count", "pair_count", "mpmc_size", "fanout_count",
-                     "topic_count", "small_size"):  # fmt: skip
+                     "topic_count", "small_size", "repeat"):  # fmt: skip
             _check(name, [getattr(self, name)])
         if not self.pp_timeout > 0:
             raise ConfigError("AmqpProfile.pp_timeout must be positive seconds")
@@ -124,16 +129,17 @@ AMQP_PROFILES: Final[dict[str, AmqpProfile]] = {
     "quick": AmqpProfile(
         name="quick",
         sizes=(1, 256, 4096, 65536, _MB),
-        count=10_000,
-        volume=32 * _MB,
+        count=5000,
+        volume=16 * _MB,
         pp_sizes=(16, 4096, 65536),
-        pp_count=300,
+        pp_count=200,
         pairs=(1, 2, 4, 8),
-        pair_count=4000,
+        pair_count=2000,
         consumers=(1, 4, 16),
-        fanout_count=4000,
+        fanout_count=2000,
         bindings=(1, 64, 1024),
-        topic_count=10_000,
+        topic_count=5000,
+        repeat=3,
     ),
     # Seconds: for tests of the whole path.
     "tiny": AmqpProfile(
@@ -149,6 +155,7 @@ AMQP_PROFILES: Final[dict[str, AmqpProfile]] = {
         fanout_count=100,
         bindings=(1, 16),
         topic_count=200,
+        repeat=1,
     ),
 }
 
@@ -382,21 +389,28 @@ def measure(
             # pays for caches and lazy imports the others do not.
             with contextlib.suppress(Exception):
                 session.run(system, "de-spsc", WARMUP, p)
-        for plan in plans:
-            for system in systems:
-                label = f"{system} {bench} {plan.size} B {plan.params or ''}".strip()
-                try:
-                    result = session.run(system, bench, plan, p)
-                except Exception as exc:  # noqa: BLE001 - one failed point must not cost the rest
-                    text = f"{bench} {plan.size} B {plan.params}: {type(exc).__name__}: {exc}"
-                    book.problem(system, text)
-                    say(f"{experiment}: {system} {text}")
-                else:
-                    if isinstance(result, tuple):
-                        write_pingpong(book, system, plan, *result)
+        for rep in range(p.repeat):
+            for plan in plans:
+                # Repeats are told apart by their params: each is its own group.
+                this = (
+                    dataclasses.replace(plan, params={**plan.params, "repeat": rep})
+                    if p.repeat > 1
+                    else plan
+                )
+                for system in systems:
+                    label = f"{system} {bench} {this.size} B {this.params or ''}".strip()
+                    try:
+                        result = session.run(system, bench, this, p)
+                    except Exception as exc:  # noqa: BLE001 - one failed point must not cost the rest
+                        text = f"{bench} {this.size} B {this.params}: {type(exc).__name__}: {exc}"
+                        book.problem(system, text)
+                        say(f"{experiment}: {system} {text}")
                     else:
-                        write_point(book, system, bench, plan, result, experiment)
-                step(label)
+                        if isinstance(result, tuple):
+                            write_pingpong(book, system, this, *result)
+                        else:
+                            write_point(book, system, bench, this, result, experiment)
+                    step(label)
 
 
 MEASURES: Final = ("de-spsc", "de-mpmc", "de-pp", "fe-spmc", "te-spsc")

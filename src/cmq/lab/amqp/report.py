@@ -11,6 +11,7 @@ arrive: a broker that queues up a backlog is not credited with its intake.
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Callable, Sequence
 from typing import Any, Final
@@ -49,9 +50,48 @@ def _inconclusive(why: str) -> Verdict:
     return Verdict(status="inconclusive", result=why)
 
 
+def collapse(rows: Sequence[Row]) -> list[Row]:
+    """One row per point: the repeat with the median msgs/s (a real row, so its
+    latency figures belong to it), with ``repeats``, ``rate_min`` and
+    ``rate_max`` added and ``repeat`` dropped from its params."""
+    groups: dict[tuple[Any, ...], list[Row]] = {}
+    for r in rows:
+        p = {k: v for k, v in r["p"].items() if k != "repeat"}
+        key = (
+            r["experiment"],
+            r["system"],
+            r["scenario"],
+            r["size"],
+            json.dumps(p, sort_keys=True),
+        )
+        groups.setdefault(key, []).append({**r, "p": p, "params": key[-1]})
+    out = []
+    for members in groups.values():
+        ranked = sorted(members, key=lambda r: r["msgs_per_s"] or 0.0)
+        mid = dict(ranked[(len(ranked) - 1) // 2])
+        rates = [r["msgs_per_s"] for r in members if r["msgs_per_s"] is not None]
+        mid.update(repeats=len(members), rate_min=min(rates, default=None),
+                   rate_max=max(rates, default=None))  # fmt: skip
+        out.append(mid)
+    return sorted(out, key=lambda r: (r["system"], r["scenario"], r["size"], r["params"]))
+
+
+def _rows(data: ReportData, experiment: str, **match: Any) -> list[Row]:
+    return collapse(data.rows(experiment, **match))
+
+
+def _samples(data: ReportData, experiment: str, metric: str, system: str) -> dict[float, float]:
+    """Median over repeats of a sample metric, by x."""
+    by: dict[float, list[float]] = {}
+    for r in data.sample_rows(experiment, metric=metric, system=system):
+        if r["x"] is not None:
+            by.setdefault(float(r["x"]), []).append(float(r["mean"]))
+    return {x: statistics.median(v) for x, v in by.items()}
+
+
 def _rates(data: ReportData, experiment: str, system: str) -> dict[tuple[Any, ...], float]:
     out = {}
-    for r in data.rows(experiment, system=system):
+    for r in _rows(data, experiment, system=system):
         if r["msgs_per_s"] is not None:
             out[(r["size"], r["params"])] = float(r["msgs_per_s"])
     return out
@@ -76,7 +116,7 @@ def ratio_claim(experiment: str) -> Claim:
             return _inconclusive(
                 "Needs cmq and RabbitMQ rates at the same points up to 4 KB (RabbitMQ skipped?)."
             )
-        rows = data.rows(experiment)
+        rows = _rows(data, experiment)
         ratios = {k: cmq[k] / rabbit[k] for k in common}
         worst = min(ratios, key=lambda k: ratios[k])
         text = (
@@ -96,18 +136,14 @@ def ratio_claim(experiment: str) -> Claim:
 
 def _by_param(data: ReportData, experiment: str, system: str, key: str) -> dict[int, Row]:
     out = {}
-    for r in data.rows(experiment, system=system):
+    for r in _rows(data, experiment, system=system):
         if key in r["p"] and r["msgs_per_s"] is not None:
             out[int(r["p"][key])] = r
     return out
 
 
 def _cpu(data: ReportData, experiment: str, system: str) -> dict[float, float]:
-    return {
-        float(r["x"]): float(r["mean"])
-        for r in data.sample_rows(experiment, metric="broker_cpu", system=system)
-        if r["x"] is not None
-    }
+    return _samples(data, experiment, "broker_cpu", system)
 
 
 def _xy_figure(
@@ -141,7 +177,8 @@ def _xy_figure(
 def _table(rows: Sequence[Row], caption: str, key: str | None, per: bool = False) -> Table:
     ordered = sorted(rows, key=lambda r: (r["system"], r["p"].get(key, 0) if key else 0, r["size"]))
     columns = ["system", *([key] if key else []), "size (B)", "messages", "lost", "msgs/s",
-               *(["msgs/s per consumer"] if per else []), "MB/s", "mean µs", "p50 µs", "p99 µs"]  # fmt: skip
+               "repeats: msgs/s range", *(["msgs/s per consumer"] if per else []), "MB/s", "mean µs",
+               "p50 µs", "p99 µs"]  # fmt: skip
 
     def f(v: float | None, d: int = 0) -> str:
         return "" if v is None else f"{v:,.{d}f}"
@@ -149,10 +186,12 @@ def _table(rows: Sequence[Row], caption: str, key: str | None, per: bool = False
     out = []
     for r in ordered:
         n = int(r["p"].get(key, 1)) if key else 1
+        spread = f"{r.get('repeats', 1)}: {f(r.get('rate_min'))} .. {f(r.get('rate_max'))}"
         out.append([
             r["system"], *([r["p"].get(key, "")] if key else []), r["size"], r["messages"], r["lost"],
-            f(r["msgs_per_s"]), *([f((r["msgs_per_s"] or 0) / n)] if per else []), f(r["mb_per_s"], 2),
-            f((r["mean_ns"] or 0) / 1e3, 1), f((r["p50_ns"] or 0) / 1e3, 1), f((r["p99_ns"] or 0) / 1e3, 1),
+            f(r["msgs_per_s"]), spread, *([f((r["msgs_per_s"] or 0) / n)] if per else []),
+            f(r["mb_per_s"], 2), f((r["mean_ns"] or 0) / 1e3, 1), f((r["p50_ns"] or 0) / 1e3, 1),
+            f((r["p99_ns"] or 0) / 1e3, 1),
         ])  # fmt: skip
     return Table(caption=caption, columns=columns, rows=out)
 
@@ -165,6 +204,11 @@ _ONE_WAY: Final = (
     "Latency here is one way (publisher's stamp before publish to the consumer's stamp on "
     "receipt, one machine clock) and includes queueing behind the messages before it: the "
     "publishers send as fast as flow control lets them."
+)
+_REPEATS: Final = (
+    "Every point is run several times (the profile's repeat), interleaved across the two brokers "
+    "so that a neighbour's burst on this shared machine does not land on one of them only; figures, "
+    "tables and claims take the repeat with the median msgs/s, and the tables show the range."
 )
 _RABBIT: Final = (
     "RabbitMQ is driven by pika: publishes are framed by the channel without a socket poll each "
@@ -179,18 +223,18 @@ _RABBIT: Final = (
 
 
 def _spsc_section(data: ReportData, experiment: str) -> Section:
-    rows = data.rows(experiment)
+    rows = _rows(data, experiment)
     figures = [
         f for f in [rate_figure(rows, title="DE-SPSC"), latency_figure(rows, title="DE-SPSC")] if f
     ]
     return Section(figures=figures, tables=[_table(rows, "DE-SPSC per system and size", None)],
-                   notes=[_ONE_WAY, _RABBIT])  # fmt: skip
+                   notes=[_ONE_WAY, _REPEATS, _RABBIT])  # fmt: skip
 
 
 def _judge_spsc_paper(data: ReportData) -> Verdict:
     found = []
     for system in ("cmq", "rabbitmq"):
-        rows = sorted((r for r in data.rows("amqp-de-spsc", system=system) if r["mb_per_s"]),
+        rows = sorted((r for r in _rows(data, "amqp-de-spsc", system=system) if r["mb_per_s"]),
                       key=lambda r: r["size"])  # fmt: skip
         if len(rows) >= 2:
             lo, hi = rows[0], rows[-1]
@@ -213,7 +257,7 @@ def _judge_spsc_paper(data: ReportData) -> Verdict:
 
 
 def _mpmc_section(data: ReportData, experiment: str) -> Section:
-    rows = data.rows(experiment)
+    rows = _rows(data, experiment)
     systems = _systems(rows)
 
     def mb(s: str) -> list[tuple[float, float]]:
@@ -236,7 +280,7 @@ def _mpmc_section(data: ReportData, experiment: str) -> Section:
                 Table(caption="Broker CPU while the pairs ran", columns=["system", "pairs", "CPU"], rows=cpu_rows)],
         notes=["Broker CPU is the broker process's user+system time over the run's wall time "
                "(/proc/PID/stat), 100% = one core; the machine has two, shared with every publisher "
-               "and consumer.", _RABBIT],
+               "and consumer.", _REPEATS, _RABBIT],
     )  # fmt: skip
 
 
@@ -261,18 +305,18 @@ def _judge_mpmc_paper(data: ReportData) -> Verdict:
 
 
 def _pp_section(data: ReportData, experiment: str) -> Section:
-    rows = data.rows(experiment)
+    rows = _rows(data, experiment)
     fig = latency_figure(rows, title="DE-PP")
     return Section(
         figures=[fig] if fig else [],
         tables=[latency_table(rows, "DE-PP round trips (publish -> broker -> echo -> broker -> back)")],
         notes=["msgs/s of a ping-pong is round trips per second (one in flight). Each round trip "
-               "crosses the broker twice.", _RABBIT],
+               "crosses the broker twice.", _REPEATS, _RABBIT],
     )  # fmt: skip
 
 
 def _judge_pp_paper(data: ReportData) -> Verdict:
-    rows = [r for r in data.rows("amqp-de-pp") if r["mean_ns"] is not None]
+    rows = [r for r in _rows(data, "amqp-de-pp") if r["mean_ns"] is not None]
     if not rows:
         return _inconclusive("Needs DE-PP round trips.")
     parts = []
@@ -302,7 +346,7 @@ def _per_consumer(data: ReportData, experiment: str, system: str) -> dict[int, f
 
 
 def _fe_section(data: ReportData, experiment: str) -> Section:
-    rows = data.rows(experiment)
+    rows = _rows(data, experiment)
     systems = _systems(rows)
     fig = _xy_figure(
         [("FE-SPMC rate per consumer", "msgs/s per consumer",
@@ -312,7 +356,7 @@ def _fe_section(data: ReportData, experiment: str) -> Section:
         systems, xlabel="consumers")  # fmt: skip
     return Section(figures=[fig] if fig else [],
                    tables=[_table(rows, "FE-SPMC per system and consumers (msgs/s: all deliveries)", "consumers", per=True)],
-                   notes=[_RABBIT])  # fmt: skip
+                   notes=[_REPEATS, _RABBIT])  # fmt: skip
 
 
 def _judge_fe_paper(data: ReportData) -> Verdict:
@@ -335,13 +379,13 @@ def _judge_fe_paper(data: ReportData) -> Verdict:
 
 
 def _te_section(data: ReportData, experiment: str) -> Section:
-    rows = data.rows(experiment)
+    rows = _rows(data, experiment)
     systems = _systems(rows)
     fig = _xy_figure(
         [("TE-SPSC rate against bindings", "msgs/s",
           lambda s: [(max(k, 1), r["msgs_per_s"]) for k, r in _by_param(data, experiment, s, "bindings").items()]),
          ("TE-SPSC broker CPU per message", "broker CPU µs per message",
-          lambda s: [(max(r["x"], 1), r["mean"]) for r in data.sample_rows(experiment, metric="broker_cpu_us_per_msg", system=s) if r["x"] is not None])],
+          lambda s: [(max(x, 1), v) for x, v in _samples(data, experiment, "broker_cpu_us_per_msg", s).items()])],
         systems, xlabel="non-matching bindings (beside the matching one)")  # fmt: skip
     return Section(figures=[fig] if fig else [],
                    tables=[_table(rows, "TE-SPSC per system and bindings", "bindings")],

@@ -390,34 +390,37 @@ def run_point(broker: BrokerProcess, admin: Transport, pool: Pool, point: Point)
     exchange = f"amqp-{tag}"
     queues = {f"{q}-{tag}": keys for q, keys in point.queues.items()}
     admin.declare(exchange, point.kind, queues)
-    workers = pool.take(len(point.consumers) + len(point.publishers))
-    consumers, publishers = workers[: len(point.consumers)], workers[len(point.consumers) :]
-    result = PointResult()
-    budget = _budget(point)
-    with tempfile.TemporaryDirectory(prefix="cmq-amqp-") as tmp:
-        common = {"system": broker.system, "address": broker.address}
-        for j, (w, q) in enumerate(zip(consumers, point.consumers, strict=True)):
-            w.command({**common, "role": "consume", "queue": f"{q}-{tag}", "count": point.expect,
-                       "prefetch": PREFETCH, "idle": IDLE, "out": f"{tmp}/c{j}"})  # fmt: skip
-        for w in consumers:
-            w.expect("READY", READY_TIMEOUT)
-        for i, (w, s) in enumerate(zip(publishers, point.publishers, strict=True)):
-            w.command({**common, "role": "publish", "exchange": exchange, "key": s.key,
-                       "count": s.count, "size": s.size, "sync_every": sync_every(s.size),
-                       "out": f"{tmp}/p{i}"})  # fmt: skip
-        for w in publishers:
-            w.expect("READY", READY_TIMEOUT)
-        cpu0, t0 = broker.cpu(), time.monotonic()
-        for w in publishers:
-            w.send("GO")
-        for w in (*publishers, *consumers):
-            w.expect("RESULT", budget)
-        cpu1, t1 = broker.cpu(), time.monotonic()
-        result.sent = [read_stamps(f"{tmp}/p{i}")[0] for i in range(len(publishers))]
-        for j in range(len(consumers)):
-            seqs, recv = read_stamps(f"{tmp}/c{j}")
-            result.received.append((seqs, recv))
-    admin.delete(exchange, list(queues))
+    try:
+        workers = pool.take(len(point.consumers) + len(point.publishers))
+        consumers, publishers = workers[: len(point.consumers)], workers[len(point.consumers) :]
+        result = PointResult()
+        budget = _budget(point)
+        with tempfile.TemporaryDirectory(prefix="cmq-amqp-") as tmp:
+            common = {"system": broker.system, "address": broker.address}
+            for j, (w, q) in enumerate(zip(consumers, point.consumers, strict=True)):
+                w.command({**common, "role": "consume", "queue": f"{q}-{tag}", "count": point.expect,
+                           "prefetch": PREFETCH, "idle": IDLE, "out": f"{tmp}/c{j}"})  # fmt: skip
+            for w in consumers:
+                w.expect("READY", READY_TIMEOUT)
+            for i, (w, s) in enumerate(zip(publishers, point.publishers, strict=True)):
+                w.command({**common, "role": "publish", "exchange": exchange, "key": s.key,
+                           "count": s.count, "size": s.size, "sync_every": sync_every(s.size),
+                           "out": f"{tmp}/p{i}"})  # fmt: skip
+            for w in publishers:
+                w.expect("READY", READY_TIMEOUT)
+            cpu0, t0 = broker.cpu(), time.monotonic()
+            for w in publishers:
+                w.send("GO")
+            for w in (*publishers, *consumers):
+                w.expect("RESULT", budget)
+            cpu1, t1 = broker.cpu(), time.monotonic()
+            result.sent = [read_stamps(f"{tmp}/p{i}")[0] for i in range(len(publishers))]
+            for j in range(len(consumers)):
+                seqs, recv = read_stamps(f"{tmp}/c{j}")
+                result.received.append((seqs, recv))
+    finally:
+        # Also after a failure: RabbitMQ would keep the queues and their messages.
+        admin.delete(exchange, list(queues))
     result.wall_s = t1 - t0
     if cpu0 is not None and cpu1 is not None:
         result.cpu_s = cpu1 - cpu0
@@ -437,23 +440,25 @@ def run_pingpong(
     tag = f"{os.getpid()}-{next(_names)}-{time.monotonic_ns() % 10**9}"
     exchange, ping_q, pong_q = f"amqp-{tag}", f"ping-{tag}", f"pong-{tag}"
     admin.declare(exchange, "direct", {ping_q: ["ping"], pong_q: ["pong"]})
-    echo, pinger = pool.take(2)
-    common = {"system": broker.system, "address": broker.address}
-    with tempfile.TemporaryDirectory(prefix="cmq-amqp-") as tmp:
-        echo.command({**common, "role": "echo", "queue": ping_q, "exchange": exchange,
-                      "key": "pong", "count": count, "prefetch": PREFETCH,
-                      "idle": IDLE + timeout})  # fmt: skip
-        echo.expect("READY", READY_TIMEOUT)
-        pinger.command({**common, "role": "ping", "queue": pong_q, "exchange": exchange,
-                        "key": "ping", "count": count, "size": size, "prefetch": PREFETCH,
-                        "timeout": timeout, "out": f"{tmp}/pp"})  # fmt: skip
-        pinger.expect("READY", READY_TIMEOUT)
-        pinger.send("GO")
-        budget = READY_TIMEOUT + count * (timeout + 0.01)
-        pinger.expect("RESULT", budget)
-        echo.expect("RESULT", budget)
-        sent, back = read_stamps(f"{tmp}/pp")
-    admin.delete(exchange, [ping_q, pong_q])
+    try:
+        echo, pinger = pool.take(2)
+        common = {"system": broker.system, "address": broker.address}
+        with tempfile.TemporaryDirectory(prefix="cmq-amqp-") as tmp:
+            echo.command({**common, "role": "echo", "queue": ping_q, "exchange": exchange,
+                          "key": "pong", "count": count, "prefetch": PREFETCH,
+                          "idle": IDLE + timeout})  # fmt: skip
+            echo.expect("READY", READY_TIMEOUT)
+            pinger.command({**common, "role": "ping", "queue": pong_q, "exchange": exchange,
+                            "key": "ping", "count": count, "size": size, "prefetch": PREFETCH,
+                            "timeout": timeout, "out": f"{tmp}/pp"})  # fmt: skip
+            pinger.expect("READY", READY_TIMEOUT)
+            pinger.send("GO")
+            budget = READY_TIMEOUT + count * (timeout + 0.01)
+            pinger.expect("RESULT", budget)
+            echo.expect("RESULT", budget)
+            sent, back = read_stamps(f"{tmp}/pp")
+    finally:
+        admin.delete(exchange, [ping_q, pong_q])
     return sent, back
 
 

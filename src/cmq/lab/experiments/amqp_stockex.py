@@ -45,7 +45,14 @@ def _run(ctx: Context) -> None:
         def step(s: StepResult) -> None:
             ctx.step(f"{s.rate:,} orders/s {'kept' if s.kept else 'not kept'}")
 
-        result = run_simulation(config, step=step)
+        spark = None
+        if config.reporter == "spark":
+            # The lab's own start-up: the JVM's chatter goes to OUT/spark.log,
+            # and the report later reuses this session.
+            from cmq.lab.orchestrate import _start_spark
+
+            spark = _start_spark(ctx.out, None)
+        result = run_simulation(config, step=step, spark=spark)
         write_records(book, result)
         if result.spool.get("dropped"):
             book.problem(

@@ -46,7 +46,8 @@ def _experiment(bench: str, order: int, title: str) -> LabExperiment:
 
     def steps(ctx: Context) -> int:
         n = 2 if "rabbitmq" in ctx.systems else 1
-        return n * len(points(bench, amqp_profile(ctx.profile)))
+        p = amqp_profile(ctx.profile)
+        return n * len(points(bench, p)) * p.repeat
 
     def run(ctx: Context) -> None:
         p = amqp_profile(ctx.profile)
