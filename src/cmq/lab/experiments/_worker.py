@@ -1,4 +1,4 @@
-"""Worker processes of the scalability experiment: ``python -m cmq.lab.experiments._worker ROLE JSON``.
+"""Worker processes of the lab's own experiments: ``python -m cmq.lab.experiments._worker ROLE JSON``.
 
 Roles (each prints ``TAG {json}`` lines on stdout, as the system adapters do):
 
@@ -6,13 +6,6 @@ Roles (each prints ``TAG {json}`` lines on stdout, as the system adapters do):
     The sans-IO push-cost micro-benchmark (:func:`cmq.lab.runner.run_destinations`),
     one ``SAMPLE`` line per repeat, so a long million-destination run shows
     progress, and its memory is not the orchestrator's.
-``rss-receiver``
-    A :class:`cmq.Queue` that drains everything sent to it and prints its own
-    resident set size every ``interval`` seconds (``SAMPLE``), from the first
-    message to ``seconds`` later, the end marker, or an idle gap.
-``rss-sender``
-    Pushes ``size``-byte messages to the receiver as fast as ``push``
-    returns for ``seconds``, then the end marker.
 ``poll-echo`` and ``poll-pingpong``
     Ping-pong written as the paper's applications were: ``push``, then poll
     the non-blocking ``pop`` (the paper's ``cwPop``) every
@@ -24,16 +17,13 @@ Roles (each prints ``TAG {json}`` lines on stdout, as the system adapters do):
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from typing import Any, Final
 
 __all__ = ["main"]
 
-_PAGE: Final = os.sysconf("SC_PAGE_SIZE")
 _END: Final = b""
-_POP_LIMIT: Final = 4096
 #: Sleep between empty polls: short against any batch timeout of the sweep
 #: (0.1 ms and up), and it lets the queue's I/O thread have the GIL.
 POLL_INTERVAL: Final = 20e-6
@@ -42,12 +32,6 @@ POLL_INTERVAL: Final = 20e-6
 def _emit(tag: str, value: Any) -> None:
     sys.stdout.write(f"{tag} {json.dumps(value)}\n")
     sys.stdout.flush()
-
-
-def rss_bytes() -> int:
-    """This process's resident set size now (not the peak), in bytes."""
-    with open("/proc/self/statm", encoding="ascii") as f:
-        return int(f.read().split()[1]) * _PAGE
 
 
 def _destinations(params: dict[str, Any]) -> None:
@@ -62,89 +46,6 @@ def _destinations(params: dict[str, Any]) -> None:
         ):
             _emit("SAMPLE", {"repeat": k, **r.to_json()})
     _emit("RESULT", {})
-
-
-def _rss_receiver(params: dict[str, Any]) -> None:
-    import cmq
-
-    clock = time.monotonic_ns
-    interval = int(float(params["interval"]) * 1e9)
-    idle = int(float(params["idle"]) * 1e9)
-    with cmq.Queue(port=0, host=params.get("bind", "127.0.0.1")) as q:
-        host, port = q.address
-        _emit("READY", {"host": host, "port": port})
-        try:
-            got = [q.get(timeout=float(params["startup"]))]
-        except cmq.Timeout:
-            _emit("RESULT", {"delivered": 0, "stopped": "startup"})
-            return
-        start = last = clock()
-        stop_at = start + int(float(params["seconds"]) * 1e9)
-        next_sample = start
-        delivered = peak = 0
-        stopped = "time"
-        while True:
-            now = clock()
-            if got:
-                last = now
-                delivered += len(got) - got.count(_END)
-                if got[-1] == _END:
-                    stopped = "end"
-                    break
-            elif now - last > idle:
-                stopped = "idle"
-                break
-            if now >= next_sample:
-                # queued: messages received but not yet popped (the backlog
-                # a stall of this process leaves; it sets the heap's high-water mark).
-                queued = q.stats().queued
-                peak = max(peak, queued)
-                _emit("SAMPLE", {"t_ns": now, "rss_bytes": rss_bytes(), "delivered": delivered,
-                                 "queued": queued})  # fmt: skip
-                # Never fall behind by more than one sample (a stall is a gap, not a burst).
-                next_sample = max(next_sample + interval, now)
-            if now >= stop_at:
-                break
-            got = q.pop_many(_POP_LIMIT)
-            if not got:
-                try:
-                    got = [q.get(timeout=max(0.0, min(next_sample - now, idle) / 1e9))]
-                except cmq.Timeout:
-                    got = []
-        now = clock()
-        _emit("SAMPLE", {"t_ns": now, "rss_bytes": rss_bytes(), "delivered": delivered,
-                         "queued": q.stats().queued})  # fmt: skip
-        _emit("RESULT", {"delivered": delivered, "stopped": stopped, "peak_queued": peak,
-                         "stats": q.stats().as_dict()})  # fmt: skip
-
-
-def _rss_sender(params: dict[str, Any]) -> None:
-    import cmq
-
-    peer = params["peer"]
-    dest = (peer["host"], int(peer["port"]))
-    payload = b"x" * int(params["size"])
-    local = "127.0.0.1" if peer["host"] == "127.0.0.1" else "0.0.0.0"
-    sent = refused = 0
-    with cmq.Queue(port=0, host=local) as q:
-        push = q.push
-        end = time.monotonic() + float(params["seconds"])
-        while time.monotonic() < end:
-            # Check the clock every 1000 pushes: the clock costs as much as a push.
-            for _ in range(1000):
-                try:
-                    push(dest, payload)
-                    sent += 1
-                except cmq.CmqError:
-                    refused += 1
-        q.flush()
-        for _ in range(3):
-            try:
-                q.push(dest, _END)
-                q.flush()
-            except cmq.CmqError:
-                break
-        _emit("RESULT", {"sent": sent, "refused": refused})
 
 
 def _poll_echo(params: dict[str, Any]) -> None:
@@ -217,8 +118,6 @@ def _poll_pingpong(params: dict[str, Any]) -> None:
 
 _ROLES: Final = {
     "destinations": _destinations,
-    "rss-receiver": _rss_receiver,
-    "rss-sender": _rss_sender,
     "poll-echo": _poll_echo,
     "poll-pingpong": _poll_pingpong,
 }

@@ -9,22 +9,22 @@ in the orchestrator). Samples ``metric="push_ns"``, ``x`` = destinations,
 one per repeat.
 
 Receiver memory: a cmq receiver drains a sender pushing 64-byte messages as
-fast as it can for ``profile.rss_seconds`` (minutes in ``--full``), and
-samples its own resident set size every ``profile.rss_interval`` seconds.
-Samples ``metric="rss_bytes"`` (and ``"delivered"``, the running count, and
-``"queued"``, the receiver's backlog: a stall leaves one, and Python keeps
-the memory it took), with ``t_ns``. The paper reports an 80 KB Haskell heap over five hours;
+fast as it can for ``profile.rss_seconds`` (minutes in ``--full``), a
+throughput run of :func:`cmq.lab.runner.run_throughput` whose runner reads
+the receiver's resident set size from outside every
+``profile.rss_interval`` seconds. Samples ``metric="rss_bytes"`` with
+``t_ns``; the run's totals with scenario ``"memory"``. The paper reports an 80 KB Haskell heap over five hours;
 we measure a whole Python process and test that it stops growing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Final
 
+from cmq.lab import runner
 from cmq.lab.experiments import Context, LabExperiment, register
 from cmq.lab.experiments._proc import GRACE as _GRACE
-from cmq.lab.experiments._proc import READY_TIMEOUT as _READY_TIMEOUT
 from cmq.lab.experiments._proc import Child, WorkerError
 from cmq.lab.experiments._record import RunBook
 
@@ -36,8 +36,7 @@ RSS_SIZE: Final = 64
 
 def _steps(ctx: Context) -> int:
     p = ctx.profile
-    # The memory run samples at the start, every interval, and once at the end.
-    return p.push_repeats * len(p.destinations) + round(p.rss_seconds / p.rss_interval) + 2
+    return p.push_repeats * len(p.destinations) + 1
 
 
 def _push_cost(ctx: Context, book: RunBook) -> None:
@@ -68,47 +67,23 @@ def _push_cost(ctx: Context, book: RunBook) -> None:
 
 def _memory(ctx: Context, book: RunBook) -> None:
     p = ctx.profile
-    receiver = Child(
-        "rss-receiver",
-        {
-            "seconds": p.rss_seconds,
-            "interval": p.rss_interval,
-            "startup": _READY_TIMEOUT,
-            "idle": 5.0,
-        },
+    results = runner.run_throughput(
+        ["cmq"], [RSS_SIZE], duration=p.rss_seconds, rss_interval=p.rss_interval, pin=ctx.pin
     )
-    sender: Child | None = None
-    try:
-        ready = dict(next(iter(receiver.lines(_READY_TIMEOUT)))[1])
-        sender = Child("rss-sender", {"peer": ready, "seconds": p.rss_seconds, "size": RSS_SIZE})
-        w = book.writer("cmq")
-        params = {"size": RSS_SIZE, "seconds": p.rss_seconds}
-        result: dict[str, Any] = {}
-        samples = 0
-        for tag, value in receiver.lines(_READY_TIMEOUT + p.rss_seconds + _GRACE):
-            if tag == "SAMPLE":
-                w.sample(scenario="memory", metric="rss_bytes", t_ns=int(value["t_ns"]),
-                         value=float(value["rss_bytes"]), params=params)  # fmt: skip
-                for metric in ("delivered", "queued"):
-                    w.sample(scenario="memory", metric=metric, t_ns=int(value["t_ns"]),
-                             value=float(value.get(metric, 0)), params=params)  # fmt: skip
-                samples += 1
-                ctx.step(f"receiver memory, {samples * p.rss_interval:.0f} s")
-            elif tag == "RESULT":
-                result = value
-        sent = dict(next(iter(sender.lines(_GRACE)))[1])
-        if not result.get("delivered"):
-            book.problem("cmq", f"memory run: the receiver got nothing ({result.get('stopped')})")
-        else:
+    params = {"size": RSS_SIZE, "seconds": p.rss_seconds}
+    # Totals (what went through), skips and failures, as every run's.
+    book.add(results, scenario="memory", params=params)
+    for r in results:
+        if isinstance(r, runner.ThroughputResult):
+            w = book.writer("cmq")
+            for t_ns, rss in r.receiver_rss:
+                w.sample(scenario="memory", metric="rss_bytes", t_ns=t_ns, value=float(rss),
+                         params=params)  # fmt: skip
             ctx.say(
-                f"scalability: the memory run's receiver drained {result['delivered']:,} messages "
-                f"in {p.rss_seconds:g} s (the sender pushed {sent.get('sent', 0):,}; largest "
-                f"backlog seen {result.get('peak_queued', 0):,} messages)"
+                f"scalability: the memory run's receiver got {r.delivered:,} of {r.sent:,} "
+                f"messages in {p.rss_seconds:g} s; {len(r.receiver_rss)} RSS samples"
             )
-    finally:
-        for child in (sender, receiver):
-            if child is not None:
-                child.stop()
+    ctx.step("receiver memory")
 
 
 def _run(ctx: Context) -> None:
