@@ -71,6 +71,25 @@ def test_fig6_verdicts_follow_the_papers_criteria() -> None:
     assert {c.judge(ReportData()).status for c in exp.claims} == {"inconclusive"}
 
 
+def test_fig5_fails_only_when_cmq_is_slower_by_more_than_the_noise() -> None:
+    exp = get_experiment("cmq-fig5")
+    assert exp is not None
+    (claim,) = exp.claims
+    within = [
+        summary_row("cmq-fig5", "cmq", "pingpong", 4, 110e3, 20e3),
+        summary_row("cmq-fig5", "msgpack-rpc", "pingpong", 4, 100e3, 5e3),
+        summary_row("cmq-fig5", "cmq", "pingping", 4, 50e3, 5e3),
+        summary_row("cmq-fig5", "msgpack-rpc", "pingping", 4, 100e3, 5e3),
+    ]
+    verdict = claim.judge(ReportData(summary=within))
+    assert verdict.status == "pass"
+    assert "in 1 of 2" in verdict.result
+    beyond = [*within[1:], summary_row("cmq-fig5", "cmq", "pingpong", 4, 130e3, 20e3)]
+    verdict = claim.judge(ReportData(summary=beyond))
+    assert verdict.status == "fail"
+    assert "(pingpong 4 B)" in verdict.result
+
+
 def test_registry_refuses_duplicates_and_bad_ids() -> None:
     with pytest.raises(ConfigError):
         register(Experiment(id="cmq-fig5", title="again"))
