@@ -155,7 +155,15 @@ class Mailbox:
 
     def available(self) -> bool:
         """Whether a message is waiting."""
-        return any(length_hint(c.it) for c in list(self.chunks))
+        chunks = self.chunks
+        if not chunks:
+            return False
+        try:
+            if length_hint(chunks[0].it):
+                return True
+        except IndexError:
+            return False
+        return any(length_hint(c.it) for c in list(chunks))
 
     def _drop_head(self, head: Chunk) -> None:
         try:
