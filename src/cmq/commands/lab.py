@@ -1,16 +1,5 @@
 """Run the lab: reproduce the CMQ and ØMQ papers' experiments, aggregate on Spark, write a report.
 
-Experiments (--only takes ids or the short names in brackets):
-
-  cmq-fig5        [fig5]  ping-pong and ping-ping round trips against size, every system
-  cmq-fig6        [fig6]  the same under packet loss (iptables in fresh network
-                          namespaces; needs root)
-  tuning                  cmq throughput and latency over qthresh x timeout
-  scalability     [scale] push cost against 1 .. 1,000,000 destinations; receiver
-                          memory over a long run
-  zmq-throughput  [zmq]   msgs/s and MB/s against size, every system, beside the
-                          ØMQ document's 1 Gb/s analysis
-
 --quick (the default) takes a few minutes; --full runs the papers' scale
 (1000 round trips at every size, the whole tuning grid, a million
 destinations, five minutes of receiver memory). Raw records go to OUT as
@@ -71,8 +60,20 @@ def _count(text: str) -> int:
     return value
 
 
+def _experiment_list() -> str:
+    from cmq.lab.experiments import experiments
+
+    lines = ["experiments (--only takes the ids, or the short names in brackets):", ""]
+    for e in experiments():
+        names = f"{e.id} [{', '.join(e.aliases)}]" if e.aliases else e.id
+        lines.append(f"  {names:<34} {e.title}")
+    return "\n".join(lines)
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the options of ``cmq lab``."""
+    # Listed from the registry, so experiments of later issues show up.
+    parser.epilog = _experiment_list()
     parser.add_argument("--out", type=Path, default=None,
                         help="output directory (default: a new cmq-lab/<UTC time>)")  # fmt: skip
     scale = parser.add_mutually_exclusive_group()

@@ -147,7 +147,7 @@ def _poll_pingpong(
 EXPERIMENT: Final = register(
     LabExperiment(
         id="tuning",
-        title="Tuning: cmq over qthresh x timeout",
+        title="Tuning: cmq over qthresh x timeout; the idle rule on and off",
         order=30,
         run=_run,
         steps=_steps,
