@@ -6,7 +6,10 @@ scenario) gets a fresh pair of network namespaces
 ``iptables -A INPUT -m statistic --mode random --probability P -j DROP`` on
 both hosts; the echo server runs on host ``b``, the client on host ``a``.
 Fresh namespaces per run mean no TCP state (congestion window, RTO
-estimate) carries from one run to the next.
+estimate) carries from one run to the next. The kernel reassembles IP
+fragments before the INPUT chain, so the rule drops whole datagrams (a
+16 KB cmq or UDP datagram is one chance of loss, not twelve), as it did in
+the paper's setup.
 
 Lost round trips are counted, not hidden. How long a client waits for a
 reply depends on the transport: a datagram system's lost message never
