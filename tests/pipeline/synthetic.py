@@ -76,7 +76,9 @@ def write_synthetic(out: Path) -> None:
             for k in range(3):
                 w.sample(metric="push_ns", x=dests, value=900 + 10 * k + dests / 10_000)
         for k in range(10):
-            w.sample(metric="rss_bytes", t_ns=BASE + k * 10**9, value=30e6 + (1e6 if k > 1 else 0))
+            w.sample(
+                metric="rss_bytes", t_ns=BASE + k * 10 * 10**9, value=30e6 + (1e6 if k > 1 else 0)
+            )
 
     for system, per_msg_ns in (("cmq", 2_000), ("zmq", 1_500)):
         with RecordWriter(

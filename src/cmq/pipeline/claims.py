@@ -73,6 +73,9 @@ HEADER_SIZES: Final = (1, 2, 4, 8)
 WIRE_OVERHEAD: Final = 8 + 14 + 4 + 12 + 20 + 20 + 12
 #: TCP payload per full 1500-byte Ethernet frame (1500 - 20 - 32).
 MSS: Final = 1448
+#: Shortest RSS series the memory claim is judged on: in the first seconds
+#: a receiver's buffers and allocator are still growing to their working size.
+MIN_RSS_SECONDS: Final = 60.0
 
 
 def _inconclusive(why: str) -> Verdict:
@@ -622,6 +625,8 @@ def _judge_rss(data: ReportData) -> Verdict:
         f"RSS {warm / 1e6:.1f} MB after warm-up, {tail / 1e6:.1f} MB at the end of "
         f"{pts[-1]['t_s']:.0f} s ({100 * growth:+.1f}%)."
     )
+    if pts[-1]["t_s"] < MIN_RSS_SECONDS:
+        return _inconclusive(text + f" Too short to judge: needs {MIN_RSS_SECONDS:.0f} s or more.")
     # Our criterion for "bounded": under 10% growth after the first fifth of the run.
     return Verdict(status="pass" if growth < 0.10 else "fail", result=text)
 
