@@ -45,6 +45,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis import exceptions as rexc
+from redis.asyncio.connection import Connection
 from redis.crc import key_slot
 
 from cmq.service.errors import QueueDoesNotExist, StoreUnavailable
@@ -253,6 +254,21 @@ _RETRYABLE = (
 )
 
 
+def _pack_args(args: Sequence[Any]) -> bytes:
+    """RESP bulk strings of ``args`` (no array header)."""
+    out = []
+    for a in args:
+        b = a if isinstance(a, bytes) else str(a).encode()
+        out.append(b"$%d\r\n%b\r\n" % (len(b), b))
+    return b"".join(out)
+
+
+@functools.lru_cache(maxsize=4096)
+def _evalsha_head(script: str, keys: tuple[bytes, ...]) -> bytes:
+    """EVALSHA, sha and keys of a call, packed; the arguments follow."""
+    return _pack_args(("EVALSHA", _SHAS[script], len(keys), *keys))
+
+
 @functools.lru_cache(maxsize=4096)
 def _keys(name: str) -> tuple[bytes, ...]:
     # Bytes, cached: redis-py re-encodes str arguments on every call.
@@ -273,6 +289,9 @@ class RedisClusterStore(Store):
         self.wait_replicas = wait_replicas
         self.wait_timeout_ms = wait_timeout_ms
         self._clients: dict[tuple[str, int], aioredis.Redis] = {}
+        # The hot path's own idle connections per node: redis-py's pool and
+        # command packing cost more CPU than the Lua script they carry.
+        self._idle: dict[tuple[str, int], list[Connection]] = {}
         # slot -> (master address, number of live replicas)
         self._slots: list[tuple[tuple[str, int], int] | None] = [None] * 16384
         self._refresh_lock = asyncio.Lock()
@@ -287,6 +306,22 @@ class RedisClusterStore(Store):
         for client in self._clients.values():
             await client.aclose()
         self._clients.clear()
+        for idle in self._idle.values():
+            for conn in idle:
+                await conn.disconnect()
+        self._idle.clear()
+
+    def _conns(self, addr: tuple[str, int]) -> list[Connection]:
+        idle = self._idle.get(addr)
+        if idle is None:
+            idle = self._idle[addr] = []
+        return idle
+
+    @staticmethod
+    def _new_conn(addr: tuple[str, int]) -> Connection:
+        return Connection(
+            host=addr[0], port=addr[1], socket_timeout=5.0, socket_connect_timeout=2.0
+        )
 
     def _client(self, addr: tuple[str, int]) -> aioredis.Redis:
         client = self._clients.get(addr)
@@ -396,32 +431,37 @@ class RedisClusterStore(Store):
             raise rexc.ClusterDownError(f"slot {slot} is not served")
         addr, replicas = entry
         want = min(self.wait_replicas, replicas) if wait else 0
-        client = self._client(addr)
+        head = _evalsha_head(script, keys)
         for _ in range(2):
-            if not want:
-                # No WAIT: a plain call, cheaper than a pipeline.
+            packed = b"*%d\r\n" % (3 + len(keys) + len(args)) + head + _pack_args(args)
+            if want:
+                packed += b"*3\r\n" + _pack_args(("WAIT", want, self.wait_timeout_ms))
+            conns = self._conns(addr)
+            conn = conns.pop() if conns else self._new_conn(addr)
+            try:
+                await conn.send_packed_command(packed, check_health=False)
                 try:
-                    return await client.evalsha(_SHAS[script], len(keys), *keys, *args)
-                except rexc.NoScriptError:
-                    await client.script_load(_SCRIPTS[script])
-                    continue
-            async with client.pipeline(transaction=False) as pipe:
-                pipe.evalsha(_SHAS[script], len(keys), *keys, *args)
-                if want:
-                    pipe.execute_command("WAIT", want, self.wait_timeout_ms)
-                results = await pipe.execute(raise_on_error=False)
-            first = results[0]
+                    first: Any = await conn.read_response()
+                except rexc.ResponseError as exc:
+                    first = exc  # the WAIT reply, if any, is still to be read
+                second: Any = await conn.read_response() if want else 0
+            except BaseException:
+                # A broken or cancelled exchange leaves unread replies on the
+                # connection: never reuse it.
+                await conn.disconnect()
+                raise
+            conns.append(conn)
             if isinstance(first, rexc.NoScriptError):
-                await client.script_load(_SCRIPTS[script])
+                await self._client(addr).script_load(_SCRIPTS[script])
                 continue
             if isinstance(first, Exception):
                 raise first
-            if want and (isinstance(results[1], Exception) or int(results[1]) < want):
+            if want and int(second) < want:
                 # The master has the write but no replica confirmed it in
                 # time: do not acknowledge (the client's retry may duplicate,
                 # which at-least-once allows; a lost ack'd send it does not).
                 raise StoreUnavailable(
-                    f"only {results[1]} of {want} replicas confirmed the write in "
+                    f"only {second} of {want} replicas confirmed the write in "
                     f"{self.wait_timeout_ms} ms"
                 )
             return first
