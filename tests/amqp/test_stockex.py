@@ -38,7 +38,8 @@ def test_kept(rate: int, sent: int, confirmed: int, seconds: float, ok: bool) ->
 
 
 def test_markers_are_not_orders() -> None:
-    assert marker(3) == b"\x00\x03" and len(marker(255)) == 2
+    assert marker(3, 1000) == b"\x00\x03\x00\x00\x03\xe8"
+    assert marker(255)[:2] == b"\x00\xff"
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +50,11 @@ def run() -> SimResult:
 
 @pytest.mark.slow
 def test_simulation_end_to_end(run: SimResult) -> None:
-    assert [s.rate for s in run.steps] == [300, 600]
+    # Which rates are kept is the benchmark's business, not this test's: on
+    # a loaded machine even 300/s may need its second attempt.
+    assert (run.steps[0].step, run.steps[0].rate, run.steps[0].attempt) == (0, 300, 1)
+    assert [s.step for s in run.steps] == list(range(len(run.steps)))
+    assert {s.rate for s in run.steps} <= {300, 600}
     for s in run.steps:
         assert s.sent == round(s.rate * 0.5)
         assert s.confirmed == s.sent, "loopback at a few hundred orders/s loses nothing"
@@ -83,7 +88,12 @@ def test_records_of_a_run(run: SimResult, tmp_path: Path) -> None:
         write_records(book, run)
     rows = read_table(tmp_path, "records").to_pylist()
     assert len(rows) == sum(s.sent for s in run.steps)
-    assert {json.loads(r["params"])["rate"] for r in rows} == {300, 600}
+    assert {
+        (json.loads(r["params"])["rate"], json.loads(r["params"])["attempt"]) for r in rows
+    } == {
+        (300, 1),
+        (600, 1),
+    }
     assert all(r["round_trip"] and not r["lost"] for r in rows)
     metrics = {r["metric"] for r in read_table(tmp_path, "samples").to_pylist()}
     assert {"kept", "orders_sent_per_s", "confirms_per_s", "quotes_per_s", "avg_message_bytes",
@@ -128,3 +138,16 @@ def test_spark_reporter_equals_the_python_sums(tmp_path: Path, spark: Any) -> No
     for g, e in zip(got, expected, strict=True):
         for key, value in e.items():
             assert g[key] == value, key
+
+
+@pytest.mark.slow
+def test_a_rate_not_kept_is_tried_once_more_then_the_sweep_stops() -> None:
+    # 200,000 orders/s is far beyond one Python gateway (tens of thousands at
+    # most): the step cannot be kept however idle the machine.
+    got = run_simulation(SimConfig(rates=(200_000, 400), seconds=0.02, drain=2.0,
+                                   interval=0.05, reporter="python"))  # fmt: skip
+    assert [(s.rate, s.attempt, s.kept) for s in got.steps] == [
+        (200_000, 1, False),
+        (200_000, 2, False),
+    ]
+    assert {r["step"] for r in got.stats} == {0, 1}

@@ -8,7 +8,8 @@ the gateway's: keys ``conf``, ``trade`` and ``quote``), opens the
 statistics reporter's cmq endpoint (a :class:`~cmq.pipeline.source.SpoolReceiver`),
 starts the engine and the gateway as processes of their own
 (:mod:`cmq.lab.stockex.roles`) and follows the gateway's rate steps. The
-gateway stops after the first rate it could not keep. Then the reporter's
+gateway stops after the first rate it could not keep (after ``retries``
+further attempts at it). Then the reporter's
 query (:mod:`cmq.lab.stockex.reporter`: Spark Structured Streaming, or the
 same sums in Python without Spark) turns the measurement messages into
 per-step rates. Everything is torn down on the way out, whatever happened.
@@ -60,12 +61,17 @@ class SimConfig:
     """Seconds between two measurement messages of one role."""
     seed: int = 1
     """The gateway's random orders."""
+    retries: int = 1
+    """Further attempts at a rate not kept before the sweep stops (a shared
+    machine's burst can sink one step the system otherwise keeps)."""
     reporter: Literal["spark", "python"] = "spark"
     """The statistics reporter: the Spark streaming query, or its sums in Python."""
 
     def __post_init__(self) -> None:
         if not self.rates or any(r <= 0 for r in self.rates):
             raise ConfigError("SimConfig.rates must be positive orders/s, at least one")
+        if self.retries < 0:
+            raise ConfigError("SimConfig.retries must be 0 or more")
         if not (self.seconds > 0 and self.drain > 0 and self.interval > 0):
             raise ConfigError("SimConfig.seconds, drain and interval must be positive")
         if self.reporter not in ("spark", "python"):
@@ -78,6 +84,10 @@ class SimConfig:
 class StepResult:
     """One rate step, as the gateway saw it."""
 
+    step: int
+    """Its number in the run (the reporter's key)."""
+    attempt: int
+    """1, or 2 .. for a rate tried again after it was not kept."""
     rate: int
     sent: int
     confirmed: int
@@ -155,7 +165,7 @@ def run_simulation(
         stack.callback(engine.stop)
         engine.expect("READY", READY_TIMEOUT)
         gateway = _role("gateway", {**common, "queue": gw_q, "seconds": config.seconds,
-                                    "drain": config.drain, "seed": config.seed,
+                                    "drain": config.drain, "seed": config.seed, "retries": config.retries,
                                     "out": os.path.join(tmp, "stamps")})  # fmt: skip
         stack.callback(gateway.stop)
         gateway.expect("READY", READY_TIMEOUT)
@@ -168,7 +178,7 @@ def run_simulation(
                 reports = int(value["reports"])
                 break
             sent_ns, done_ns = read_stamps(value["stamps"])
-            s = StepResult(rate=int(value["rate"]), sent=int(value["sent"]), confirmed=int(value["confirmed"]),
+            s = StepResult(step=int(value["step"]), attempt=int(value["attempt"]), rate=int(value["rate"]), sent=int(value["sent"]), confirmed=int(value["confirmed"]),
                            span=float(value["span"]), send_seconds=float(value["send_seconds"]),
                            kept=bool(value["kept"]), trades=int(value["trades"]), quotes=int(value["quotes"]),
                            sent_ns=sent_ns, done_ns=done_ns)  # fmt: skip
