@@ -139,3 +139,53 @@ def test_samples_stats_and_series(spark: Any, tmp_path: Path) -> None:
     assert stats[1000.0]["n"] == 1
     series = [(r["t_s"], r["value"]) for r in sample_series(samples, "rss_bytes").collect()]
     assert series == [(0.0, 10.0), (2.0, 20.0), (4.0, 30.0)]
+
+
+def reference_flags(deliveries: list[tuple[int, int]]) -> tuple[int, int]:
+    """Duplicates and out-of-order deliveries of one stream, by the
+    definition: walk deliveries in arrival order."""
+    seen: set[int] = set()
+    highest = -1
+    duplicates = out_of_order = 0
+    for _recv, seq in sorted(deliveries):
+        if seq in seen:
+            duplicates += 1
+            continue
+        if seq < highest:
+            out_of_order += 1
+        seen.add(seq)
+        highest = max(highest, seq)
+    return duplicates, out_of_order
+
+
+def test_single_sort_flags_match_the_arrival_order_definition(spark: Any, tmp_path: Path) -> None:
+    import random
+
+    from cmq.pipeline.jobs import load_tables, summary
+
+    rng = random.Random(20121011)
+    expected: dict[int, tuple[int, int, int]] = {}
+    with RecordWriter(tmp_path, RunInfo(experiment="prop", system="udp", run_id="p1")) as w:
+        for stream in range(40):
+            n = rng.randint(1, 30)
+            seqs = [s for s in range(n) for _ in range(rng.choice((1, 1, 1, 2, 3)))]
+            lost_seqs = {s for s in range(n) if rng.random() < 0.1}
+            recvs = rng.sample(range(10_000), len(seqs))  # distinct arrival times
+            deliveries = [(r, s) for r, s in zip(recvs, seqs, strict=True) if s not in lost_seqs]
+            expected[stream] = (*reference_flags(deliveries), len(lost_seqs))
+            # Each stream is its own size so that the summary has one row per stream.
+            w.record_many(
+                size=stream + 1,
+                seq=[s for _, s in deliveries] + sorted(lost_seqs),
+                send_ns=[0] * (len(deliveries) + len(lost_seqs)),
+                recv_ns=[r for r, _ in deliveries] + [None] * len(lost_seqs),
+                stream="s",
+            )
+    tables = load_tables(spark, tmp_path)
+    got = {
+        r["size"] - 1: (r["duplicates"], r["out_of_order"], r["lost"])
+        for r in summary(tables.records, tables.totals).collect()
+    }
+    assert got == expected
+    assert sum(d for d, _, _ in expected.values()) > 10
+    assert sum(o for _, o, _ in expected.values()) > 10
