@@ -59,7 +59,6 @@ def test_simulation_end_to_end(run: SimResult) -> None:
         assert s.sent == round(s.rate * 0.5)
         assert s.confirmed == s.sent, "loopback at a few hundred orders/s loses nothing"
         assert all(d > t for t, d in zip(s.sent_ns, s.done_ns, strict=True))
-        assert s.trades % 2 == 0  # both sides of every fill
     assert run.engine["orders"] == sum(s.sent for s in run.steps)
     assert run.engine["bad"] == 0
     assert set(run.cpu) == {"broker", "engine", "gateway"}
@@ -74,7 +73,13 @@ def test_reporter_counts_agree_with_the_processes(run: SimResult) -> None:
         gw, en = by_step[i]["gateway"], by_step[i]["engine"]
         assert gw["orders_sent"] == s.sent and gw["confirms"] == s.confirmed
         assert en["orders"] == s.sent and en["conf"] == s.sent
-        assert gw["trades"] == s.trades and gw["quotes"] == s.quotes
+        assert en["trade"] % 2 == 0  # both sides of every fill
+    # Trades and quotes of a step's last orders may still be on their way when
+    # its last confirmation ends the step (and count in the next one): compare totals.
+    for gw_key, en_key in (("trades", "trade"), ("quotes", "quote")):
+        got = sum(r[gw_key] for r in run.stats if r["role"] == "gateway")
+        sent = sum(r[en_key] for r in run.stats if r["role"] == "engine")
+        assert sum(getattr(s, gw_key) for s in run.steps) <= got <= sent
     got = rates(run.stats)
     for row in got.values():
         # Every message is 9 bytes but cancels (none here): the paper's "about 9".
