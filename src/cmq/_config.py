@@ -22,8 +22,9 @@ DEFAULT_QTHRESH: Final = 512
 #: The most a message may wait in a batch when pushes come faster than the
 #: link drains. The paper used 200 ms; with the idle rule (a message to an idle
 #: destination leaves at once) the timeout only bounds the wait of messages
-#: behind others, so it can be short.
-DEFAULT_TIMEOUT: Final = 0.001
+#: pushed right behind others, as in a pipeline of requests, so it is short:
+#: about two loopback round trips across cores.
+DEFAULT_TIMEOUT: Final = 0.00025
 #: A destination whose last datagram left at least this long ago is idle: the
 #: next message to it is sent at once instead of opening a batch. It must stay
 #: below the shortest round trip (about 10 us between two processes on one

@@ -20,7 +20,7 @@ def add_endpoint_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--qthresh", type=int, default=None, metavar="BYTES",
                    help="flush a batch once it holds this many bytes (default 512)")
     g.add_argument("--batch-timeout", type=float, default=None, metavar="SECONDS",
-                   help="most a message waits in a batch (default 0.001)")
+                   help="most a message waits in a batch (default 0.00025)")
     g.add_argument("--max-datagram", type=int, default=None, metavar="BYTES",
                    help="largest datagram (default 65000; 1472 on a lossy Ethernet path)")
     g.add_argument("--key", default=None, metavar="HEX",

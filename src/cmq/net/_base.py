@@ -116,6 +116,8 @@ class Endpoint(ABC):
         # The same for request/response streams, which user pushes cannot reach.
         self._icache: dict[tuple[Any, int], Stream] = {}
         self._req_lock = lock()
+        # Guards the batcher's deadline heap (taken once per batch, never per message).
+        self._timer_lock = lock()
         self._pending: PendingTable[_Attempt] = PendingTable()
         self._buf = bytearray(65536)
         self._view = memoryview(self._buf)
@@ -274,7 +276,8 @@ class Endpoint(ABC):
     def _after_push(self, s: Stream, r: int, payload: bytes) -> None:
         now = self._now()
         if r == OPENED:
-            deadline = self._batcher.opened(s, now)
+            with self._timer_lock:
+                deadline = self._batcher.opened(s, now)
             if deadline is None:
                 self._send_stream(s, now)
             else:
@@ -515,7 +518,8 @@ class Endpoint(ABC):
                 fut.set_exception(exc)
 
     def _next_deadline(self) -> float | None:
-        candidates = [self._batcher.next_deadline(), self._receiver.next_deadline()]
+        with self._timer_lock:
+            candidates = [self._batcher.next_deadline(), self._receiver.next_deadline()]
         with self._req_lock:
             candidates.append(self._pending.next_deadline())
         due = [d for d in candidates if d is not None]

@@ -150,7 +150,9 @@ class AsyncQueue(Endpoint):
         self._timer = None
         self._timer_at = float("inf")
         now = self._loop.time()
-        for s in self._batcher.due(now):
+        with self._timer_lock:
+            due = self._batcher.due(now)
+        for s in due:
             self._send_stream(s, now, raise_errors=False)
         if self._receiver.partials:
             self._receiver.expire(now)
@@ -218,7 +220,8 @@ class AsyncQueue(Endpoint):
             TransportError: the OS refused a datagram (the others were still sent).
         """
         now = self._loop.time()
-        streams = self._batcher.pending_streams()
+        with self._timer_lock:
+            streams = self._batcher.pending_streams()
         error: TransportError | None = None
         for s in streams:
             try:

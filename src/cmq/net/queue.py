@@ -155,7 +155,8 @@ class Queue(Endpoint):
             TransportError: the OS refused a datagram (the others were still sent).
         """
         now = _monotonic()
-        streams = self._batcher.pending_streams()
+        with self._timer_lock:
+            streams = self._batcher.pending_streams()
         error: TransportError | None = None
         for s in streams:
             try:
@@ -409,7 +410,9 @@ class Queue(Endpoint):
         return self._closed
 
     def _fire_deadlines(self, now: float) -> None:
-        for s in self._batcher.due(now):
+        with self._timer_lock:
+            due = self._batcher.due(now)
+        for s in due:
             try:
                 self._send_stream(s, now, raise_errors=False)
             except Closed:

@@ -278,9 +278,19 @@ class Batcher:
     # -- deadlines ---------------------------------------------------------
 
     def next_deadline(self) -> float | None:
-        """The earliest armed deadline, or None. May be a batch that already left."""
+        """The earliest deadline of a batch still waiting, or None.
+
+        Entries of batches that already left (full, or flushed) are dropped
+        from the top of the heap here, so a driver never wakes for them. The
+        driver must not run this concurrently with :meth:`arm`.
+        """
         heap = self._heap
-        return heap[0][0] if heap else None
+        while heap:
+            _, _, s, gen = heap[0]
+            if gen == s.gen and s.frames:
+                return heap[0][0]
+            heapq.heappop(heap)
+        return None
 
     def due(self, now: float) -> list[Stream]:
         """Pop every deadline at or before ``now``; returns the streams whose batch is still waiting."""
