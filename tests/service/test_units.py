@@ -412,3 +412,12 @@ def test_decode_form_never_raises_anything_else(body: bytes, path: str) -> None:
         decode_form(body, path)
     except errors.SqsError:
         pass
+
+
+@pytest.mark.slow
+def test_throughput_benchmark_runs_end_to_end() -> None:
+    from cmq.service.bench import throughput
+
+    row = throughput("memory:", seconds=0.5, concurrency=4)
+    assert row["cycles"] > 0 and row["errors"] == 0
+    assert row["server_cpu_ms_per_cycle"] > 0
