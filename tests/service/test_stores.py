@@ -196,3 +196,22 @@ def test_redis_store_acknowledges_after_a_replica_has_the_write(redis_cluster: A
             await store.close()
 
     asyncio.run(go())
+
+
+def test_sqlite_writer_survives_a_failing_job(tmp_path: Path) -> None:
+    async def go() -> None:
+        store = SqliteStore(str(tmp_path / "w.sqlite3"))
+        await store.open()
+        try:
+
+            def broken(conn: Any) -> None:
+                raise TypeError("a bug")
+
+            with pytest.raises(TypeError):
+                await store._run(broken)
+            await store.create_queue(QueueRecord(name="after"))
+            assert await store.list_queues("") == ["after"]
+        finally:
+            await store.close()
+
+    asyncio.run(go())

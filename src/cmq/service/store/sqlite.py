@@ -184,6 +184,9 @@ class SqliteStore(Store):
                     err = StoreUnavailable(f"SQLite failed: {exc}")
                     err.__cause__ = exc
                     results.append((False, err))
+                except Exception as exc:  # noqa: BLE001 - a bug in one job must not kill the writer thread
+                    conn.execute("ROLLBACK TO job")
+                    results.append((False, exc))
                 else:
                     results.append((True, value))
                 conn.execute("RELEASE job")
@@ -198,7 +201,8 @@ class SqliteStore(Store):
             err.__cause__ = exc
             results = [(False, err)] * len(batch)
         for (_, fut, loop), (ok, value) in zip(batch, results, strict=True):
-            loop.call_soon_threadsafe(_resolve, fut, ok, value)
+            with contextlib.suppress(RuntimeError):  # the caller's loop is closed: no one waits
+                loop.call_soon_threadsafe(_resolve, fut, ok, value)
 
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         if self._thread is None:
