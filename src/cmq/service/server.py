@@ -74,6 +74,8 @@ def serve(config: ServiceConfig) -> None:
         "lifespan": "on",
         # Idle keep-alive connections of load generators stay open.
         "timeout_keep_alive": 60,
+        # Queue URLs come from the Host header; X-Forwarded-* are not trusted.
+        "proxy_headers": False,
     }
     if config.workers == 1:
         uv = uvicorn.Config(build_app(config), **common)
