@@ -166,6 +166,8 @@ def _xy_figure(
                 ax.plot(xs, ys, marker="o", ms=3, label=system)
         if xlog:
             ax.set_xscale("log", base=2)
+        # From zero: a 38% .. 50% axis would make noise look like a trend.
+        ax.set_ylim(bottom=0)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.set_title(title, fontsize=10)
