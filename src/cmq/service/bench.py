@@ -38,14 +38,17 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from cmq._errors import CmqError, ConfigError
 
 __all__ = [
+    "MOTO_MISSING",
+    "NO_ORDER_K",
     "Servers",
+    "moto_server",
     "order_experiment",
     "start_cmq",
     "start_moto",
@@ -124,13 +127,23 @@ def start_cmq(store: str, nodes: int = 1, workers: int = 1) -> Servers:
     return servers
 
 
-def start_moto() -> Servers:
-    """Start moto's server (the SQS stand-in). Raises ConfigError if missing."""
+#: Why moto's server cannot be started, and how to get it.
+MOTO_MISSING = "moto_server not found: pip install 'moto[server]'"
+
+
+def moto_server() -> str | None:
+    """The path of moto's server executable, or None when it is not installed."""
     exe = shutil.which("moto_server") or os.path.join(
         os.path.dirname(sys.executable), "moto_server"
     )
-    if not os.path.exists(exe):
-        raise ConfigError("moto_server not found: pip install 'moto[server]'")
+    return exe if os.path.exists(exe) else None
+
+
+def start_moto() -> Servers:
+    """Start moto's server (the SQS stand-in). Raises ConfigError if missing."""
+    exe = moto_server()
+    if exe is None:
+        raise ConfigError(MOTO_MISSING)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -495,11 +508,17 @@ def order_experiment(
     ks: Sequence[int | None] = (1, 2, 3, NO_ORDER_K),
     n: int = 500,
     nodes: int = 1,
+    progress: Callable[[str], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Run BDQS Figure 2 on ``system`` (a store URL, or ``moto``).
 
     Returns the raw per-receipt records. moto has no K, so it runs once per
-    T with ``k = 0`` in the records.
+    T with ``k = 0`` in the records. ``progress`` is called after each
+    (T, K) run with a label saying which one finished.
+
+    Raises:
+        ConfigError: ``moto`` is asked for and moto's server is not installed.
+        CmqError: a server does not start or a request fails.
     """
     if system == "moto":
         servers = start_moto()
@@ -513,6 +532,9 @@ def order_experiment(
         for t in t_recvs:
             for k in ks:
                 records += asyncio.run(_order_run(servers.urls, label, t, k, n))
+                if progress is not None:
+                    k_label = "n/a" if k is None else "no-order" if k >= NO_ORDER_K else k
+                    progress(f"{label} T={t} K={k_label}")
     finally:
         servers.stop()
     return records
