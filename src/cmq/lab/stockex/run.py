@@ -36,7 +36,7 @@ from cmq.lab.stockex import reporter as stats
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["PAPER_RATES", "SimConfig", "SimResult", "StepResult", "run_simulation"]
+__all__ = ["PAPER_RATES", "SimConfig", "SimResult", "StepResult", "WorkerError", "run_simulation"]
 
 #: The paper's rates (orders/s); Qpid began failing at 8000.
 PAPER_RATES: Final = (1000, 2000, 4000, 6000, 8000)
@@ -101,6 +101,17 @@ class StepResult:
     sent_ns: array[int]
     done_ns: array[int]
     """Confirmation stamp per order, -1 if never confirmed."""
+
+    @classmethod
+    def from_line(cls, value: dict[str, Any]) -> StepResult:
+        """The step of a gateway's ``STEP`` line (its stamps read from their file)."""
+        sent_ns, done_ns = read_stamps(value["stamps"])
+        ints = {
+            k: int(value[k])
+            for k in ("step", "attempt", "rate", "sent", "confirmed", "trades", "quotes")
+        }
+        return cls(**ints, span=float(value["span"]), send_seconds=float(value["send_seconds"]),
+                   kept=bool(value["kept"]), sent_ns=sent_ns, done_ns=done_ns)  # fmt: skip
 
 
 @dataclass
@@ -177,11 +188,7 @@ def run_simulation(
                 result.cpu["gateway"] = float(value["cpu_s"])
                 reports = int(value["reports"])
                 break
-            sent_ns, done_ns = read_stamps(value["stamps"])
-            s = StepResult(step=int(value["step"]), attempt=int(value["attempt"]), rate=int(value["rate"]), sent=int(value["sent"]), confirmed=int(value["confirmed"]),
-                           span=float(value["span"]), send_seconds=float(value["send_seconds"]),
-                           kept=bool(value["kept"]), trades=int(value["trades"]), quotes=int(value["quotes"]),
-                           sent_ns=sent_ns, done_ns=done_ns)  # fmt: skip
+            s = StepResult.from_line(value)
             result.steps.append(s)
             if step is not None:
                 step(s)
@@ -210,6 +217,3 @@ def run_simulation(
             result.stats = stats.python_stats(spool)
         result.reporter = config.reporter
     return result
-
-
-__all__ += ["WorkerError"]
