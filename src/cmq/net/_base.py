@@ -25,9 +25,9 @@ from cmq._types import Address, Message, Stats
 from cmq.net._sock import kernel_drops, membership, open_socket, parse_address, resolve
 from cmq.patterns.pending import PendingTable
 from cmq.wire.batcher import FULL, LARGE, OPENED, Batcher, Stream
-from cmq.wire.receiver import EMPTY, ENVELOPE_BIT, KIND_REPLY, KIND_REQUEST, Meta, Receiver
+from cmq.wire.receiver import EMPTY, ENVELOPE_BIT, KIND_REPLY, KIND_REQUEST, Mailbox, Meta, Receiver
 
-__all__ = ["Endpoint", "OnTimeout", "message_of"]
+__all__ = ["Endpoint", "OnTimeout", "message_of", "send_error"]
 
 _ENVELOPE = struct.Struct(">BQ")
 _MAX_MAILBOX: Final = ENVELOPE_BIT - 1
@@ -260,6 +260,25 @@ class Endpoint(ABC):
             pass  # an unhashable spelling (a list): resolved every time
         return s
 
+    def flush(self) -> int:
+        """Send every batched message now; returns how many batches were sent.
+
+        Raises:
+            TransportError: the OS refused a datagram (the others were still sent).
+        """
+        now = self._now()
+        with self._timer_lock:
+            streams = self._batcher.pending_streams()
+        error: TransportError | None = None
+        for s in streams:
+            try:
+                self._send_stream(s, now)
+            except TransportError as exc:
+                error = exc
+        if error is not None:
+            raise error
+        return len(streams)
+
     def _push_envelope(self, dest: Any, kind: int, corr: int, body: bytes, mailbox: int) -> Stream:
         """Push a request or reply: the envelope is outside the user's payload and mailbox range."""
         mailbox |= ENVELOPE_BIT
@@ -375,31 +394,34 @@ class Endpoint(ABC):
         return message_of(item)
 
     def pop_many(self, limit: int = 1 << 30, mailbox: int = 0) -> list[Any]:
-        """Up to ``limit`` waiting messages of ``mailbox`` (possibly none). Never blocks."""
-        mb = self._mailboxes.get(mailbox)
-        if mb is None or not mb.chunks:
-            self._poll()
-            mb = self._mailboxes.get(mailbox)
-            if mb is None:
-                if self._closed:
-                    raise Closed("queue is closed")
-                return []
-        out = mb.take(limit)
-        if not out and self._closed:
-            raise Closed("queue is closed")
-        return out
+        """Up to ``limit`` waiting messages of ``mailbox`` (possibly none). Never blocks.
+
+        Raises:
+            Closed: the queue was closed and nothing is left.
+        """
+        mb = self._filled_mailbox(mailbox)
+        return [] if mb is None else mb.take(limit)
 
     def pop_many_messages(self, limit: int = 1 << 30, mailbox: int = 0) -> list[Message]:
         """Like :meth:`pop_many`, but :class:`Message` objects with their senders."""
+        mb = self._filled_mailbox(mailbox)
+        return [] if mb is None else [message_of(item) for item in mb.take_items(limit)]
+
+    def _filled_mailbox(self, mailbox: int) -> Mailbox | None:
+        """``mailbox`` after reading what the kernel holds if it was empty; None if still empty.
+
+        Raises:
+            Closed: the queue was closed and the mailbox is empty.
+        """
         mb = self._mailboxes.get(mailbox)
-        if mb is None or not mb.chunks:
+        if mb is None or not mb.available():
             self._poll()
             mb = self._mailboxes.get(mailbox)
-            if mb is None:
+            if mb is None or not mb.available():
                 if self._closed:
                     raise Closed("queue is closed")
-                return []
-        return [message_of(item) for item in mb.take_items(limit)]
+                return None
+        return mb
 
     def _take_item(self, mailbox: int, predicate: Callable[[Any], bool] | None) -> tuple[Any, Meta] | None:
         mb = self._mailboxes.get(mailbox)
@@ -549,6 +571,11 @@ class Endpoint(ABC):
             dropped=dropped,
             kernel_drops=None if self._closed else kernel_drops(self._sock),
         )
+
+
+def send_error(exc: OSError, addr: Address) -> TransportError:
+    """The error a caller gets when the OS refused a datagram to ``addr``."""
+    return TransportError(f"sending to {addr[0]}:{addr[1]} failed: {exc.strerror or exc}")
 
 
 def message_of(item: tuple[Any, Meta]) -> Message:

@@ -25,7 +25,7 @@ from typing import Any, ClassVar, Final
 from cmq._config import QueueConfig
 from cmq._errors import Closed, Timeout, TransportError
 from cmq._types import Address, Message
-from cmq.net._base import Endpoint, message_of
+from cmq.net._base import Endpoint, message_of, send_error
 from cmq.wire.batcher import Stream
 from cmq.wire.receiver import EMPTY, Meta
 
@@ -119,7 +119,7 @@ class AsyncQueue(Endpoint):
                 error = exc
         s.last_send = self._loop.time()
         if error is not None and raise_errors:
-            raise TransportError(f"sending to {addr[0]}:{addr[1]} failed: {error.strerror or error}") from error
+            raise send_error(error, addr) from error
 
     def _on_writable(self) -> None:
         while self._outbox:
@@ -212,25 +212,6 @@ class AsyncQueue(Endpoint):
                     fut.set_result(None)
 
     # -- waiting -------------------------------------------------------------
-
-    def flush(self) -> int:
-        """Send every batched message now; returns how many batches were sent.
-
-        Raises:
-            TransportError: the OS refused a datagram (the others were still sent).
-        """
-        now = self._loop.time()
-        with self._timer_lock:
-            streams = self._batcher.pending_streams()
-        error: TransportError | None = None
-        for s in streams:
-            try:
-                self._send_stream(s, now)
-            except TransportError as exc:
-                error = exc
-        if error is not None:
-            raise error
-        return len(streams)
 
     async def _wait_item(
         self, mailbox: int, timeout: float | None, predicate: Callable[[Any], bool] | None

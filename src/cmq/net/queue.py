@@ -43,7 +43,7 @@ from typing import Any, ClassVar, Final
 from cmq._config import QueueConfig
 from cmq._errors import Closed, Timeout, TransportError
 from cmq._types import Address, Message
-from cmq.net._base import Endpoint, message_of
+from cmq.net._base import Endpoint, message_of, send_error
 from cmq.wire.batcher import Stream
 from cmq.wire.receiver import EMPTY, Meta
 
@@ -54,10 +54,6 @@ _YIELD_TO_READER: Final = 0.002
 #: Datagrams read in one go before the reader lets others run.
 _DRAIN_BATCH: Final = 256
 _monotonic = time.monotonic
-
-
-def _transport_error(exc: OSError, addr: Address) -> TransportError:
-    return TransportError(f"sending to {addr[0]}:{addr[1]} failed: {exc.strerror or exc}")
 
 
 class Queue(Endpoint):
@@ -130,7 +126,7 @@ class Queue(Endpoint):
             except OSError as exc:
                 self._count_send_failure(exc)
                 if raise_errors:
-                    raise _transport_error(exc, s.addr) from exc
+                    raise send_error(exc, s.addr) from exc
             finally:
                 # The idle gap counts from when the link took the last
                 # datagram, not from when we started sending it.
@@ -146,26 +142,7 @@ class Queue(Endpoint):
                 self._count_send_failure(exc)
                 error = exc
         if error is not None and raise_errors:
-            raise _transport_error(error, addr) from error
-
-    def flush(self) -> int:
-        """Send every batched message now; returns how many batches were sent.
-
-        Raises:
-            TransportError: the OS refused a datagram (the others were still sent).
-        """
-        now = _monotonic()
-        with self._timer_lock:
-            streams = self._batcher.pending_streams()
-        error: TransportError | None = None
-        for s in streams:
-            try:
-                self._send_stream(s, now)
-            except TransportError as exc:
-                error = exc
-        if error is not None:
-            raise error
-        return len(streams)
+            raise send_error(error, addr) from error
 
     def _wake_io(self) -> None:
         try:

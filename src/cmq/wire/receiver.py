@@ -173,17 +173,8 @@ class Mailbox:
 
     def pop(self) -> Any:
         """The next message, or :data:`EMPTY`."""
-        chunks = self.chunks
-        while chunks:
-            try:
-                head = chunks[0]
-            except IndexError:
-                break
-            for payload in head.it:
-                self.consumed += 1
-                return payload
-            self._drop_head(head)
-        return EMPTY
+        item = self.pop_item()
+        return EMPTY if item is None else item[0]
 
     def pop_item(self) -> tuple[Any, Meta] | None:
         """The next message with its meta, or None."""
