@@ -1,0 +1,131 @@
+"""The AMQP sections' claims and figures on hand-made aggregates (no Spark)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from cmq.lab.amqp.report import RATIO_TARGET, ratio_claim
+from cmq.lab.stockex.report import EXPERIMENT_ID as STOCKEX
+from cmq.pipeline.report import ReportData, get_experiment, render_html
+
+
+def row(experiment: str, system: str, size: int, msgs: float, **params: Any) -> dict[str, Any]:
+    scenario = experiment.removeprefix("amqp-")
+    return {
+        "experiment": experiment, "scenario": scenario, "system": system, "size": size,
+        "params": json.dumps(params, sort_keys=True, separators=(",", ":")), "p": params,
+        "runs": 1, "messages": 1000, "delivered": 1000, "lost": 0, "loss_rate": 0.0,
+        "duplicates": 0, "dup_rate": 0.0, "out_of_order": 0, "ooo_rate": 0.0,
+        "round_trip": scenario in ("de-pp", "completion"), "mean_ns": 2e6, "stddev_ns": 1e5,
+        "p50_ns": 1.5e6, "p99_ns": 4e6, "min_ns": 1e6, "max_ns": 5e6, "msgs_per_s": msgs,
+        "mb_per_s": msgs * size / 1e6, "rate_source": "records",
+    }  # fmt: skip
+
+
+def sample(experiment: str, system: str, metric: str, x: float | None, value: float,
+           **params: Any) -> dict[str, Any]:  # fmt: skip
+    return {"experiment": experiment, "scenario": "", "system": system, "metric": metric, "x": x,
+            "params": json.dumps(params), "p": params, "n": 1, "mean": value, "stddev": None,
+            "min": value, "max": value}  # fmt: skip
+
+
+def spsc(cmq_rates: list[float], rabbit_rates: list[float] | None) -> ReportData:
+    sizes = [1, 4096, 1 << 20]
+    rows = [
+        row("amqp-de-spsc", "cmq", s, r, pairs=1) for s, r in zip(sizes, cmq_rates, strict=True)
+    ]
+    if rabbit_rates is not None:
+        rows += [row("amqp-de-spsc", "rabbitmq", s, r, pairs=1)
+                 for s, r in zip(sizes, rabbit_rates, strict=True)]  # fmt: skip
+    return ReportData(summary=rows)
+
+
+@pytest.mark.parametrize(
+    ("cmq", "rabbit", "status"),
+    [
+        ([40_000, 20_000, 100], [10_000, 5_000, 100], "pass"),  # 4x up to 4 KB; 1 MB not judged
+        ([40_000, 20_000, 100], [10_000, 10_000, 10], "fail"),  # 2x at 4 KB
+        ([40_000, 20_000, 100], None, "inconclusive"),  # RabbitMQ skipped
+    ],
+)
+def test_ratio_claim(cmq: list[float], rabbit: list[float] | None, status: str) -> None:
+    verdict = ratio_claim("amqp-de-spsc").judge(spsc(cmq, rabbit))
+    assert verdict.status == status, verdict.result
+    assert RATIO_TARGET == 3.0
+
+
+def test_repeats_are_judged_by_their_median() -> None:
+    rows = [
+        row("amqp-de-spsc", "cmq", 1, r, pairs=1, repeat=k) for k, r in enumerate((1e3, 4e4, 5e4))
+    ]
+    rows.append(row("amqp-de-spsc", "rabbitmq", 1, 1e4, pairs=1, repeat=0))
+    # Median 40,000 against 10,000: one bad repeat does not fail the point.
+    assert ratio_claim("amqp-de-spsc").judge(ReportData(summary=rows)).status == "pass"
+
+
+def te(rate_1: float, rate_top: float, top: int) -> ReportData:
+    return ReportData(summary=[row("amqp-te-spsc", "cmq", 64, rate_1, bindings=1),
+                               row("amqp-te-spsc", "cmq", 64, rate_top, bindings=top)])  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("data", "status"),
+    [(te(50_000, 45_000, 1024), "pass"), (te(50_000, 30_000, 1024), "fail"),
+     (te(50_000, 50_000, 64), "inconclusive")],
+)  # fmt: skip
+def test_te_target(data: ReportData, status: str) -> None:
+    exp = get_experiment("amqp-te-spsc")
+    assert exp is not None
+    (target,) = [c for c in exp.claims if "1024" in c.text]
+    assert target.judge(data).status == status
+
+
+def stockex(p99_ms: dict[int, float], kept: dict[int, bool]) -> ReportData:
+    rows = [dict(row(STOCKEX, "cmq", 9, r, rate=r, attempt=1), scenario="completion", p99_ns=v * 1e6)
+            for r, v in p99_ms.items()]  # fmt: skip
+    samples = [sample(STOCKEX, "cmq", "kept", r, 1.0 if k else 0.0) for r, k in kept.items()]
+    samples += [sample(STOCKEX, "cmq", "avg_message_bytes", r, 9.0, reporter="spark") for r in kept]
+    samples.append(sample(STOCKEX, "cmq", "cpu_us_per_order", None, 100.0, process="broker"))
+    return ReportData(summary=rows, samples=samples)
+
+
+def test_stockex_claims() -> None:
+    exp = get_experiment(STOCKEX)
+    assert exp is not None
+    qpid, size, target = exp.claims
+    weak = stockex({1000: 2.0, 8000: 50.0, 16000: 900.0}, {1000: True, 8000: True, 16000: False})
+    assert qpid.judge(weak).status == "pass"  # kept 8000, where Qpid failed
+    assert size.judge(weak).status == "pass"
+    verdict = target.judge(weak)
+    assert verdict.status == "fail" and "1,000 orders/s" in verdict.result
+    strong = stockex({32000: 8.0}, {32000: True})
+    assert target.judge(strong).status == "pass"
+
+
+def test_every_section_renders_without_spark() -> None:
+    summary = spsc([40_000, 20_000, 100], [10_000, 5_000, 100]).summary
+    summary = [*summary,
+               *[row("amqp-de-mpmc", s, 1024, 1e4 * k, pairs=k) for s in ("cmq", "rabbitmq") for k in (1, 8)],
+               *[row("amqp-de-pp", s, 16, 800.0) for s in ("cmq", "rabbitmq")],
+               *[row("amqp-fe-spmc", s, 64, 1e4 * k, consumers=k) for s in ("cmq", "rabbitmq") for k in (1, 16)],
+               *te(50_000, 45_000, 1024).summary]  # fmt: skip
+    samples = [sample("amqp-de-mpmc", s, "broker_cpu", k, 0.1 * k, pairs=k)
+               for s in ("cmq", "rabbitmq") for k in (1, 8)]  # fmt: skip
+    data = stockex({1000: 2.0}, {1000: True})
+    page = render_html(
+        ReportData(summary=[*summary, *data.summary], samples=[*samples, *data.samples])
+    )
+    for exp in (
+        "amqp-de-spsc",
+        "amqp-de-mpmc",
+        "amqp-de-pp",
+        "amqp-fe-spmc",
+        "amqp-te-spsc",
+        STOCKEX,
+    ):
+        assert f'<section id="{exp}">' in page
+    assert "could not render" not in page and "could not judge" not in page
+    assert page.count("<svg") >= 7
