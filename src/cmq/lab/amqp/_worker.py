@@ -42,7 +42,10 @@ import sys
 import time
 from array import array
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from cmq.lab.amqp.transport import Transport
 
 __all__ = ["body", "main", "read_stamps", "seq_of", "write_stamps"]
 
@@ -98,7 +101,7 @@ def _wait_go() -> None:
         raise SystemExit(f"expected GO, got {line!r}")
 
 
-def _consume(t: Any, p: dict[str, Any]) -> dict[str, Any]:
+def _consume(t: Transport, p: dict[str, Any]) -> dict[str, Any]:
     count, clock = int(p["count"]), time.monotonic_ns
     recv, seqs = array("q"), array("q")
     stream = t.consume(p["queue"], prefetch=int(p["prefetch"]), idle=float(p["idle"]))
@@ -121,7 +124,7 @@ def _consume(t: Any, p: dict[str, Any]) -> dict[str, Any]:
     return {"received": n}
 
 
-def _publish(t: Any, p: dict[str, Any]) -> dict[str, Any]:
+def _publish(t: Transport, p: dict[str, Any]) -> dict[str, Any]:
     count, size, every = int(p["count"]), int(p["size"]), int(p["sync_every"])
     exchange, key, clock = p["exchange"], p["key"], time.monotonic_ns
     sent = array("q", bytes(8 * count))
@@ -136,7 +139,7 @@ def _publish(t: Any, p: dict[str, Any]) -> dict[str, Any]:
     return {"sent": count}
 
 
-def _echo(t: Any, p: dict[str, Any]) -> dict[str, Any]:
+def _echo(t: Transport, p: dict[str, Any]) -> dict[str, Any]:
     count, exchange, key = int(p["count"]), p["exchange"], p["key"]
     stream = t.consume(p["queue"], prefetch=int(p["prefetch"]), idle=float(p["idle"]))
     _emit("READY")
@@ -157,7 +160,7 @@ def _echo(t: Any, p: dict[str, Any]) -> dict[str, Any]:
     return {"echoed": n}
 
 
-def _ping(t: Any, p: dict[str, Any]) -> dict[str, Any]:
+def _ping(t: Transport, p: dict[str, Any]) -> dict[str, Any]:
     count, size, exchange, key = int(p["count"]), int(p["size"]), p["exchange"], p["key"]
     clock = time.monotonic_ns
     sent, back = array("q", bytes(8 * count)), array("q", [-1] * count)

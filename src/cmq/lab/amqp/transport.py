@@ -22,13 +22,14 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from typing import Any, Final, Protocol
 
 from cmq._errors import ConfigError, Timeout
 
 __all__ = [
     "AMQP_URL",
+    "Bodies",
     "CmqTransport",
     "RabbitTransport",
     "Transport",
@@ -38,6 +39,10 @@ __all__ = [
 
 #: RabbitMQ on this machine (Debian's rabbitmq-server, guest account on loopback).
 AMQP_URL: Final = "amqp://guest:guest@127.0.0.1:5672/%2F"
+Bodies = Generator[bytes | None, None, None]
+"""What ``consume`` returns: bodies, ``None`` on an idle timeout; ``close()``
+detaches the consumer."""
+
 #: Bound of every benchmark queue: far above what a run puts in flight, so
 #: nothing is dropped unless a consumer stops.
 MAX_LENGTH: Final = 1_000_000
@@ -65,7 +70,7 @@ class Transport(Protocol):
         """Send what is published but still batched, without waiting for the broker."""
         ...
 
-    def consume(self, queue: str, *, prefetch: int, idle: float) -> Iterator[bytes | None]:
+    def consume(self, queue: str, *, prefetch: int, idle: float) -> Bodies:
         """Bodies from ``queue`` as they come; ``None`` after ``idle`` seconds without one."""
         ...
 
@@ -111,14 +116,14 @@ class CmqTransport:
     def flush(self) -> None:
         self.client.flush()
 
-    def consume(self, queue: str, *, prefetch: int, idle: float) -> Iterator[bytes | None]:
+    def consume(self, queue: str, *, prefetch: int, idle: float) -> Bodies:
         # Attached here, before the first next(): a caller that says READY
         # after this call is consuming.
         consumer = self.client.consume(queue, prefetch=prefetch)
         return self._bodies(consumer, idle)
 
     @staticmethod
-    def _bodies(consumer: Any, idle: float) -> Iterator[bytes | None]:
+    def _bodies(consumer: Any, idle: float) -> Bodies:
         with consumer:
             while True:
                 try:
@@ -177,7 +182,7 @@ class RabbitTransport:
     def flush(self) -> None:
         self.connection.process_data_events(0)
 
-    def consume(self, queue: str, *, prefetch: int, idle: float) -> Iterator[bytes | None]:
+    def consume(self, queue: str, *, prefetch: int, idle: float) -> Bodies:
         ch = self.channel
         ch.basic_qos(prefetch_count=prefetch)
         buffer: deque[tuple[int, bytes]] = deque()
@@ -190,7 +195,7 @@ class RabbitTransport:
 
     def _bodies(
         self, tag: str, buffer: deque[tuple[int, bytes]], batch: int, idle: float
-    ) -> Iterator[bytes | None]:
+    ) -> Bodies:
         ch, n, last = self.channel, 0, 0
         try:
             while True:
