@@ -175,6 +175,25 @@ def test_missing_moto_and_redis_are_skipped_with_the_reason(
     assert read_table(tmp_path, "records").num_rows == 0
 
 
+def test_a_message_never_received_is_a_lost_row_and_fails_the_run(tmp_path: Path) -> None:
+    from cmq.lab.experiments._record import RunBook
+
+    receipts = [
+        {"queue": "q1", "t_recv": 2, "k": 1_000_000, "receiver": r, "seq": s,
+         "send_ns": 100, "receive_ns": 200 + t}
+        for t, (s, r) in enumerate([(2, 0), (0, 1), (3, 0)])
+    ]  # fmt: skip
+    with RunBook(tmp_path, "bdqs-order") as book:
+        bdqs._write_order(book, "cmq-sqlite", receipts, 4)
+    rows = read_table(tmp_path, "records").to_pylist()
+    assert [(r["seq"], r["lost"]) for r in rows] == [(2, False), (0, False), (3, False), (1, True)]
+    assert {(r["scenario"], r["params"], r["stream"], r["receiver"]) for r in rows} == {
+        ("T=2,K=no-order", '{"k":"no-order","t_recv":2}', "q1", "")
+    }
+    [run] = read_table(tmp_path, "runs").to_pylist()
+    assert run["status"] == "failed" and "1 of 4 messages never received" in run["reason"]
+
+
 # -- claims on known data ------------------------------------------------------------
 
 
