@@ -53,6 +53,9 @@ __all__ = ["Queue"]
 _YIELD_TO_READER: Final = 0.002
 #: Datagrams read in one go before the reader lets others run.
 _DRAIN_BATCH: Final = 256
+#: Above this size a datagram is read straight into its own bytes object.
+_BIG_DATAGRAM: Final = 8192
+_RECV_SIZE: Final = 65536
 _monotonic = time.monotonic
 
 
@@ -84,6 +87,7 @@ class Queue(Endpoint):
         self._tx_lock = threading.Lock()
         self._rx_lock = threading.Lock()
         self._rcvtimeo: float | None = None
+        self._big_reads = False
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -234,14 +238,11 @@ class Queue(Endpoint):
 
         With ``backlog``, stop once that many messages wait in the mailboxes.
         """
-        recv = self._sock.recvfrom_into
-        buf, view = self._buf, self._view
         received = self._receiver.datagram_received
-        flag = socket.MSG_DONTWAIT
         count = 0
         while count < limit:
             try:
-                n, addr = recv(buf, 0, flag)
+                data, addr = self._recv(socket.MSG_DONTWAIT)
             except BlockingIOError:
                 break
             except OSError:
@@ -250,7 +251,7 @@ class Queue(Endpoint):
                 continue  # e.g. an ICMP error reported on the socket: nothing to read
             if addr is None:
                 break  # shut down by close()
-            received(view[:n].tobytes(), addr, _monotonic())
+            received(data, addr, _monotonic())
             count += 1
             if backlog is not None and self._receiver.queued() >= backlog:
                 break
@@ -285,16 +286,33 @@ class Queue(Endpoint):
                 return
             self._set_rcvtimeo(remaining)
             try:
-                n, addr = self._sock.recvfrom_into(self._buf)
+                data, addr = self._recv(0)
             except OSError:
                 return  # timed out (EAGAIN), closed under us, or an ICMP error: the caller decides
             if addr is None:
                 return  # shut down by close()
-            self._receiver.datagram_received(self._view[:n].tobytes(), addr, _monotonic())
+            self._receiver.datagram_received(data, addr, _monotonic())
             if self._receiver.replies:
                 self._resolve_replies()
         finally:
             self._rx_lock.release()
+
+    def _recv(self, flags: int) -> tuple[bytes, Any]:
+        """One datagram as bytes, with one copy whatever its size.
+
+        Small datagrams are read into a reused buffer and copied out (cheap);
+        after a large one, the next reads let the kernel fill a fresh bytes
+        object, which saves copying tens of kilobytes twice.
+        """
+        if self._big_reads:
+            data, addr = self._sock.recvfrom(_RECV_SIZE, flags)
+            if len(data) < _BIG_DATAGRAM:
+                self._big_reads = False
+            return data, addr
+        n, addr = self._sock.recvfrom_into(self._buf, 0, flags)
+        if n >= _BIG_DATAGRAM:
+            self._big_reads = True
+        return self._view[:n].tobytes(), addr
 
     def _set_rcvtimeo(self, remaining: float | None) -> None:
         # SO_RCVTIMEO makes the blocking read one system call. It is only
