@@ -41,7 +41,7 @@ def _steps(ctx: Context) -> int:
 def _run(ctx: Context) -> None:
     config = sim_config(ctx)
     with RunBook(ctx.out, EXPERIMENT_ID, pin="none",
-                 params={"seconds": config.seconds, "rates": list(config.rates)}) as book:  # fmt: skip
+                 params={"seconds": config.seconds, "rates": list(config.rates), "no_ack": config.no_ack}) as book:  # fmt: skip
 
         def step(s: StepResult) -> None:
             ctx.step(f"{s.rate:,} orders/s {'kept' if s.kept else 'not kept'}")

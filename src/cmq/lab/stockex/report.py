@@ -208,6 +208,8 @@ def _section(data: ReportData, experiment: str) -> Section:
     cpu_table = Table(caption="CPU per order over the whole run (µs), per process",
                       columns=["process", "µs per order"],
                       rows=[[r["p"].get("process", ""), f(r["mean"], 1)] for r in sorted(cpu, key=lambda r: r["params"])])  # fmt: skip
+    modes = sorted({"no_ack (at most once)" if r["p"].get("no_ack") else "acknowledged (at least once)"
+                    for r in data.run_rows(experiment)})  # fmt: skip
     reporters = sorted(
         {
             r["p"].get("reporter", "")
@@ -225,6 +227,8 @@ def _section(data: ReportData, experiment: str) -> Section:
         "and at most 0.1% of its orders go unconfirmed; a rate not kept is tried once more, and the "
         "sweep stops at the first rate whose second attempt is not kept either (the table shows "
         "each rate's last attempt).",
+        f"Engine and gateway consume {', '.join(modes) or 'acknowledged'}; every order the gateway "
+        "never saw confirmed is counted unconfirmed.",
         "CPU per order shows the ceiling on two shared cores: at one full core each, a process "
         "spending c µs per order caps the rate at 10^6/c orders/s."])  # fmt: skip
 

@@ -19,6 +19,7 @@ kind no order uses, then the step's number and its rate as 4 bytes), so the
 engine, which sees the orders in the order they were sent, knows which step
 each order belongs to; step number 255 ends the run. A rate not kept is
 tried ``retries`` more times (one by default) before the sweep stops.
+Both consume with acknowledgements unless ``no_ack`` (at most once).
 Both processes push measurement messages (JSON, one per ``interval`` and
 role) straight to the statistics reporter's cmq endpoint
 (``report``), the input of its Spark query (:mod:`cmq.lab.stockex.reporter`);
@@ -117,7 +118,7 @@ def _engine(p: dict[str, Any]) -> None:
         rep = _Reporter(
             side, (report[0], int(report[1])) if report else None, "engine", float(p["interval"])
         )
-        consumer = client.consume(p["queue"], prefetch=PREFETCH)
+        consumer = client.consume(p["queue"], prefetch=PREFETCH, no_ack=bool(p.get("no_ack")))
         publish = client.publish
         totals = {"orders": 0, "events": 0, "bytes_in": 0, "bytes_out": 0, "bad": 0}
         _emit("READY", {})
@@ -220,7 +221,7 @@ def _gateway(p: dict[str, Any]) -> None:
         rep = _Reporter(
             side, (report[0], int(report[1])) if report else None, "gateway", float(p["interval"])
         )
-        consumer = client.consume(p["queue"], prefetch=PREFETCH)
+        consumer = client.consume(p["queue"], prefetch=PREFETCH, no_ack=bool(p.get("no_ack")))
         publish = client.publish
         _emit("READY", {})
         rates, retries = [int(r) for r in p["rates"]], int(p.get("retries", 1))

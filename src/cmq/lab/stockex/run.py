@@ -64,6 +64,11 @@ class SimConfig:
     retries: int = 1
     """Further attempts at a rate not kept before the sweep stops (a shared
     machine's burst can sink one step the system otherwise keeps)."""
+    no_ack: bool = False
+    """Engine and gateway consume without acknowledgements (at most once; a
+    lost datagram is an unconfirmed order). Off: at least once, as the AMQP
+    suite's consumers. Measured here, no_ack costs the broker about a fifth
+    less CPU per order."""
     reporter: Literal["spark", "python"] = "spark"
     """The statistics reporter: the Spark streaming query, or its sums in Python."""
 
@@ -171,7 +176,7 @@ def run_simulation(
         rx = stack.enter_context(SpoolReceiver(spool, port=0, codec="raw"))
         report = list(rx.address)
         common = {"broker": broker.address, "exchange": exchange, "interval": config.interval,
-                  "report": report, "rates": list(config.rates)}  # fmt: skip
+                  "report": report, "rates": list(config.rates), "no_ack": config.no_ack}  # fmt: skip
         engine = _role("engine", {**common, "queue": orders_q})
         stack.callback(engine.stop)
         engine.expect("READY", READY_TIMEOUT)
