@@ -88,6 +88,7 @@ class Queue(Endpoint):
         self._rx_lock = threading.Lock()
         self._rcvtimeo: float | None = None
         self._big_reads = False
+        self._arms = 0  # deadlines armed, ever (see _io_loop)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -107,6 +108,7 @@ class Queue(Endpoint):
         return Future()
 
     def _deadline_armed(self, deadline: float) -> None:
+        self._arms += 1
         if deadline < self._io_sleep_until:
             self._wake_io()
 
@@ -360,12 +362,22 @@ class Queue(Endpoint):
         sock: Any = self._sock
         wake: Any = self._wake_r
         yield_until = float("-inf")
+        heartbeat = self.config.timeout
+        seen_arms = self._arms
         while not self._closed:
             # Announce "about to sleep" before reading the deadlines, so a
             # push that arms one meanwhile sees it must wake us.
             self._io_sleep_until = float("inf")
             now = _monotonic()
             deadline = self._next_deadline()
+            if deadline is None and self._arms != seen_arms:
+                # Batches are being opened: wake again within one timeout
+                # rather than sleep for good, so that the next batch's
+                # deadline needs no wake-up through the pipe (one system
+                # call and a thread switch per batch). Once a timeout passes
+                # without a new batch, sleep until woken.
+                seen_arms = self._arms
+                deadline = now + heartbeat
             reading = now >= yield_until
             if not reading:
                 deadline = yield_until if deadline is None else min(deadline, yield_until)
