@@ -222,3 +222,43 @@ def run_simulation(
             result.stats = stats.python_stats(spool)
         result.reporter = config.reporter
     return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m cmq.lab.stockex.run``: one sweep, a table on stdout (no records)."""
+    import argparse
+
+    from cmq.lab.stockex.reporter import rates as reporter_rates
+
+    parser = argparse.ArgumentParser(prog="python -m cmq.lab.stockex.run", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("--rates", default=",".join(map(str, SimConfig().rates)),
+                        help="orders/s of each step, comma separated (default: %(default)s)")  # fmt: skip
+    parser.add_argument(
+        "--seconds", type=float, default=2.0, help="per step (default: %(default)s)"
+    )
+    parser.add_argument("--no-ack", action="store_true", help="consume at most once")
+    parser.add_argument("--reporter", choices=("spark", "python"), default="python")
+    args = parser.parse_args(argv)
+    config = SimConfig(rates=tuple(int(r) for r in args.rates.split(",")), seconds=args.seconds,
+                       no_ack=args.no_ack, reporter=args.reporter)  # fmt: skip
+
+    def show(s: StepResult) -> None:
+        lat = sorted(d - t for t, d in zip(s.sent_ns, s.done_ns, strict=True) if d >= 0)
+        p50, p99 = (lat[len(lat) // 2] / 1e6, lat[int(len(lat) * 0.99)] / 1e6) if lat else (0, 0)
+        print(f"{s.rate:>7,} orders/s attempt {s.attempt}: {'kept' if s.kept else 'NOT kept'}, "
+              f"{s.sent - s.confirmed} unconfirmed, completion p50 {p50:.1f} ms p99 {p99:.1f} ms",
+              flush=True)  # fmt: skip
+
+    result = run_simulation(config, step=show)
+    orders = sum(s.sent for s in result.steps) or 1
+    cpu = ", ".join(f"{k} {v / orders * 1e6:.0f}" for k, v in sorted(result.cpu.items()))
+    print(f"CPU µs per order: {cpu}")
+    for row in reporter_rates(result.stats).values():
+        print(f"reporter ({result.reporter}) at {row['rate']:,.0f}/s: "
+              + ", ".join(f"{k} {v:,.0f}" for k, v in row.items() if k != "rate"))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
