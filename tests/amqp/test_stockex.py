@@ -162,4 +162,6 @@ def test_a_rate_not_kept_is_tried_once_more_then_the_sweep_stops() -> None:
 def test_without_acknowledgements() -> None:
     got = run_simulation(SimConfig(rates=(300,), seconds=0.3, drain=3.0, interval=0.05,
                                    no_ack=True, reporter="python"))  # fmt: skip
-    assert got.engine["orders"] == sum(s.sent for s in got.steps) == got.steps[0].sent
+    # (A stall on a loaded machine may cost the step its first attempt: count them all.)
+    assert got.engine["orders"] == sum(s.sent for s in got.steps)
+    assert {s.rate for s in got.steps} == {300}
