@@ -138,8 +138,8 @@ class Endpoint(ABC):
         """Take ``s``'s batch and send its datagrams."""
 
     @abstractmethod
-    def _send_datagrams(self, s: Stream, datagrams: list[bytes]) -> None:
-        """Send already-taken datagrams of ``s`` (fragments), in order."""
+    def _send_fragments(self, s: Stream, payload: bytes, now: float) -> None:
+        """Send ``s``'s pending batch, then ``payload`` as fragments, in order."""
 
     @abstractmethod
     def _deadline_armed(self, deadline: float) -> None:
@@ -309,7 +309,7 @@ class Endpoint(ABC):
                 raise MessageTooLarge(
                     f"message of {len(payload)} bytes is over max_message={self._max_message}"
                 )
-            self._send_datagrams(s, self._batcher.fragments(s, payload, now))
+            self._send_fragments(s, payload, now)
 
     def resolve(self, dest: Any) -> Address:
         """The socket address ``dest`` resolves to, checking it as ``push`` would.

@@ -102,6 +102,9 @@ class AsyncQueue(Endpoint):
         if datagrams:
             self._send_datagrams(s, datagrams, raise_errors=raise_errors)
 
+    def _send_fragments(self, s: Stream, payload: bytes, now: float) -> None:
+        self._send_datagrams(s, self._batcher.fragments(s, payload, now))
+
     def _send_datagrams(self, s: Stream, datagrams: list[bytes], *, raise_errors: bool = True) -> None:
         addr = s.addr
         error: OSError | None = None

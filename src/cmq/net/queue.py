@@ -112,8 +112,11 @@ class Queue(Endpoint):
         if deadline < self._io_sleep_until:
             self._wake_io()
 
-    def _send_datagrams(self, s: Stream, datagrams: list[bytes]) -> None:
+    def _send_fragments(self, s: Stream, payload: bytes, now: float) -> None:
+        # Under the send lock like any take: the stream's sequence numbers
+        # and the order of its datagrams must not interleave with a flush.
         with self._tx_lock:
+            datagrams = self._batcher.fragments(s, payload, now)
             try:
                 self._send_all(datagrams, s.addr, raise_errors=True)
             finally:
