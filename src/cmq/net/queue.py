@@ -90,6 +90,7 @@ class Queue(Endpoint):
         self._big_reads = False
         self._arms = 0  # deadlines armed, ever (see _io_loop)
         self._wake_r, self._wake_w = os.pipe()
+        self._pipe_open = True
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         # When the I/O thread sleeps, until when; -inf while it is awake.
@@ -154,6 +155,8 @@ class Queue(Endpoint):
             raise send_error(error, addr) from error
 
     def _wake_io(self) -> None:
+        if not self._pipe_open:
+            return
         try:
             os.write(self._wake_w, b"\0")
         except (BlockingIOError, OSError):
@@ -460,6 +463,9 @@ class Queue(Endpoint):
         self._io_thread.join(timeout=2.0)
         with self._rx_lock:
             self._sock.close()
+        # A push racing close() in another thread must not write to a pipe
+        # whose descriptor number the OS may already have handed out again.
+        self._pipe_open = False
         os.close(self._wake_r)
         os.close(self._wake_w)
         with self._req_lock:
