@@ -373,3 +373,15 @@ def test_pop_many_messages_gives_senders(pair: tuple[cmq.Queue, cmq.Queue]) -> N
     got = b.pop_many_messages(mailbox=4)
     assert [(m.payload, m.sender[1], m.mailbox) for m in got] == [(b"1", a.port, 4), (b"2", a.port, 4)]
     assert b.pop_many_messages(mailbox=4) == []
+
+
+def test_a_reused_mutable_destination_is_read_each_time(make_queue: MakeQueue) -> None:
+    a, b, c = make_queue(), make_queue(), make_queue()
+    where = ["127.0.0.1", b.port]
+    a.push(where, b"to b")
+    where[1] = c.port
+    a.push(where, b"to c")
+    assert b.get(timeout=2) == b"to b"
+    assert c.get(timeout=2) == b"to c"
+    cmq.Queue.push(a, dest(b), b"through the class")
+    assert b.get(timeout=2) == b"through the class"

@@ -196,9 +196,10 @@ class Endpoint(ABC):
             TransportError: the OS refused to send a datagram this call flushed.
             Closed: the queue was closed.
         """
-        # The instance's push is the closure made by _make_push (same
-        # behaviour, fewer lookups); this method is what it runs as.
-        self._make_push()(dest, msg, mailbox)
+        # Each instance's push is the closure made by _make_push in
+        # __init__ (same behaviour, fewer lookups); this method documents it
+        # and forwards to it when called through the class.
+        self.__dict__["push"](dest, msg, mailbox)
 
     def _make_push(self) -> Callable[..., None]:
         """The hot path of push, with everything it needs in closure cells.
@@ -222,7 +223,9 @@ class Endpoint(ABC):
                     s = cache[dest, mailbox]
                 except (KeyError, TypeError):
                     s = stream_for(dest, mailbox)
-                memo[0], memo[1], memo[2] = dest, mailbox, s
+                if type(dest) is tuple or type(dest) is str:
+                    # Only immutable spellings: a list could change under us.
+                    memo[0], memo[1], memo[2] = dest, mailbox, s
             payload = msg if raw and type(msg) is bytes else encode(msg)
             r = bpush(s, payload)
             if r:
