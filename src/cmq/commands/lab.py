@@ -80,7 +80,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     scale.add_argument("--quick", dest="profile", action="store_const", const="quick",
                        help="a few minutes (the default)")  # fmt: skip
     scale.add_argument("--full", dest="profile", action="store_const", const="full",
-                       help="the papers' scale (40-60 minutes on 2 cores)")  # fmt: skip
+                       help="the papers' scale (the CMQ and ØMQ experiments: about 25 minutes on 2 cores; the AMQP and queue-service ones add more)")  # fmt: skip
     # Hidden: "tiny" is for tests of the whole path.
     scale.add_argument("--profile", dest="profile", choices=PROFILE_NAMES, help=argparse.SUPPRESS)
     parser.set_defaults(profile="quick")
