@@ -360,7 +360,46 @@ def _new_consumer(
     return state
 
 
-class BrokerClient:
+class _ClientBase:
+    """What the threaded and the asyncio clients share: everything that does not wait."""
+
+    _s: _Session
+    endpoint: Endpoint | AsyncEndpoint
+
+    @property
+    def broker(self) -> tuple[str, int]:
+        """The broker's address."""
+        return self._s.broker
+
+    def _send(self, payload: list[Any] | None) -> None:
+        if payload is not None:
+            self.endpoint.push(self._s.broker, payload, BROKER_MAILBOX)
+            self.endpoint.flush()
+
+    def _collect_errors(self) -> None:
+        while (msg := self.endpoint.pop_message(REPLY_MAILBOX)) is not None:
+            self._s.reply(msg.payload)
+
+    def errors(self) -> list[RemoteError]:
+        """Return and forget the refusals of unconfirmed publishes received so far."""
+        self._collect_errors()
+        out, self._s.errors = self._s.errors, []
+        return out
+
+    def flush(self) -> None:
+        """Send everything batched now."""
+        self.endpoint.flush()
+
+    def heartbeat(self) -> None:
+        """Tell the broker this client's consumers are alive (waiting consumers do this)."""
+        self._send(self._s.heartbeat(time.monotonic()))
+
+    def _take_waiting(self) -> None:
+        while (msg := self.endpoint.pop_message(DELIVERY_MAILBOX)) is not None:
+            self._s.deliver(msg.payload)
+
+
+class BrokerClient(_ClientBase):
     """A client of one cmq broker, on a :class:`cmq.Queue` (threads).
 
     ``BrokerClient("127.0.0.1:5700")`` opens its own endpoint on an ephemeral
@@ -396,16 +435,6 @@ class BrokerClient:
             check_codec(endpoint)
             self._owns_endpoint = False
         self.endpoint: Endpoint = endpoint
-
-    @property
-    def broker(self) -> tuple[str, int]:
-        """The broker's address."""
-        return self._s.broker
-
-    def _send(self, payload: list[Any] | None) -> None:
-        if payload is not None:
-            self.endpoint.push(self._s.broker, payload, BROKER_MAILBOX)
-            self.endpoint.flush()
 
     def _request(self, make: Any, **fields: Any) -> Any:
         """Send a request, wait for its reply and return the ``ok`` result.
@@ -580,20 +609,6 @@ class BrokerClient:
                 raise Timeout(f"{len(w.pending)} publishes unanswered by broker {host}:{port}")
         return [r for r in results if r is not None]
 
-    def _collect_errors(self) -> None:
-        while (msg := self.endpoint.pop_message(REPLY_MAILBOX)) is not None:
-            self._s.reply(msg.payload)
-
-    def errors(self) -> list[RemoteError]:
-        """Return and forget the refusals of unconfirmed publishes received so far."""
-        self._collect_errors()
-        out, self._s.errors = self._s.errors, []
-        return out
-
-    def flush(self) -> None:
-        """Send everything batched now."""
-        self.endpoint.flush()
-
     def consume(
         self,
         queue: str,
@@ -624,14 +639,6 @@ class BrokerClient:
             raise
         self._s.attached(result, time.monotonic())
         return Consumer(self, state)
-
-    def heartbeat(self) -> None:
-        """Tell the broker this client's consumers are alive (waiting consumers do this)."""
-        self._send(self._s.heartbeat(time.monotonic()))
-
-    def _take_waiting(self) -> None:
-        while (msg := self.endpoint.pop_message(DELIVERY_MAILBOX)) is not None:
-            self._s.deliver(msg.payload)
 
     def _pump(self, timeout: float) -> None:
         """Wait up to ``timeout`` for deliveries, then take all that are waiting."""
@@ -754,7 +761,7 @@ class Consumer:
         self.cancel()
 
 
-class AsyncBrokerClient:
+class AsyncBrokerClient(_ClientBase):
     """A client of one cmq broker, on a :class:`cmq.AsyncQueue` (asyncio).
 
     Open it with ``await AsyncBrokerClient.open("127.0.0.1:5700")`` (or pass
@@ -800,16 +807,6 @@ class AsyncBrokerClient:
 
         endpoint = await AsyncQueue.open(port=0, host="0.0.0.0", codec="msgpack")
         return cls(broker, endpoint=endpoint, timeout=timeout, retries=retries, owns_endpoint=True)
-
-    @property
-    def broker(self) -> tuple[str, int]:
-        """The broker's address."""
-        return self._s.broker
-
-    def _send(self, payload: list[Any] | None) -> None:
-        if payload is not None:
-            self.endpoint.push(self._s.broker, payload, BROKER_MAILBOX)
-            self.endpoint.flush()
 
     async def _request(self, make: Any, **fields: Any) -> Any:
         """As :meth:`BrokerClient._request`."""
@@ -930,20 +927,6 @@ class AsyncBrokerClient:
         if self._s.unconfirmed & 63 == 0:
             self._collect_errors()
 
-    def _collect_errors(self) -> None:
-        while (msg := self.endpoint.pop_message(REPLY_MAILBOX)) is not None:
-            self._s.reply(msg.payload)
-
-    def errors(self) -> list[RemoteError]:
-        """Return and forget the refusals of unconfirmed publishes received so far."""
-        self._collect_errors()
-        out, self._s.errors = self._s.errors, []
-        return out
-
-    def flush(self) -> None:
-        """Send everything batched now."""
-        self.endpoint.flush()
-
     async def consume(
         self,
         queue: str,
@@ -968,14 +951,6 @@ class AsyncBrokerClient:
             raise
         self._s.attached(result, time.monotonic())
         return AsyncConsumer(self, state)
-
-    def heartbeat(self) -> None:
-        """Tell the broker this client's consumers are alive (waiting consumers do this)."""
-        self._send(self._s.heartbeat(time.monotonic()))
-
-    def _take_waiting(self) -> None:
-        while (msg := self.endpoint.pop_message(DELIVERY_MAILBOX)) is not None:
-            self._s.deliver(msg.payload)
 
     async def _pump(self, timeout: float) -> None:
         try:
