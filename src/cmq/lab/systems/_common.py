@@ -164,61 +164,98 @@ def pingpong_loop(
     return {"send_ns": send_ns, "recv_ns": recv_ns, "stale": stale, "late": late}
 
 
-def pingping_loop(
-    send: Send, recv: Recv, *, size: int, count: int, timeout: float, window: int
-) -> dict[str, Any]:
-    """Asynchronous ping-ping: the next message goes before the reply comes.
+class _PingPingBook:
+    """The bookkeeping of a ping-ping run, without I/O (shared by both loops).
 
     Up to ``window`` messages are in flight; each one's latency is its own
     send-to-reply time. A message whose reply has not come ``timeout`` seconds
     after it was sent is lost (``recv_ns`` -1) and frees its slot; a reply that
     comes later still is counted as ``late``, not as delivered.
     """
-    _check_pingping(size, count, window)
-    clock = time.monotonic_ns
-    timeout_ns = int(timeout * 1e9)
-    send_ns = [0] * count
-    recv_ns = [-1] * count
-    expired = [False] * count
-    in_order: deque[int] = deque()  # sent, not yet answered or expired, oldest first
-    inflight = 0
-    next_seq = 0
-    stale = late = 0
-    while next_seq < count or inflight:
-        while next_seq < count and inflight < window:
-            msg = numbered(next_seq, size)
-            send_ns[next_seq] = clock()
-            send(msg)
-            in_order.append(next_seq)
-            inflight += 1
-            next_seq += 1
-        while in_order and recv_ns[in_order[0]] >= 0:
+
+    def __init__(self, *, size: int, count: int, timeout: float, window: int) -> None:
+        _check_pingping(size, count, window)
+        self.size = size
+        self.count = count
+        self.window = window
+        self.timeout_ns = int(timeout * 1e9)
+        self.send_ns = [0] * count
+        self.recv_ns = [-1] * count
+        self.expired = [False] * count
+        self.in_order: deque[int] = deque()  # sent, not yet answered or expired, oldest first
+        self.inflight = 0
+        self.next_seq = 0
+        self.stale = 0
+        self.late = 0
+
+    def running(self) -> bool:
+        return self.next_seq < self.count or self.inflight > 0
+
+    def next_message(self, clock: Callable[[], int]) -> bytes | None:
+        """The next message to send now, stamped with ``clock()``; None if the window is full."""
+        if self.next_seq >= self.count or self.inflight >= self.window:
+            return None
+        seq = self.next_seq
+        msg = numbered(seq, self.size)
+        self.send_ns[seq] = clock()
+        self.in_order.append(seq)
+        self.inflight += 1
+        self.next_seq += 1
+        return msg
+
+    def wait_for(self, now_ns: int) -> float | None:
+        """Seconds to wait for the oldest reply, or None to go round again (after expiring it)."""
+        in_order = self.in_order
+        while in_order and self.recv_ns[in_order[0]] >= 0:
             in_order.popleft()
         if not in_order:
-            continue
+            return None
         oldest = in_order[0]
-        left = send_ns[oldest] + timeout_ns - clock()
+        left = self.send_ns[oldest] + self.timeout_ns - now_ns
         if left <= 0:
             in_order.popleft()
-            expired[oldest] = True
-            inflight -= 1
-            continue
-        reply = recv(left / 1e9)
-        if reply is None:
-            continue
-        t1 = clock()
+            self.expired[oldest] = True
+            self.inflight -= 1
+            return None
+        return left / 1e9
+
+    def reply(self, reply: bytes, t1: int) -> None:
+        """Account for a reply received at ``t1``."""
         got = seq_of(reply)
-        if got is None or not 0 <= got < next_seq or recv_ns[got] >= 0:
-            stale += 1
-        elif expired[got] or t1 - send_ns[got] > timeout_ns:
-            late += 1
-            if not expired[got]:
-                expired[got] = True
-                inflight -= 1
+        if got is None or not 0 <= got < self.next_seq or self.recv_ns[got] >= 0:
+            self.stale += 1
+        elif self.expired[got] or t1 - self.send_ns[got] > self.timeout_ns:
+            self.late += 1
+            if not self.expired[got]:
+                self.expired[got] = True
+                self.inflight -= 1
         else:
-            recv_ns[got] = t1
-            inflight -= 1
-    return {"send_ns": send_ns, "recv_ns": recv_ns, "stale": stale, "late": late}
+            self.recv_ns[got] = t1
+            self.inflight -= 1
+
+    def result(self) -> dict[str, Any]:
+        return {"send_ns": self.send_ns, "recv_ns": self.recv_ns, "stale": self.stale, "late": self.late}
+
+
+def pingping_loop(
+    send: Send, recv: Recv, *, size: int, count: int, timeout: float, window: int
+) -> dict[str, Any]:
+    """Asynchronous ping-ping: the next message goes before the reply comes.
+
+    The rules are :class:`_PingPingBook`'s.
+    """
+    clock = time.monotonic_ns
+    book = _PingPingBook(size=size, count=count, timeout=timeout, window=window)
+    while book.running():
+        while (msg := book.next_message(clock)) is not None:
+            send(msg)
+        left = book.wait_for(clock())
+        if left is None:
+            continue
+        reply = recv(left)
+        if reply is not None:
+            book.reply(reply, clock())
+    return book.result()
 
 
 ARecv = Callable[[float], Awaitable["bytes | None"]]
@@ -266,50 +303,19 @@ async def pingpong_loop_async(
 async def pingping_loop_async(
     send: ASend, recv: ARecv, *, size: int, count: int, timeout: float, window: int
 ) -> dict[str, Any]:
-    """:func:`pingping_loop` for asyncio clients (the same rules, line for line)."""
-    _check_pingping(size, count, window)
+    """:func:`pingping_loop` for asyncio clients (the same :class:`_PingPingBook`)."""
     clock = time.monotonic_ns
-    timeout_ns = int(timeout * 1e9)
-    send_ns = [0] * count
-    recv_ns = [-1] * count
-    expired = [False] * count
-    in_order: deque[int] = deque()
-    inflight = next_seq = stale = late = 0
-    while next_seq < count or inflight:
-        while next_seq < count and inflight < window:
-            msg = numbered(next_seq, size)
-            send_ns[next_seq] = clock()
+    book = _PingPingBook(size=size, count=count, timeout=timeout, window=window)
+    while book.running():
+        while (msg := book.next_message(clock)) is not None:
             await send(msg)
-            in_order.append(next_seq)
-            inflight += 1
-            next_seq += 1
-        while in_order and recv_ns[in_order[0]] >= 0:
-            in_order.popleft()
-        if not in_order:
+        left = book.wait_for(clock())
+        if left is None:
             continue
-        oldest = in_order[0]
-        left = send_ns[oldest] + timeout_ns - clock()
-        if left <= 0:
-            in_order.popleft()
-            expired[oldest] = True
-            inflight -= 1
-            continue
-        reply = await recv(left / 1e9)
-        if reply is None:
-            continue
-        t1 = clock()
-        got = seq_of(reply)
-        if got is None or not 0 <= got < next_seq or recv_ns[got] >= 0:
-            stale += 1
-        elif expired[got] or t1 - send_ns[got] > timeout_ns:
-            late += 1
-            if not expired[got]:
-                expired[got] = True
-                inflight -= 1
-        else:
-            recv_ns[got] = t1
-            inflight -= 1
-    return {"send_ns": send_ns, "recv_ns": recv_ns, "stale": stale, "late": late}
+        reply = await recv(left)
+        if reply is not None:
+            book.reply(reply, clock())
+    return book.result()
 
 
 def _check_pingping(size: int, count: int, window: int) -> None:
