@@ -7,11 +7,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+from .conftest import wait_until
 
 CMQ = [sys.executable, "-m", "cmq"]
 
@@ -37,11 +38,7 @@ def udp_bound(port: int) -> bool:
 
 
 def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
+    assert wait_until(predicate, timeout), f"timed out waiting for {what}"
 
 
 def start_recv(port: int, *extra: str) -> subprocess.Popen[bytes]:
