@@ -86,22 +86,38 @@ def test_consume_ack_and_heartbeat_round_trip() -> None:
 
 def test_auto_ack_acks_the_previous_delivery_on_take() -> None:
     c = _ConsumerState(ConsumerSpec(tag="t", queue="q", prefetch=8, no_ack=False), auto_ack=True)
-    c.buffer.extend(
-        Delivery(delivery_tag=i, exchange="", routing_key="q", body=i, redelivered=False)
-        for i in (1, 2)
+    c.add([[1, "", "q", False, [1, 2]]])
+    assert c.take() == Delivery(
+        delivery_tag=1, exchange="", routing_key="q", body=1, redelivered=False
     )
-    assert c.take() is not None and c.acks == []
+    assert c.acks == []
     assert c.take() is not None and c.acks == [1]
     assert c.take() is None and c.acks == [1, 2]
     assert decode(c.ack_payload()).delivery_tags == (1, 2)  # type: ignore[union-attr]
     assert c.ack_payload() is None
 
 
+def test_take_bodies_spans_runs_respects_limit_and_auto_acks_on_the_next_take() -> None:
+    c = _ConsumerState(ConsumerSpec(tag="t", queue="q", prefetch=8, no_ack=False), auto_ack=True)
+    c.add([[10, "x", "a", False, [b"1", b"2", b"3"]], [13, "x", "b", True, [b"4"]]])
+    assert c.take_bodies(2) == [b"1", b"2"] and c.acks == []
+    assert c.take_bodies(10) == [b"3", b"4"] and c.acks == [10, 11]
+    d = c.take()
+    assert d is None and c.acks == [10, 11, 12, 13]
+    c.add([[14, "x", "a", False, [b"5", b"6"]]])
+    assert c.take() == Delivery(
+        delivery_tag=14, exchange="x", routing_key="a", body=b"5", redelivered=False
+    )
+    assert c.take_bodies(10) == [b"6"] and c.acks[-1] == 14
+    c.cancel()
+    assert c.acks[-1] == 15
+
+
 def test_no_ack_consumer_never_acks() -> None:
     c = _ConsumerState(ConsumerSpec(tag="t", queue="q", prefetch=0, no_ack=True), auto_ack=True)
-    d = Delivery(delivery_tag=1, exchange="", routing_key="q", body=0, redelivered=False)
-    c.buffer.append(d)
-    c.take()
+    c.add([[1, "", "q", False, [0]]])
+    d = c.take()
+    assert d is not None
     c.take()
     c.ack(d)
     assert c.ack_payload() is None

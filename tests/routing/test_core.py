@@ -25,6 +25,7 @@ from cmq.routing._protocol import (
     GetStats,
     Heartbeat,
     Publish,
+    PublishBatch,
     PurgeQueue,
     Unbind,
     decode,
@@ -34,6 +35,11 @@ from cmq.routing._protocol import (
 PUB: Address = ("127.0.0.1", 1000)
 C1: Address = ("127.0.0.1", 2001)
 C2: Address = ("127.0.0.1", 2002)
+
+
+def bodies_of(payload: list[Any]) -> list[Any]:
+    """The bodies a delivery message carries, over its runs."""
+    return [b for run in payload[2] for b in run[4]]
 
 
 class Harness:
@@ -59,7 +65,10 @@ class Harness:
         for o in out:
             if o.mailbox == DELIVERY_MAILBOX:
                 if o.payload[0] == "d":
-                    self.deliveries.setdefault((o.dest, o.payload[1]), []).extend(o.payload[2])
+                    # Runs back to one [tag, exchange, key, body, redelivered] per delivery.
+                    got = self.deliveries.setdefault((o.dest, o.payload[1]), [])
+                    for first, ex, key, again, bodies in o.payload[2]:
+                        got.extend([first + i, ex, key, b, again] for i, b in enumerate(bodies))
                 else:
                     self.cancelled.append((o.dest, o.payload))
             elif o.payload[1] == 0:
@@ -377,8 +386,29 @@ def test_deliveries_are_batched_per_consumer() -> None:
     for i in range(10):
         h.core.receive(encode(Publish(rid=0, exchange="", routing_key="q", body=i)), PUB, 0.0)
     out = h.core.messages_to_send()
-    assert [len(o.payload[2]) for o in out] == [4, 4, 2]
-    assert [d[3] for o in out for d in o.payload[2]] == list(range(10))
+    assert [len(bodies_of(o.payload)) for o in out] == [4, 4, 2]
+    assert [b for o in out for b in bodies_of(o.payload)] == list(range(10))
+    # One run per message: the ten share exchange and key, their tags follow on.
+    assert [len(o.payload[2]) for o in out] == [1, 1, 1]
+    assert [o.payload[2][0][0] for o in out] == [1, 5, 9]
+
+
+def test_a_batch_publish_is_routed_and_delivered_as_runs() -> None:
+    h = Harness()
+    h.ok(DeclareExchange, name="x", type="direct")
+    h.queue("q", max_length=3, overflow="reject")
+    h.ok(Bind, queue="q", exchange="x", key="k")
+    reply = h.send(PublishBatch(rid=0, exchange="x", routing_key="k", bodies=(1, 2)))
+    assert reply is None and h.queue_stats("q").ready == 2
+    # Two more for a queue with room for one: one refused, and the publisher told.
+    h.send(PublishBatch(rid=0, exchange="x", routing_key="k", bodies=(3, 4)))
+    assert [u[2] for u in h.unsolicited] == ["queue-full"]
+    assert "1 of 2" in h.unsolicited[0][3]
+    q = h.queue_stats("q")
+    assert (q.ready, q.enqueued, q.rejected) == (3, 3, 1)
+    h.consume("q", prefetch=2)
+    assert h.got() == [1, 2]
+    assert h.core.stats().published == 4
 
 
 def test_delivery_batches_are_bounded_in_bytes() -> None:
@@ -390,7 +420,7 @@ def test_delivery_batches_are_bounded_in_bytes() -> None:
             encode(Publish(rid=0, exchange="", routing_key="q", body=b"x" * size)), PUB, 0.0
         )
     out = h.core.messages_to_send()
-    assert [[len(d[3]) for d in o.payload[2]] for o in out] == [[400, 400], [400], [5000], [10]]
+    assert [[len(b) for b in bodies_of(o.payload)] for o in out] == [[400, 400], [400], [5000], [10]]
 
 
 def test_vanished_consumer_stops_receiving_and_messages_wait() -> None:

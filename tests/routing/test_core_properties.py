@@ -24,6 +24,7 @@ from cmq.routing._protocol import (
     DeclareQueue,
     Heartbeat,
     Publish,
+    PublishBatch,
     PurgeQueue,
     encode,
 )
@@ -53,9 +54,22 @@ class BrokerMachine(RuleBasedStateMachine):
         for o in self.core.messages_to_send():
             if o.mailbox == DELIVERY_MAILBOX and o.payload[0] == "d":
                 key = (o.dest, o.payload[1])
-                for dtag, _, _, body, _ in o.payload[2]:
-                    self.held.setdefault(key, []).append(dtag)
-                    self.seen.add(body)
+                for first, _, _, _, bodies in o.payload[2]:
+                    for i, body in enumerate(bodies):
+                        self.held.setdefault(key, []).append(first + i)
+                        self.seen.add(body)
+
+    @rule(n=st.integers(min_value=1, max_value=8))
+    def publish_batch(self, n: int) -> None:
+        bodies = tuple(range(self.next_body, self.next_body + n))
+        self.next_body += n
+        self.published.update(bodies)
+        self.core.receive(
+            encode(PublishBatch(rid=0, exchange="", routing_key="q", bodies=bodies)),
+            CLIENTS[0],
+            self.now,
+        )
+        self.collect()
 
     @rule(n=st.integers(min_value=1, max_value=4))
     def publish(self, n: int) -> None:

@@ -23,13 +23,14 @@ from cmq.routing._protocol import (
     DeleteExchange,
     DeleteQueue,
     Deliver,
-    Delivery,
     ErrorReply,
     GetStats,
     Heartbeat,
     OkReply,
     Publish,
+    PublishBatch,
     PurgeQueue,
+    Run,
     Unbind,
     decode,
     encode,
@@ -47,13 +48,13 @@ bodies = st.recursive(
     max_leaves=6,
 )
 specs = st.builds(ConsumerSpec, tag=names, queue=names, prefetch=uints, no_ack=st.booleans())
-deliveries = st.builds(
-    Delivery,
-    delivery_tag=uints,
+runs = st.builds(
+    Run,
+    first_tag=uints,
     exchange=names,
     routing_key=names,
-    body=bodies,
     redelivered=st.booleans(),
+    bodies=st.lists(bodies, max_size=3).map(tuple),
 )
 
 events = st.one_of(
@@ -65,6 +66,13 @@ events = st.one_of(
     st.builds(Bind, rid=uints, queue=names, exchange=names, key=names),
     st.builds(Unbind, rid=uints, queue=names, exchange=names, key=names),
     st.builds(Publish, rid=uints, exchange=names, routing_key=names, body=bodies),
+    st.builds(
+        PublishBatch,
+        rid=uints,
+        exchange=names,
+        routing_key=names,
+        bodies=st.lists(bodies, max_size=4).map(tuple),
+    ),
     st.builds(Consume, rid=uints, tag=names, queue=names, prefetch=uints, no_ack=st.booleans()),
     st.builds(Heartbeat, consumers=st.lists(specs, max_size=3).map(tuple)),
     st.builds(Ack, tag=names, delivery_tags=st.lists(uints, max_size=4).map(tuple)),
@@ -72,7 +80,7 @@ events = st.one_of(
     st.builds(GetStats, rid=uints),
     st.builds(OkReply, rid=uints, result=bodies),
     st.builds(ErrorReply, rid=uints, code=names, message=names),
-    st.builds(Deliver, tag=names, deliveries=st.lists(deliveries, max_size=3).map(tuple)),
+    st.builds(Deliver, tag=names, runs=st.lists(runs, max_size=3).map(tuple)),
     st.builds(Cancelled, tag=names, code=names, message=names),
 )
 
@@ -96,7 +104,7 @@ junk = st.recursive(
     ),
     max_leaves=12,
 )
-ops = st.sampled_from(["p", "a", "h", "d", "ok", "err", "bind", "consume", "queue.declare", "x"])
+ops = st.sampled_from(["p", "P", "a", "h", "d", "ok", "err", "bind", "consume", "queue.declare", "x"])
 
 
 @settings(max_examples=200, deadline=None)
@@ -129,6 +137,8 @@ def test_broker_core_survives_anything(payloads: list[Any]) -> None:
         ["a", "t", [1, "2"]],
         ["h", [["t", "q", 1]]],
         ["d", "t", [[1, "x", "k", 1]]],
+        ["d", "t", [[1, "x", "k", False, "not a list"]]],
+        ["P", 0, "x", "k", b"not a list"],
         [1],
     ],
 )

@@ -59,7 +59,6 @@ from cmq.routing._protocol import (
     BROKER_MAILBOX,
     DELIVERY_MAILBOX,
     REPLY_MAILBOX,
-    Ack,
     Bind,
     Cancel,
     Cancelled,
@@ -77,6 +76,7 @@ from cmq.routing._protocol import (
     Heartbeat,
     OkReply,
     Publish,
+    PublishBatch,
     PurgeQueue,
     Unbind,
     decode,
@@ -104,6 +104,10 @@ DEFAULT_TIMEOUT: Final = 2.0
 DEFAULT_RETRIES: Final = 3
 # Heartbeat interval until the broker tells us its own.
 _DEFAULT_HEARTBEAT: Final = 1.0
+# Body bytes per batch publish message: a batch fits one datagram (64 KB), so
+# a lost datagram loses one batch, never a fragment of a larger one; a
+# bigger body still goes, alone.
+_BATCH_BYTES: Final = 48 * 1024
 
 
 class _Message(Protocol):
@@ -163,38 +167,99 @@ def _remote(reply: ErrorReply) -> RemoteError:
     return RemoteError(f"broker refused ({reply.code}): {reply.message}", code=reply.code)
 
 
+class _Run:
+    """Buffered deliveries of one run (see :class:`~cmq.routing._protocol.Run`), read from ``pos``."""
+
+    __slots__ = ("bodies", "exchange", "first", "key", "pos", "redelivered")
+
+    def __init__(self, first: int, exchange: str, key: str, redelivered: bool, bodies: list[Any]) -> None:
+        self.first = first
+        self.exchange = exchange
+        self.key = key
+        self.redelivered = redelivered
+        self.bodies = bodies
+        self.pos = 0
+
+
 class _ConsumerState:
-    """One consumer's buffer, pending acks and auto-ack bookkeeping (no I/O)."""
+    """One consumer's buffer, pending acks and auto-ack bookkeeping (no I/O).
+
+    The buffer holds runs as they arrived; a :class:`Delivery` is made only
+    when one is asked for, and :meth:`take_bodies` hands out a run's bodies
+    without making any.
+    """
 
     def __init__(self, spec: ConsumerSpec, auto_ack: bool) -> None:
         self.spec = spec
         self.auto_ack = auto_ack and not spec.no_ack
-        self.buffer: collections.deque[Delivery] = collections.deque()
+        self.buffer: collections.deque[_Run] = collections.deque()
         self.acks: list[int] = []
-        self.last: Delivery | None = None
+        # Handed out and to be auto-acked at the next take: (first tag, count) pairs.
+        self.last: list[tuple[int, int]] = []
         self.cancelled_by: RemoteError | None = None
         self.cancelled = False
         # Half the window: the broker refills while we work through the rest.
         self.ack_batch = max(1, spec.prefetch // 2) if spec.prefetch else 64
 
+    def add(self, runs: list[Any]) -> None:
+        """Buffer the runs of one delivery message (wire form, checked by the caller)."""
+        buffer = self.buffer
+        for first, ex, key, redelivered, bodies in runs:
+            if bodies:
+                buffer.append(_Run(first, ex, key, redelivered, bodies))
+
+    def _check(self) -> None:
+        if self.last:
+            if self.auto_ack:
+                acks = self.acks
+                for first, n in self.last:
+                    acks.extend(range(first, first + n))
+            self.last = []
+        if self.cancelled_by is not None:
+            raise self.cancelled_by
+        if self.cancelled:
+            raise Closed(f"consumer {self.spec.tag!r} was cancelled")
+
     def take(self) -> Delivery | None:
-        """The next buffered delivery (auto-acking the one before), or None.
+        """The next buffered delivery (auto-acking the ones handed out before), or None.
 
         Raises:
             RemoteError: the broker cancelled this consumer.
             Closed: this consumer was cancelled here.
         """
-        if self.auto_ack and self.last is not None:
-            self.acks.append(self.last.delivery_tag)
-            self.last = None
-        if self.cancelled_by is not None:
-            raise self.cancelled_by
-        if self.cancelled:
-            raise Closed(f"consumer {self.spec.tag!r} was cancelled")
-        if self.buffer:
-            self.last = d = self.buffer.popleft()
-            return d
-        return None
+        self._check()
+        if not self.buffer:
+            return None
+        run = self.buffer[0]
+        i = run.pos
+        run.pos = i + 1
+        if run.pos == len(run.bodies):
+            self.buffer.popleft()
+        tag = run.first + i
+        self.last.append((tag, 1))
+        return Delivery(delivery_tag=tag, exchange=run.exchange, routing_key=run.key,
+                        body=run.bodies[i], redelivered=run.redelivered)  # fmt: skip
+
+    def take_bodies(self, limit: int) -> list[Any]:
+        """Up to ``limit`` buffered bodies, in order (auto-acking those handed out before).
+
+        Raises:
+            RemoteError: the broker cancelled this consumer.
+            Closed: this consumer was cancelled here.
+        """
+        self._check()
+        out: list[Any] = []
+        buffer, last = self.buffer, self.last
+        while buffer and len(out) < limit:
+            run = buffer[0]
+            i = run.pos
+            j = min(len(run.bodies), i + limit - len(out))
+            out.extend(run.bodies[i:j] if i or j < len(run.bodies) else run.bodies)
+            last.append((run.first + i, j - i))
+            run.pos = j
+            if j == len(run.bodies):
+                buffer.popleft()
+        return out
 
     def ack(self, delivery: Delivery) -> bool:
         """Note an ack; True when a batch is full and should be sent."""
@@ -207,13 +272,14 @@ class _ConsumerState:
         if not self.acks:
             return None
         acks, self.acks = self.acks, []
-        return encode(Ack(tag=self.spec.tag, delivery_tags=tuple(acks)))
+        return ["a", self.spec.tag, acks]  # encode(Ack(...)), without the copy
 
     def cancel(self) -> None:
         """Mark cancelled; the broker requeues what was delivered but not acked."""
-        if self.auto_ack and self.last is not None:
-            self.acks.append(self.last.delivery_tag)
-            self.last = None
+        if self.auto_ack:
+            for first, n in self.last:
+                self.acks.extend(range(first, first + n))
+        self.last = []
         self.cancelled = True
         self.buffer.clear()
 
@@ -259,7 +325,8 @@ class _Session:
         if isinstance(event, Deliver):
             c = self.consumers.get(event.tag)
             if c is not None and not c.cancelled:
-                c.buffer.extend(event.deliveries)
+                # The decoded runs' fields are checked; buffer them as they came.
+                c.add(payload[2])
         elif isinstance(event, Cancelled):
             c = self.consumers.get(event.tag)
             if c is not None:
@@ -397,6 +464,23 @@ class _ClientBase:
     def _take_waiting(self) -> None:
         while (msg := self.endpoint.pop_message(DELIVERY_MAILBOX)) is not None:
             self._s.deliver(msg.payload)
+
+    def _push_batches(self, exchange: str, routing_key: str, bodies: list[Any], rid: int) -> None:
+        """Push ``bodies`` as unconfirmed batch publishes of at most ``_BATCH_BYTES`` each."""
+        push, broker = self.endpoint.push, self._s.broker
+        start, size = 0, 0
+        for i, body in enumerate(bodies):
+            n = len(body) if type(body) is bytes else 16
+            if size + n > _BATCH_BYTES and i > start:
+                push(broker, ["P", rid, exchange, routing_key, bodies[start:i]], BROKER_MAILBOX)
+                start, size = i, 0
+            size += n
+        if start < len(bodies):
+            part = bodies if start == 0 else bodies[start:]
+            push(broker, ["P", rid, exchange, routing_key, part], BROKER_MAILBOX)
+        self._s.unconfirmed += 1
+        if self._s.unconfirmed & 63 == 0:
+            self._collect_errors()  # keep the reply mailbox from growing
 
 
 class BrokerClient(_ClientBase):
@@ -566,6 +650,34 @@ class BrokerClient(_ClientBase):
             self._collect_errors()  # keep the reply mailbox from growing
         return None
 
+    def publish_batch(
+        self, exchange: str, routing_key: str, bodies: Iterable[Any], *, confirm: bool = False
+    ) -> int | None:
+        """Publish each of ``bodies``, in order, to ``exchange`` with ``routing_key``.
+
+        The fast way to publish many messages with one key: they travel and
+        are routed as batches, not one by one. Without ``confirm``, returns
+        None at once (at most once; refusals come back through
+        :meth:`errors`). With it, sends the batch as one request, waits, and
+        returns the number of queues the messages went to.
+
+        Raises:
+            RemoteError: (confirm only) ``not-found`` (no such exchange) or
+                ``queue-full`` (a queue with ``overflow="reject"`` refused
+                some; the others were routed).
+            Timeout: (confirm only) the broker did not answer.
+            TypeError: a body is not MessagePack-able.
+        """
+        items = bodies if type(bodies) is list else list(bodies)
+        if confirm:
+            result = self._request(
+                PublishBatch, exchange=exchange, routing_key=routing_key, bodies=tuple(items)
+            )
+            return int(result["routed"])
+        if items:
+            self._push_batches(exchange, routing_key, items, 0)
+        return None
+
     def publish_many(
         self, messages: Iterable[tuple[str, str, Any]], *, window: int = DEFAULT_PREFETCH
     ) -> list[int | RemoteError]:
@@ -727,6 +839,39 @@ class Consumer:
                     raise Timeout(f"no delivery from queue {self._c.spec.queue!r} in {timeout} s")
                 wait = min(wait, deadline - now)
             self.client._pump(wait)
+
+    def get_bodies(self, timeout: float | None = None, limit: int = 1 << 30) -> list[Any]:
+        """The bodies of up to ``limit`` deliveries that are here, waiting up to
+        ``timeout`` seconds (None: forever) for at least one.
+
+        The fast way to consume: no :class:`Delivery` is made per message.
+        With ``auto_ack`` they are acknowledged at the next ``get*`` call.
+
+        Raises:
+            Timeout: nothing arrived in time.
+            RemoteError: the broker cancelled this consumer (queue deleted).
+            Closed: the consumer was cancelled.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        c, client = self._c, self.client
+        while True:
+            out = c.take_bodies(limit)
+            if not out:
+                client._take_waiting()
+                out = c.take_bodies(limit)
+            if len(c.acks) >= c.ack_batch:
+                client._send(c.ack_payload())
+            if out:
+                return out
+            client._send(c.ack_payload())  # before waiting: the broker refills
+            now = time.monotonic()
+            beat, wait = client._s.heartbeat_due(now)
+            client._send(beat)
+            if deadline is not None:
+                if now >= deadline:
+                    raise Timeout(f"no delivery from queue {c.spec.queue!r} in {timeout} s")
+                wait = min(wait, deadline - now)
+            client._pump(wait)
 
     def __iter__(self) -> Iterator[Delivery]:
         return self
@@ -916,6 +1061,25 @@ class AsyncBrokerClient(_ClientBase):
                 raise Timeout(f"{len(w.pending)} publishes unanswered by broker {host}:{port}")
         return [r for r in results if r is not None]
 
+    async def publish_batch(
+        self, exchange: str, routing_key: str, bodies: Iterable[Any], *, confirm: bool = False
+    ) -> int | None:
+        """As :meth:`BrokerClient.publish_batch`; only ``confirm=True`` waits.
+
+        Raises:
+            RemoteError, Timeout: (confirm only) as :meth:`BrokerClient.publish_batch`.
+            TypeError: a body is not MessagePack-able.
+        """
+        items = bodies if type(bodies) is list else list(bodies)
+        if confirm:
+            result = await self._request(
+                PublishBatch, exchange=exchange, routing_key=routing_key, bodies=tuple(items)
+            )
+            return int(result["routed"])
+        if items:
+            self._push_batches(exchange, routing_key, items, 0)
+        return None
+
     def publish_nowait(self, exchange: str, routing_key: str, body: Any) -> None:
         """Publish without confirm and without awaiting (a loop can call it a million times).
 
@@ -1018,6 +1182,29 @@ class AsyncConsumer:
                     raise Timeout(f"no delivery from queue {self._c.spec.queue!r} in {timeout} s")
                 wait = min(wait, deadline - now)
             await self.client._pump(wait)
+
+    async def get_bodies(self, timeout: float | None = None, limit: int = 1 << 30) -> list[Any]:
+        """As :meth:`Consumer.get_bodies` (raises Timeout, RemoteError, Closed)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        c, client = self._c, self.client
+        while True:
+            out = c.take_bodies(limit)
+            if not out:
+                client._take_waiting()
+                out = c.take_bodies(limit)
+            if len(c.acks) >= c.ack_batch:
+                client._send(c.ack_payload())
+            if out:
+                return out
+            client._send(c.ack_payload())
+            now = time.monotonic()
+            beat, wait = client._s.heartbeat_due(now)
+            client._send(beat)
+            if deadline is not None:
+                if now >= deadline:
+                    raise Timeout(f"no delivery from queue {c.spec.queue!r} in {timeout} s")
+                wait = min(wait, deadline - now)
+            await client._pump(wait)
 
     def __aiter__(self) -> AsyncIterator[Delivery]:
         return self
