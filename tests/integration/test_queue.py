@@ -385,3 +385,71 @@ def test_a_reused_mutable_destination_is_read_each_time(make_queue: MakeQueue) -
     assert c.get(timeout=2) == b"to c"
     cmq.Queue.push(a, dest(b), b"through the class")
     assert b.get(timeout=2) == b"through the class"
+
+
+def test_sender_is_push_bound_to_one_destination(make_queue: MakeQueue) -> None:
+    a, b = make_queue(max_datagram=1472, max_message=100_000), make_queue(max_message=100_000)
+    send = a.sender(dest(b))
+    msgs = [b"s%d" % i for i in range(20_000)]
+    for m in msgs[:10_000]:
+        send(m)
+    for m in msgs[10_000:]:  # push and the bound sender share the stream and its order
+        a.push(dest(b), m)
+    big = os.urandom(50_000)
+    send(big)  # fragments, after what is batched
+    send(b"after")
+    a.flush()
+    assert drain(b, len(msgs) + 2) == [*msgs, big, b"after"]
+    assert a.stats().destinations == 1
+    with pytest.raises(cmq.MessageTooLarge):
+        send(b"x" * 100_001)
+    with pytest.raises(TypeError, match="bytes-like"):
+        send("text")
+    with pytest.raises(cmq.ConfigError):
+        a.sender("no-port-here")
+
+
+def test_a_bound_sender_and_a_remembered_destination_raise_closed_after_close(
+    make_queue: MakeQueue,
+) -> None:
+    a, b = make_queue(), make_queue()
+    send = a.sender(dest(b))
+    to = dest(b)
+    for _ in range(100):  # the batch is open: pushes take the fast half
+        send(b"x")
+        a.push(to, b"y")
+    a.close()
+    with pytest.raises(cmq.Closed):
+        send(b"late")
+    with pytest.raises(cmq.Closed):
+        a.push(to, b"late")
+    assert drain(b, 200) == [b"x", b"y"] * 100
+
+
+def test_messages_pushed_from_many_threads_are_all_delivered(make_queue: MakeQueue) -> None:
+    """The fast half of push takes no lock; racing the I/O thread's timeouts must lose nothing."""
+    a, b = make_queue(), make_queue(max_queued=1_000_000)
+    send = a.sender(dest(b))
+    per_thread = 20_000
+
+    def pusher(k: int) -> None:
+        for i in range(per_thread):
+            send(b"%d:%d" % (k, i))
+            if i % 1000 == 0:
+                time.sleep(0.0003)  # let batches leave by their deadline too
+
+    threads = [threading.Thread(target=pusher, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    got: list[bytes] = []
+    while any(t.is_alive() for t in threads):
+        got += b.pop_many()
+    for t in threads:
+        t.join()
+    # No flush: every batch must leave by its own deadline.
+    while len(got) < 4 * per_thread:
+        got.append(b.get(timeout=5))  # type: ignore[arg-type]
+        got += b.pop_many()
+    for k in range(4):  # each thread's messages in its order
+        mine = [m for m in got if m.startswith(b"%d:" % k)]
+        assert mine == [b"%d:%d" % (k, i) for i in range(per_thread)]

@@ -256,3 +256,63 @@ def test_slow_batches_do_not_grow() -> None:
         b.take(s, now)
         now += 0.01  # ten timeouts between datagrams
     assert s.limit == 100
+
+
+def test_a_push_landing_after_a_take_opens_the_next_batch() -> None:
+    """The fast half takes no lock: a message appended during a take must still get a deadline.
+
+    take() lowers check_at before it copies the batch, so whoever appends
+    after the copy reaches check(), which opens (arms) the next batch.
+    """
+    b = make(idle_gap=float("inf"))
+    s = b.stream(DEST, 0)
+    assert b.push(s, b"first") == OPENED
+    for _ in range(5):
+        assert b.push(s, b"more") == QUEUED
+    real_encode = batcher_module.encode_frames
+    raced: list[int] = []
+
+    def encode_and_race(*args: object, **kwargs: object) -> bytes:
+        # A concurrent push's fast half: append, then compare with check_at.
+        s.frames.append(b"raced")
+        raced.append(len(s.frames) >= s.check_at)
+        return real_encode(*args, **kwargs)  # type: ignore[arg-type]
+
+    with mock.patch.object(batcher_module, "encode_frames", side_effect=encode_and_race):
+        b.take(s, 0.0)
+    assert raced == [True]  # the racing push goes on to check()...
+    assert b.check(s) == OPENED  # ...which arms the batch holding it
+    assert decode_all(b.take(s, 0.0)) == [b"raced"]
+
+
+def test_check_counts_only_new_messages_and_aims_at_the_limit() -> None:
+    b = make(qthresh=1000, idle_gap=float("inf"))
+    s = b.stream(DEST, 0)
+    assert b.push(s, b"x" * 9) == OPENED  # 10 bytes framed
+    assert s.check_at == 1 + 99  # 99 more of the average size reach the limit
+    results = [b.push(s, b"x" * 9) for _ in range(98)]
+    assert set(results) == {QUEUED}
+    assert b.push(s, b"x" * 9) == FULL  # the hundredth: 1000 bytes
+    (d,) = b.take(s, 0.0)
+    assert len(decode_all([d])) == 100
+
+
+def test_a_full_datagram_is_not_followed_by_a_tiny_one() -> None:
+    """At the datagram limit, a batch is full when one more message of its size would not fit."""
+    b = make(qthresh=60_000, max_datagram=2000, idle_gap=float("inf"))
+    s = b.stream(DEST, 0)
+    while b.push(s, b"y" * 300) != FULL:
+        pass
+    out = b.take(s, 0.0)
+    assert len(out) == 1
+    assert len(out[0]) + 309 > 2000
+
+
+def test_an_emptied_batch_is_not_checked_as_open() -> None:
+    b = make()
+    s = b.stream(DEST, 0)
+    assert b.push(s, b"a") == OPENED
+    b.take(s, 0.0)
+    assert b.check(s) == QUEUED  # nothing there: the next push opens a batch
+    assert s.check_at == 1
+    assert b.push(s, b"b") == OPENED

@@ -163,3 +163,26 @@ def test_equal_frames_round_trip(size: int, count: int, fill: int) -> None:
     # One odd frame in the middle breaks the pattern: the loop handles it.
     mixed = [*payloads, b"odd!" * 3, *payloads]
     assert decode(encode_frames(mixed, flags=0, sender=1, mailbox=0, seq=0))[1] == mixed
+
+
+@given(size=st.integers(255, 3000), count=st.integers(1, 150), fill=st.integers(0, 255))
+def test_equal_long_frames_round_trip(size: int, count: int, fill: int) -> None:
+    """Equal messages of 255 bytes or more (nine-byte prefixes) also take the C-level path."""
+    payloads = [bytes([fill]) * size] * count
+    assert decode(encode_frames(payloads, flags=0, sender=1, mailbox=0, seq=0))[1] == payloads
+    mixed = [*payloads, b"x" * (size + 1), *payloads]
+    assert decode(encode_frames(mixed, flags=0, sender=1, mailbox=0, seq=0))[1] == mixed
+
+
+def test_frames_that_only_look_equal_at_stride_are_decoded_frame_by_frame() -> None:
+    """Payload bytes that mimic the stride of equal frames must not fool the fast split."""
+    # Frames of 2, 1 and 3 bytes whose bytes at every third position read 2:
+    # an encoder that trusted the stride would cut them as three 2-byte frames.
+    payloads = [b"ab", b"c", b"\x02de"]
+    assert decode(encode_frames(payloads, flags=0, sender=1, mailbox=0, seq=0))[1] == payloads
+
+
+@given(sizes=st.lists(st.integers(0, 600), min_size=1, max_size=40))
+def test_mixed_sizes_round_trip(sizes: list[int]) -> None:
+    payloads = [bytes([i % 256]) * n for i, n in enumerate(sizes)]
+    assert decode(encode_frames(payloads, flags=0, sender=1, mailbox=0, seq=0))[1] == payloads

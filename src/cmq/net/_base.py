@@ -24,7 +24,7 @@ from cmq._errors import Closed, ConfigError, MessageTooLarge, Timeout, Transport
 from cmq._types import Address, Message, Stats
 from cmq.net._sock import kernel_drops, membership, open_socket, parse_address, resolve
 from cmq.patterns.pending import PendingTable
-from cmq.wire.batcher import FULL, LARGE, OPENED, Batcher, Stream
+from cmq.wire.batcher import OPENED, QUEUED, Batcher, Stream
 from cmq.wire.receiver import EMPTY, ENVELOPE_BIT, KIND_REPLY, KIND_REQUEST, Mailbox, Meta, Receiver
 
 __all__ = ["Endpoint", "OnTimeout", "message_of", "send_error"]
@@ -204,38 +204,96 @@ class Endpoint(ABC):
     def _make_push(self) -> Callable[..., None]:
         """The hot path of push, with everything it needs in closure cells.
 
-        The last destination is remembered by identity, so a loop pushing to
-        one destination object skips hashing it.
+        The last (destination, mailbox) is remembered by identity, so a loop
+        pushing to one destination object skips hashing it; then a push is
+        the batcher's fast half inlined: a size check, an append and a
+        comparison (see :mod:`cmq.wire.batcher`).
         """
         cache = self._cache
         stream_for = self._stream_for
-        bpush = self._batcher.push
-        after = self._after_push
+        after = self._after_append
+        large_payload = self._large_payload
         encode = self._encode
         raw = self._raw
-        memo: list[Any] = [object(), -1, None]
+        large = self._batcher.large
+        last_dest: Any = object()
+        last_mailbox = -1
+        s = Stream(("0.0.0.0", 0), 0, 1)  # a placeholder: last_dest matches no destination
+        frames = s.frames
 
         def push(dest: Any, msg: Any, mailbox: int = 0) -> None:
-            if dest is memo[0] and mailbox == memo[1]:
-                s = memo[2]
-            else:
+            nonlocal last_dest, last_mailbox, s, frames
+            if dest is not last_dest or mailbox != last_mailbox:
                 try:
                     s = cache[dest, mailbox]
                 except (KeyError, TypeError):
                     s = stream_for(dest, mailbox)
+                frames = s.frames
                 if type(dest) is tuple or type(dest) is str:
                     # Only immutable spellings: a list could change under us.
-                    memo[0], memo[1], memo[2] = dest, mailbox, s
+                    last_dest, last_mailbox = dest, mailbox
+                else:
+                    last_dest = object()
             payload = msg if raw and type(msg) is bytes else encode(msg)
-            r = bpush(s, payload)
-            if r:
-                after(s, r, payload)
+            if len(payload) >= large:
+                large_payload(s, payload)
+                return
+            frames.append(payload)
+            if len(frames) >= s.check_at:
+                after(s)
 
         def forget() -> None:
-            memo[0], memo[1], memo[2] = object(), -1, None
+            nonlocal last_dest, last_mailbox
+            last_dest, last_mailbox = object(), -1
 
         self._forget_memo = forget
         return push
+
+    def sender(self, dest: Any, mailbox: int = 0) -> Callable[[Any], None]:
+        """A push bound to one destination: ``send = q.sender(dest); send(msg)``.
+
+        The same as ``push(dest, msg, mailbox)``, with the destination
+        resolved once: the cheapest way to push many messages to one peer
+        (as a connected socket is). It raises what :meth:`push` raises.
+
+        Raises:
+            ConfigError: a bad address, unresolvable host or bad mailbox.
+            Closed: the queue was closed.
+        """
+        try:
+            s = self._cache[dest, mailbox]
+        except (KeyError, TypeError):
+            s = self._stream_for(dest, mailbox)
+        after = self._after_append
+        large_payload = self._large_payload
+        encode = self._encode
+        large = self._batcher.large
+        frames = s.frames
+        append = frames.append
+
+        if self._raw:
+
+            def send(msg: Any) -> None:
+                payload = msg if type(msg) is bytes else encode(msg)
+                if len(payload) >= large:
+                    large_payload(s, payload)
+                    return
+                append(payload)
+                if len(frames) >= s.check_at:
+                    after(s)
+
+        else:
+
+            def send(msg: Any) -> None:
+                payload = encode(msg)
+                if len(payload) >= large:
+                    large_payload(s, payload)
+                    return
+                append(payload)
+                if len(frames) >= s.check_at:
+                    after(s)
+
+        return send
 
     def _encode(self, msg: Any) -> bytes:
         if self._raw:
@@ -290,29 +348,46 @@ class Endpoint(ABC):
         except (KeyError, TypeError):
             s = self._stream_for(dest, mailbox, self._icache)
         payload = _ENVELOPE.pack(kind, corr) + body
-        r = self._batcher.push(s, payload)
-        if r:
-            self._after_push(s, r, payload)
+        if len(payload) >= self._batcher.large:
+            self._large_payload(s, payload)
+        else:
+            s.frames.append(payload)
+            if len(s.frames) >= s.check_at:
+                self._after_append(s)
         return s
 
-    def _after_push(self, s: Stream, r: int, payload: bytes) -> None:
-        now = self._now()
-        if r == OPENED:
-            with self._timer_lock:
+    def _after_append(self, s: Stream) -> None:
+        """The slow half of push: the batch reached ``check_at`` (see :mod:`cmq.wire.batcher`).
+
+        Raises:
+            Closed: the queue was closed (what was appended is dropped).
+            TransportError: as :meth:`push`.
+        """
+        if self._closed:
+            s.frames.clear()
+            raise Closed("queue is closed")
+        deadline = None
+        with self._timer_lock:
+            r = self._batcher.check(s)
+            if r == QUEUED:
+                return
+            now = self._now()
+            if r == OPENED:
                 deadline = self._batcher.opened(s, now)
-            if deadline is None:
-                self._send_stream(s, now)
             else:
-                self._deadline_armed(deadline)
-        elif r == FULL:
-            self._batcher.filled(s, now)
+                self._batcher.filled(s, now)
+        if deadline is None:
             self._send_stream(s, now)
-        elif r == LARGE:
-            if len(payload) > self._max_message:
-                raise MessageTooLarge(
-                    f"message of {len(payload)} bytes is over max_message={self._max_message}"
-                )
-            self._send_fragments(s, payload, now)
+        else:
+            self._deadline_armed(deadline)
+
+    def _large_payload(self, s: Stream, payload: bytes) -> None:
+        """A payload too large for one datagram: refused, or sent as fragments after the batch."""
+        if self._closed:
+            raise Closed("queue is closed")
+        if len(payload) > self._max_message:
+            raise MessageTooLarge(f"message of {len(payload)} bytes is over max_message={self._max_message}")
+        self._send_fragments(s, payload, self._now())
 
     def resolve(self, dest: Any) -> Address:
         """The socket address ``dest`` resolves to, checking it as ``push`` would.

@@ -312,6 +312,8 @@ class AsyncQueue(Endpoint):
         self._cache.clear()
         self._icache.clear()
         self._forget_memo()
+        for s in self._batcher.streams():
+            s.check_at = 0  # every push, bound senders' too, now reaches the closed check
         self._rearm(None)
         fd = self._sock.fileno()
         self._loop.remove_reader(fd)

@@ -84,7 +84,9 @@ class Queue(Endpoint):
         **options: Any,
     ) -> None:
         super().__init__(port, host, config, multicast_interface, options, lock=threading.Lock)
-        self._tx_lock = threading.Lock()
+        # One lock for the batch state: the batcher's check, its deadline
+        # heap, and each take with the sends of its datagrams.
+        self._tx_lock = self._timer_lock
         self._rx_lock = threading.Lock()
         self._rcvtimeo: float | None = None
         self._big_reads = False
@@ -452,6 +454,8 @@ class Queue(Endpoint):
         self._cache.clear()
         self._icache.clear()
         self._forget_memo()
+        for s in self._batcher.streams():
+            s.check_at = 0  # every push, bound senders' too, now reaches the closed check
         # A push that raced close() may have appended after the flush: send
         # it if the socket still allows, count it otherwise.
         try:

@@ -4,21 +4,39 @@ Theory of operation
 -------------------
 Every (destination address, mailbox) pair is a *stream* (the CMQ paper's key
 tuple). A stream owns a list of pending payloads and the sequence number of
-its next datagram. :meth:`Batcher.push` appends a payload and tells the caller
-what must happen next, as one small integer, so that the common case (append
-to an open batch) costs one call and one comparison:
+its next datagram. Pushing is split in two halves so that the common case
+costs one append and one comparison:
+
+- the *fast half* (:meth:`Batcher.push`, inlined by the drivers): refuse a
+  payload too large for one datagram (``LARGE``), append it, and compare the
+  batch's length with the stream's ``check_at``. Below it, the message is
+  ``QUEUED`` and nothing else happens;
+- the *slow half* (:meth:`Batcher.check`), once ``check_at`` is reached:
+  counts the bytes of the messages appended since its last call (at C
+  speed), and answers
 
 ============  =====================================================
-``QUEUED``    appended to an open batch; nothing to do
-``OPENED``    the batch was empty: the caller reads the clock, and either
-              sends at once (the destination is idle, see below) or arms
-              the batch's deadline with :meth:`Batcher.arm`
+``QUEUED``    the batch is open and has room; ``check_at`` is moved to
+              where the batch will be full if messages keep their
+              average size
+``OPENED``    the batch has no deadline yet (it was empty): the caller
+              reads the clock, and either sends at once (the destination
+              is idle, see below) or arms the batch's deadline with
+              :meth:`Batcher.opened`
 ``FULL``      the batch holds its limit (``qthresh`` bytes, or more
-              under load, see below): the caller calls
+              under load, see below), or one more message of its
+              average size would not fit a datagram: the caller calls
               :meth:`Batcher.filled` and takes it now
-``LARGE``     the payload does not fit one datagram: it was *not*
-              appended; the caller sends it with :meth:`Batcher.fragments`
+``LARGE``     (from the fast half) the payload does not fit one datagram:
+              it was *not* appended; the caller sends it with
+              :meth:`Batcher.fragments`
 ============  =====================================================
+
+:meth:`take` sets ``check_at`` to 1 *before* it copies the batch, so the
+first message appended after a take always reaches :meth:`check`, which
+opens the next batch. ``check`` and ``take`` of a stream must be serialised
+by the driver (one lock, taken per batch, never per message); appending
+needs no lock.
 
 The idle rule (ØMQ v0.1's latency mode): a destination whose last datagram
 left at least ``idle_gap`` seconds ago is idle, and a message pushed to an
@@ -28,18 +46,19 @@ for more messages. :meth:`Batcher.is_idle` answers the question.
 
 :meth:`Batcher.take` turns a stream's pending payloads into datagrams, each at
 most ``max_datagram`` bytes, cut by exact sizes (the byte counters that decide
-*when* to flush are only hints). Pushing never takes a lock: ``take`` removes
-exactly the prefix it encoded (``del frames[:n]``), so a payload appended
-while a take runs in another thread stays for the next datagram. Takes of one
-stream must not run concurrently (the driver holds a lock per take, i.e. per
-datagram, never per message), which also keeps datagrams in sequence order.
+*when* to flush are only hints). ``take`` removes exactly the prefix it
+encoded (``del frames[:n]``), so a payload appended while a take runs in
+another thread stays for the next datagram. Takes of one stream must not run
+concurrently (the driver holds its lock per batch), which also keeps
+datagrams in sequence order.
 
 Under load the limit grows: a batch that fills within ``timeout`` of the
 stream's previous datagram (pushes come faster than ``qthresh`` bytes per
 ``timeout``) doubles its
 stream's limit, up to one datagram (``max_datagram``); a batch that leaves
-by its deadline halves it again, and a message to an idle destination resets
-it to ``qthresh``. So ``qthresh`` is the batch size at a moderate rate, and
+by its deadline halves it again, and a message to a destination idle for a
+whole ``timeout`` resets it to ``qthresh`` (a shorter pause, such as the
+pushing thread waiting for the GIL, keeps it). So ``qthresh`` is the batch size at a moderate rate, and
 at full rate batches grow until a datagram carries what arrives in about one
 ``timeout`` (ØMQ v0.1's "batch whatever accumulated while the link was
 busy", without a hand-off thread).
@@ -54,6 +73,8 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from bisect import bisect_right
+from itertools import accumulate
 from typing import Final
 
 from cmq._config import QueueConfig
@@ -69,21 +90,55 @@ LARGE: Final = 3
 Address = tuple[str, int] | tuple[str, int, int, int]
 
 
+class _FramedSizes(dict[int, int]):
+    """Framed size by payload size, filled on first use (C-speed lookups with ``map``)."""
+
+    def __missing__(self, n: int) -> int:
+        size = frame_size(n)
+        if n <= 0xFFFF:
+            self[n] = size
+        return size
+
+
+_FRAMED: Final = _FramedSizes()
+
+
 class Stream:
     """The batch and sequence state of one (address, mailbox) pair."""
 
-    __slots__ = ("addr", "frames", "gen", "last_send", "limit", "mailbox", "room", "seq")
+    __slots__ = (
+        "addr",
+        "armed",
+        "check_at",
+        "counted",
+        "frames",
+        "gen",
+        "last_send",
+        "limit",
+        "mailbox",
+        "seq",
+        "size",
+        "sizes",
+    )
 
     def __init__(self, addr: Address, mailbox: int, qthresh: int) -> None:
         self.addr = addr
         self.mailbox = mailbox
         self.frames: list[bytes] = []
-        # The current batch size limit, and the bytes the open batch may
-        # still take before it reaches it (a hint: see push).
+        # The current batch size limit (bytes).
         self.limit = qthresh
-        self.room = qthresh
+        # The batch length at which a push must call Batcher.check; 1 while
+        # the batch is empty, 0 forces every push there (a closed queue).
+        self.check_at = 1
+        # Of the open batch, the messages check has counted and their
+        # framed bytes (a hint: one byte of prefix each).
+        self.counted = 0
+        self.size = 0
+        self.sizes: list[int] = []  # of the counted messages, for take
         self.seq = 0
+        # take() bumps gen; armed == gen once the open batch has a deadline.
         self.gen = 0
+        self.armed = -1
         self.last_send = float("-inf")
 
     @property
@@ -105,11 +160,10 @@ class Batcher:
         self._key = config.key
         self._qthresh = config.qthresh
         self._max_body = config.max_body
-        # A payload of this size or more goes out as fragments: it cannot
-        # share a datagram with its 9-byte long-frame prefix, or it is over
-        # max_message (which the driver then refuses).
-        self._large = min(config.max_body - 9 + 1, config.max_message + 1)
-        self._small = min(255, self._large)
+        # A payload of this size or more goes out as fragments (LARGE): it
+        # cannot share a datagram with its 9-byte long-frame prefix, or it is
+        # over max_message (which the driver then refuses).
+        self.large = min(config.max_body - 9 + 1, config.max_message + 1)
         self._streams: dict[tuple[Address, int], Stream] = {}
         self._heap: list[tuple[float, int, Stream, int]] = []
         self._tiebreak = itertools.count()
@@ -142,27 +196,50 @@ class Batcher:
     # -- the hot path ------------------------------------------------------
 
     def push(self, s: Stream, payload: bytes) -> int:
-        """Append ``payload`` to ``s``'s batch; returns QUEUED, OPENED, FULL or LARGE."""
-        n = len(payload)
-        if n < self._small:
-            n += 1
-        elif n >= self._large:
+        """Append ``payload`` to ``s``'s batch; returns QUEUED, OPENED, FULL or LARGE.
+
+        The drivers inline this (it is the fast half, see the module's
+        docstring) and call :meth:`check` themselves.
+        """
+        if len(payload) >= self.large:
             return LARGE
-        else:
-            n += 1 if n < 255 else 9
         frames = s.frames
-        opened = not frames
         frames.append(payload)
-        # ``room`` is also reset by take() in another thread; a lost update
-        # only moves the moment of the next flush, never its content.
-        room = s.room - n
-        s.room = room
-        if room <= 0:
+        if len(frames) < s.check_at:
+            return QUEUED
+        return self.check(s)
+
+    def check(self, s: Stream) -> int:
+        """The slow half of push: QUEUED, OPENED or FULL, and where to check next.
+
+        Must not run concurrently with :meth:`take` of the same stream.
+        """
+        frames = s.frames
+        counted = s.counted
+        new = frames[counted:]
+        if new:
+            counted += len(new)
+            s.counted = counted
+            sizes = list(map(len, new))
+            s.sizes += sizes
+            nbytes = sum(sizes)
+            # Framing: one byte a message, nine for long ones (judged by the average).
+            s.size += nbytes + len(new) * (1 if nbytes < 255 * len(new) else 9)
+        elif not frames:
+            return QUEUED  # taken meanwhile: the next push opens a batch
+        size = s.size
+        avg = size // counted or 1
+        limit = s.limit
+        room = self._max_body - size
+        if size >= limit or avg > room:
             return FULL
-        # Checked before and after the append: a take in another thread
-        # between the two may have emptied the batch, which then needs a
-        # deadline again.
-        return OPENED if opened or len(frames) == 1 else QUEUED
+        # Check again when the batch reaches its limit or one more message
+        # of the average size would not fit a datagram, whichever is first.
+        s.check_at = counted + max(min(-(-(limit - size) // avg), room // avg), 1)
+        if s.armed == s.gen:
+            return QUEUED
+        s.armed = s.gen
+        return OPENED
 
     def is_idle(self, s: Stream, now: float) -> bool:
         """Whether ``s``'s last datagram left at least ``idle_gap`` before ``now``.
@@ -183,11 +260,12 @@ class Batcher:
         """``s``'s batch was just opened at ``now``: the idle rule.
 
         Returns None when the destination is idle (the caller sends the
-        batch at once; the limit goes back to ``qthresh``), else arms the
-        batch's deadline and returns it.
+        batch at once; after a whole ``timeout`` of silence the limit goes
+        back to ``qthresh``), else arms the batch's deadline and returns it.
         """
         if self.is_idle(s, now):
-            s.limit = self._qthresh
+            if now - s.last_send >= self.config.timeout:
+                s.limit = self._qthresh
             return None
         return self.arm(s, now)
 
@@ -210,35 +288,49 @@ class Batcher:
         Must not run concurrently with another ``take`` or ``fragments`` of
         the same stream.
         """
+        # check_at first: a push that appends after the copy below then
+        # reaches check, which opens the next batch (see the module's docstring).
+        s.check_at = 1
         frames = s.frames
         chunk = frames[:]
         if not chunk:
             return []
         del frames[: len(chunk)]
         s.gen += 1
-        s.room = s.limit
+        sizes = s.sizes
+        if len(sizes) < len(chunk):
+            sizes += map(len, chunk[len(sizes) :])
+        s.sizes = []
+        s.counted = s.size = 0
         s.last_send = now
         self.messages_sent += len(chunk)
-        # The common cases at C speed: all messages short (one-byte length
-        # prefix) and together within one datagram.
-        sizes = list(map(len, chunk))
-        if max(sizes) < 255 and sum(sizes) + len(sizes) <= self._max_body:
-            return [self._encode(s, chunk)]
-        out: list[bytes] = []
         limit = self._max_body
+        n = sizes[0]
+        if sizes.count(n) == len(sizes):
+            # All of one size (the common case under load): as many per
+            # datagram as fit, cut by count.
+            per = max(limit // frame_size(n), 1)
+            if len(chunk) <= per:
+                return [self._encode(s, chunk, sizes)]
+            return [
+                self._encode(s, chunk[i : i + per], sizes[i : i + per]) for i in range(0, len(chunk), per)
+            ]
+        framed = list(accumulate(map(_FRAMED.__getitem__, sizes)))
+        if framed[-1] <= limit:
+            return [self._encode(s, chunk, sizes)]
+        # Cut where the running total of framed sizes crosses each datagram's limit.
+        out: list[bytes] = []
         start = 0
-        size = 0
-        for i, p in enumerate(chunk):
-            fs = frame_size(len(p))
-            if size + fs > limit and i > start:
-                out.append(self._encode(s, chunk[start:i]))
-                start, size = i, 0
-            size += fs
-        out.append(self._encode(s, chunk[start:] if start else chunk))
+        base = 0
+        while start < len(chunk):
+            end = max(bisect_right(framed, base + limit, start), start + 1)
+            out.append(self._encode(s, chunk[start:end], sizes[start:end]))
+            base = framed[end - 1]
+            start = end
         return out
 
-    def _encode(self, s: Stream, payloads: list[bytes]) -> bytes:
-        data = encode_frames(payloads, self._flags, self.sender, s.mailbox, s.seq, self._key)
+    def _encode(self, s: Stream, payloads: list[bytes], sizes: list[int]) -> bytes:
+        data = encode_frames(payloads, self._flags, self.sender, s.mailbox, s.seq, self._key, sizes)
         s.seq = (s.seq + 1) & 0xFFFFFFFF
         self.datagrams_sent += 1
         self.bytes_sent += len(data)

@@ -33,6 +33,7 @@ import hashlib
 import hmac
 import struct
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import chain
 from typing import Final
 
@@ -84,6 +85,27 @@ _LONG_LEN = struct.Struct(">Q")
 _SHORT_LEN: Final = [bytes((n,)) for n in range(255)]
 
 
+class _Prefixes(dict[int, bytes]):
+    """Length prefix of a frame by payload size, built on first use (C-speed lookups with ``map``)."""
+
+    def __missing__(self, n: int) -> bytes:
+        prefix = _SHORT_LEN[n] if n < 255 else b"\xff" + _LONG_LEN.pack(n)
+        if n <= 0xFFFF:  # sizes of one datagram: a bounded table
+            self[n] = prefix
+        return prefix
+
+
+_PREFIX: Final = _Prefixes()
+#: Frames per cached struct format when splitting equal-size frames.
+_SPLIT_BLOCK: Final = 64
+
+
+@lru_cache(maxsize=512)
+def _split_struct(n: int, prefix: int, count: int) -> struct.Struct:
+    """A format that unpacks ``count`` frames of ``n`` bytes, each after a ``prefix``-byte length."""
+    return struct.Struct(f"{prefix}x{n}s" * count)
+
+
 class BadTag(ProtocolError):
     """The datagram's tag is missing or does not verify under the shared key."""
 
@@ -128,27 +150,31 @@ def encode_frames(
     mailbox: int,
     seq: int,
     key: bytes | None = None,
+    sizes: list[int] | None = None,
 ) -> bytes:
     """Encode one datagram carrying ``payloads`` as frames.
 
     The caller is responsible for the size: every payload is framed, none is
     split. ``flags`` must not contain ``FLAG_FRAGMENT`` or ``FLAG_TAG``; the
-    tag flag is set here when ``key`` is given.
+    tag flag is set here when ``key`` is given. ``sizes``, the payloads'
+    lengths, saves computing them again when the caller has them.
     """
     if key is not None:
         flags |= FLAG_TAG
     header = _header(flags, sender, mailbox, seq)
-    sizes = list(map(len, payloads))
-    if not sizes or max(sizes) < 255:
-        # All short: prefixes and payloads interleaved at C speed.
-        data = header + b"".join(chain.from_iterable(zip(map(_SHORT_LEN.__getitem__, sizes), payloads, strict=True)))
+    if sizes is None:
+        sizes = list(map(len, payloads))
+    if not sizes:
+        data = header
+    elif sizes.count(sizes[0]) == len(sizes):
+        # All of one size (the common case under load): the prefix is also
+        # the separator, and the join runs at C speed.
+        prefix = _PREFIX[sizes[0]]
+        data = b"".join((header, prefix, prefix.join(payloads)))
     else:
-        parts = [header]
-        append = parts.append
-        short = _SHORT_LEN
-        for p, n in zip(payloads, sizes, strict=True):
-            append(short[n] if n < 255 else b"\xff" + _LONG_LEN.pack(n))
-            append(p)
+        parts: list[bytes] = [header] * (2 * len(sizes) + 1)
+        parts[1::2] = map(_PREFIX.__getitem__, sizes)
+        parts[2::2] = payloads
         data = b"".join(parts)
     if key is not None:
         data += _tag(key, data)
@@ -208,15 +234,24 @@ def split_frames(data: bytes, start: int, end: int) -> list[bytes]:
         ProtocolError: a frame runs past ``end``.
     """
     if start < end:
-        # A batch of equal short messages (the common case under load): if
-        # every (n+1)-th byte is the length n, the frames are all of length
-        # n, and C-level slicing splits them.
+        # A batch of equal messages (the common case under load): if every
+        # frame's length prefix, read at stride, says the same n, the frames
+        # are all of length n and a cached struct format cuts them at C speed.
         n = data[start]
-        step = n + 1
-        if n < 255 and (end - start) % step == 0 and data[start:end:step] == _SHORT_LEN[n] * ((end - start) // step):
-            if n == 0:
-                return [b""] * ((end - start) // step)
-            return list(map(data.__getitem__, map(slice, range(start + 1, end, step), range(start + step, end + 1, step))))
+        if n < 255:
+            step = n + 1
+            count, rest = divmod(end - start, step)
+            if not rest and data[start:end:step] == _SHORT_LEN[n] * count:
+                return _split_equal(data, start, n, 1, count)
+        elif end - start >= 9:
+            n = _LONG_LEN.unpack_from(data, start + 1)[0]
+            step = n + 9
+            count, rest = divmod(end - start, step)
+            if not rest and all(
+                data[start + i : end : step] == bytes((b,)) * count
+                for i, b in enumerate(data[start : start + 9])
+            ):
+                return _split_equal(data, start, n, 9, count)
     out: list[bytes] = []
     append = out.append
     i = start
@@ -235,6 +270,21 @@ def split_frames(data: bytes, start: int, end: int) -> list[bytes]:
             raise ProtocolError("frame runs past the end of the datagram")
         append(data[i:j])
         i = j
+    return out
+
+
+def _split_equal(data: bytes, start: int, n: int, prefix: int, count: int) -> list[bytes]:
+    """``count`` frames of ``n`` bytes each from ``data[start:]`` (already checked)."""
+    if n == 0:
+        return [b""] * count
+    block = _SPLIT_BLOCK * (n + prefix)
+    full, tail = divmod(count, _SPLIT_BLOCK)
+    out: list[bytes] = []
+    if full:
+        unpack = _split_struct(n, prefix, _SPLIT_BLOCK).unpack_from
+        out.extend(chain.from_iterable(map(unpack, [data] * full, range(start, start + full * block, block))))
+    if tail:
+        out.extend(_split_struct(n, prefix, tail).unpack_from(data, start + full * block))
     return out
 
 

@@ -1,7 +1,9 @@
 """cmq itself: :class:`cmq.Queue` endpoints over UDP on loopback.
 
-Throughput: ``push`` as fast as it returns (batching per destination and the
-idle rule decide the datagrams), the receiver drains with ``pop_many``.
+Throughput: the sender pushes as fast as ``push`` returns, through
+``Queue.sender(dest)`` (a push bound to the receiver, as the zmq sender's is a
+socket connected to its peer); batching per destination and the idle rule
+decide the datagrams. The receiver drains with ``pop_many``.
 Round trips: the server answers each message with a plain ``push`` to the
 sender's address (from ``get_message``), not with ``request``/``reply``, so
 the figure is the queue's own, without the correlation envelope.
@@ -138,7 +140,7 @@ def throughput_sender(
     dest = (peer["host"], peer["port"])
     with _queue(_local_for(peer["host"]), options) as q:
         result = _common.send_loop(
-            functools.partial(q.push, dest),
+            q.sender(dest),
             _common.payload(size),
             count=count,
             duration=duration,
