@@ -35,7 +35,7 @@ buffers. While a consumer waits it sends one heartbeat per interval for all
 the client's consumers, and its pending acknowledgements. With ``auto_ack``
 (the default) a delivery is acknowledged when the next one is asked for, that
 is after the loop body that handled it finished; acks are sent in batches of
-half the prefetch window, and always before waiting.
+half the prefetch window, and those short of a batch with the next heartbeat.
 
 Guarantee: without ``no_ack``, at least once. A message whose ack is lost or
 late, or whose consumer went silent longer than the broker's
@@ -461,6 +461,25 @@ class _ClientBase:
         """Tell the broker this client's consumers are alive (waiting consumers do this)."""
         self._send(self._s.heartbeat(time.monotonic()))
 
+    def _idle_turn(self, now: float) -> float:
+        """Before a consumer waits: a heartbeat if one is due, with every
+        consumer's pending acks; return the longest wait until the next.
+
+        Acks short of a batch ride with the heartbeat rather than cost a
+        datagram each time a consumer waits (a ping-pong waits after every
+        message): a consumer holds fewer than half its prefetch window
+        unacknowledged, so the broker still has credit to send it more.
+        """
+        beat, wait = self._s.heartbeat_due(now)
+        if beat is not None:
+            push, broker = self.endpoint.push, self._s.broker
+            for c in self._s.consumers.values():
+                acks = c.ack_payload()
+                if acks is not None:
+                    push(broker, acks, BROKER_MAILBOX)
+            self._send(beat)
+        return wait
+
     def _take_waiting(self) -> None:
         while (msg := self.endpoint.pop_message(DELIVERY_MAILBOX)) is not None:
             self._s.deliver(msg.payload)
@@ -830,10 +849,8 @@ class Consumer:
             d = self.get_nowait()
             if d is not None:
                 return d
-            self.client._send(self._c.ack_payload())  # before waiting: the broker refills
             now = time.monotonic()
-            beat, wait = self.client._s.heartbeat_due(now)
-            self.client._send(beat)
+            wait = self.client._idle_turn(now)
             if deadline is not None:
                 if now >= deadline:
                     raise Timeout(f"no delivery from queue {self._c.spec.queue!r} in {timeout} s")
@@ -863,10 +880,8 @@ class Consumer:
                 client._send(c.ack_payload())
             if out:
                 return out
-            client._send(c.ack_payload())  # before waiting: the broker refills
             now = time.monotonic()
-            beat, wait = client._s.heartbeat_due(now)
-            client._send(beat)
+            wait = client._idle_turn(now)
             if deadline is not None:
                 if now >= deadline:
                     raise Timeout(f"no delivery from queue {c.spec.queue!r} in {timeout} s")
@@ -1173,10 +1188,8 @@ class AsyncConsumer:
             d = self.get_nowait()
             if d is not None:
                 return d
-            self.client._send(self._c.ack_payload())
             now = time.monotonic()
-            beat, wait = self.client._s.heartbeat_due(now)
-            self.client._send(beat)
+            wait = self.client._idle_turn(now)
             if deadline is not None:
                 if now >= deadline:
                     raise Timeout(f"no delivery from queue {self._c.spec.queue!r} in {timeout} s")
@@ -1196,10 +1209,8 @@ class AsyncConsumer:
                 client._send(c.ack_payload())
             if out:
                 return out
-            client._send(c.ack_payload())
             now = time.monotonic()
-            beat, wait = client._s.heartbeat_due(now)
-            client._send(beat)
+            wait = client._idle_turn(now)
             if deadline is not None:
                 if now >= deadline:
                     raise Timeout(f"no delivery from queue {c.spec.queue!r} in {timeout} s")
