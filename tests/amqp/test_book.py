@@ -242,3 +242,44 @@ def test_book_invariants(script: list[tuple[object, int, int]]) -> None:
     for oid, qty in placed.items():
         assert filled.get(oid, 0) + book.resting(oid) + cancelled.get(oid, 0) == qty
     assert sum(book.resting(o) for o in placed) == sum(v for _, v in book.depth(B) + book.depth(S))
+
+
+class _Collect:
+    """A stand-in for the broker client: what the engine publishes, by key."""
+
+    def __init__(self) -> None:
+        self.out: dict[str, list[bytes]] = {"conf": [], "trade": [], "quote": []}
+
+    def publish_batch(self, exchange: str, key: str, bodies: list[bytes]) -> None:
+        self.out[key].extend(bodies)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    orders=st.lists(
+        st.tuples(st.sampled_from([B, S]), st.integers(95, 105), st.integers(1, 20)), max_size=40
+    ),
+    split=st.integers(1, 40),
+)
+def test_the_engines_batch_path_publishes_what_the_event_path_says(
+    orders: list[tuple[Side, int, int]], split: int
+) -> None:
+    """The engine's tuple-and-struct path (any batch split) equals handle() + encode()."""
+    from cmq.lab.stockex.roles import _match, _Reporter
+
+    bodies = [encode(Order(id=i, side=side, price=p, qty=n)) for i, (side, p, n) in enumerate(orders)]
+    bodies.append(b"\x09junk")  # counted bad, nothing published
+    want: dict[str, list[bytes]] = {"conf": [], "trade": [], "quote": []}
+    ref = OrderBook()
+    for b in bodies[:-1]:
+        for e in ref.handle(decode(b)):  # type: ignore[arg-type]
+            key = {OrderConfirmed: "conf", Trade: "trade", Quote: "quote"}[type(e)]
+            want[key].append(encode(e))
+    book, client = OrderBook(), _Collect()
+    rep = _Reporter(None, None, "engine", 1.0)
+    totals = {"orders": 0, "events": 0, "bytes_in": 0, "bytes_out": 0, "bad": 0}
+    for i in range(0, len(bodies), split):
+        _match(book, bodies[i : i + split], "x", client, rep, totals)
+    assert client.out == want
+    assert totals["orders"] == len(bodies) and totals["bad"] == 1
+    assert totals["events"] == sum(len(v) for v in want.values())

@@ -857,6 +857,22 @@ class Consumer:
                 wait = min(wait, deadline - now)
             self.client._pump(wait)
 
+    def get_bodies_nowait(self, limit: int = 1 << 30) -> list[Any]:
+        """The bodies of up to ``limit`` deliveries that are here (possibly none). Never blocks.
+
+        Raises:
+            RemoteError: the broker cancelled this consumer (queue deleted).
+            Closed: the consumer was cancelled.
+        """
+        c = self._c
+        out = c.take_bodies(limit)
+        if not out:
+            self.client._take_waiting()
+            out = c.take_bodies(limit)
+        if len(c.acks) >= c.ack_batch:
+            self.client._send(c.ack_payload())
+        return out
+
     def get_bodies(self, timeout: float | None = None, limit: int = 1 << 30) -> list[Any]:
         """The bodies of up to ``limit`` deliveries that are here, waiting up to
         ``timeout`` seconds (None: forever) for at least one.
@@ -872,12 +888,7 @@ class Consumer:
         deadline = None if timeout is None else time.monotonic() + timeout
         c, client = self._c, self.client
         while True:
-            out = c.take_bodies(limit)
-            if not out:
-                client._take_waiting()
-                out = c.take_bodies(limit)
-            if len(c.acks) >= c.ack_batch:
-                client._send(c.ack_payload())
+            out = self.get_bodies_nowait(limit)
             if out:
                 return out
             now = time.monotonic()
@@ -1196,17 +1207,23 @@ class AsyncConsumer:
                 wait = min(wait, deadline - now)
             await self.client._pump(wait)
 
+    def get_bodies_nowait(self, limit: int = 1 << 30) -> list[Any]:
+        """As :meth:`Consumer.get_bodies_nowait` (raises RemoteError, Closed)."""
+        c = self._c
+        out = c.take_bodies(limit)
+        if not out:
+            self.client._take_waiting()
+            out = c.take_bodies(limit)
+        if len(c.acks) >= c.ack_batch:
+            self.client._send(c.ack_payload())
+        return out
+
     async def get_bodies(self, timeout: float | None = None, limit: int = 1 << 30) -> list[Any]:
         """As :meth:`Consumer.get_bodies` (raises Timeout, RemoteError, Closed)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         c, client = self._c, self.client
         while True:
-            out = c.take_bodies(limit)
-            if not out:
-                client._take_waiting()
-                out = c.take_bodies(limit)
-            if len(c.acks) >= c.ack_batch:
-                client._send(c.ack_payload())
+            out = self.get_bodies_nowait(limit)
             if out:
                 return out
             now = time.monotonic()

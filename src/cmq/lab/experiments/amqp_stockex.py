@@ -23,7 +23,11 @@ __all__ = ["EXPERIMENT", "PROFILES", "sim_config"]
 
 PROFILES: Final[dict[str, SimConfig]] = {
     "full": SimConfig(seconds=5.0, drain=3.0),
-    "quick": SimConfig(rates=(*PAPER_RATES, 12000, 16000, 24000, 32000), seconds=2.0, drain=2.0),
+    "quick": SimConfig(
+        rates=(*PAPER_RATES, 12000, 16000, 24000, 32000, 48000, 64000, 96000, 128000),
+        seconds=2.0,
+        drain=2.0,
+    ),
     "tiny": SimConfig(rates=(200, 400), seconds=0.5, drain=2.0, reporter="python"),
 }
 

@@ -29,6 +29,11 @@ O(log levels + fills).
 Prices are integer ticks and sizes integer lots, both 1 .. 65535, and order
 ids 0 .. 2**32 - 1: what the compact wire form (:mod:`.codec`) carries.
 Nothing here reads a clock or touches a socket.
+
+Two ways in: :meth:`OrderBook.handle` takes and returns the event objects
+above; :meth:`OrderBook.submit` and :meth:`OrderBook.top` are the same rules
+on plain ints and tuples, for a matching engine that handles tens of
+thousands of orders a second (an event object each was most of its cost).
 """
 
 from __future__ import annotations
@@ -83,12 +88,7 @@ class Order:
     qty: int
 
     def __post_init__(self) -> None:
-        if not 0 <= self.id <= MAX_ID:
-            raise ConfigError(f"order id {self.id} out of range 0..{MAX_ID}")
-        if not 1 <= self.price <= MAX_PRICE:
-            raise ConfigError(f"order price {self.price} out of range 1..{MAX_PRICE}")
-        if not 1 <= self.qty <= MAX_QTY:
-            raise ConfigError(f"order size {self.qty} out of range 1..{MAX_QTY}")
+        _check_order(self.id, self.price, self.qty)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -188,18 +188,29 @@ class _BookSide:
         return (0, 0) if price is None else (price, self.sizes[price])
 
 
+def _check_order(order_id: int, price: int, qty: int) -> None:
+    if not 0 <= order_id <= MAX_ID:
+        raise ConfigError(f"order id {order_id} out of range 0..{MAX_ID}")
+    if not 1 <= price <= MAX_PRICE:
+        raise ConfigError(f"order price {price} out of range 1..{MAX_PRICE}")
+    if not 1 <= qty <= MAX_QTY:
+        raise ConfigError(f"order size {qty} out of range 1..{MAX_QTY}")
+
+
 class OrderBook:
     """A price-time priority limit order book for one instrument (see the module)."""
 
     def __init__(self) -> None:
-        self._sides = {Side.BUY: _BookSide(Side.BUY), Side.SELL: _BookSide(Side.SELL)}
+        self._bids = _BookSide(Side.BUY)
+        self._asks = _BookSide(Side.SELL)
+        self._sides = {Side.BUY: self._bids, Side.SELL: self._asks}
         self._live: dict[int, _Resting] = {}
-        self._quote = Quote(bid=0, bid_qty=0, ask=0, ask_qty=0)
 
     @property
     def quote(self) -> Quote:
         """The current top of the book."""
-        return self._quote
+        bid, bid_qty, ask, ask_qty = self.top()
+        return Quote(bid=bid, bid_qty=bid_qty, ask=ask, ask_qty=ask_qty)
 
     def resting(self, order_id: int) -> int:
         """Lots of order ``order_id`` resting on the book (0 if none)."""
@@ -218,20 +229,29 @@ class OrderBook:
         Raises:
             ConfigError: an order whose id rests on the book already.
         """
+        before = self.top()
         if isinstance(command, Cancel):
             events: list[Event] = [self._cancel(command.id)]
         else:
-            events = self._submit(command)
-        quote = self._top()
-        if quote != self._quote:
-            self._quote = quote
-            events.append(quote)
+            fills: list[tuple[int, int, int]] = []
+            left = self.submit(command.id, command.side, command.price, command.qty, fills)
+            events = [OrderConfirmed(id=command.id, filled=command.qty - left, resting=left)]
+            events += [Trade(id=i, price=p, qty=q) for i, p, q in fills]
+        if self.top() != before:
+            events.append(self.quote)
         return events
 
-    def _top(self) -> Quote:
-        bid, bid_qty = self._sides[Side.BUY].top()
-        ask, ask_qty = self._sides[Side.SELL].top()
-        return Quote(bid=bid, bid_qty=bid_qty, ask=ask, ask_qty=ask_qty)
+    def top(self) -> tuple[int, int, int, int]:
+        """The top of the book as ``(bid, bid_qty, ask, ask_qty)`` (0 0 for an empty side)."""
+        bids, asks = self._bids, self._asks
+        bid = bids.best()
+        ask = asks.best()
+        return (
+            0 if bid is None else bid,
+            0 if bid is None else bids.sizes[bid],
+            0 if ask is None else ask,
+            0 if ask is None else asks.sizes[ask],
+        )
 
     def _cancel(self, order_id: int) -> Cancelled:
         r = self._live.pop(order_id, None)
@@ -241,36 +261,50 @@ class OrderBook:
         self._sides[r.side].sizes[r.price] -= qty
         return Cancelled(id=order_id, qty=qty)
 
-    def _submit(self, order: Order) -> list[Event]:
-        if order.id in self._live:
-            raise ConfigError(f"order id {order.id} rests on the book already")
-        other = self._sides[Side.SELL if order.side is Side.BUY else Side.BUY]
+    def submit(
+        self, order_id: int, side: Side, price: int, qty: int, fills: list[tuple[int, int, int]]
+    ) -> int:
+        """Match one limit order; return the lots of it that now rest on the book.
+
+        Appends ``(order id, price, qty)`` to ``fills`` for each side of each
+        fill, incoming side first (the :class:`Trade` events, as tuples). The
+        caller asks :meth:`top` whether the quote changed.
+
+        Raises:
+            ConfigError: an id, price or size out of range, or an order whose
+                id rests on the book already.
+        """
+        if not (1 <= price <= MAX_PRICE and 1 <= qty <= MAX_QTY and 0 <= order_id <= MAX_ID):
+            _check_order(order_id, price, qty)
+        live = self._live
+        if order_id in live:
+            raise ConfigError(f"order id {order_id} rests on the book already")
+        buy = side is Side.BUY
+        other = self._asks if buy else self._bids
         # Crossing: a buy takes asks at or below its limit, a sell bids at or above.
-        buy = order.side is Side.BUY
-        limit = order.price
-        left = order.qty
-        trades: list[Event] = []
+        left = qty
         while left:
-            price = other.best()
-            if price is None or (price > limit if buy else price < limit):
+            best = other.best()
+            if best is None or (best > price if buy else best < price):
                 break
-            level = other.levels[price]
+            level = other.levels[best]
+            sizes = other.sizes
             while left and level:
                 head = level[0]
                 if head.qty == 0:  # cancelled earlier: leaves when it reaches the front
                     level.popleft()
                     continue
-                q = min(left, head.qty)
+                q = left if left < head.qty else head.qty
                 left -= q
                 head.qty -= q
-                other.sizes[price] -= q
-                trades.append(Trade(id=order.id, price=price, qty=q))
-                trades.append(Trade(id=head.id, price=price, qty=q))
+                sizes[best] -= q
+                fills.append((order_id, best, q))
+                fills.append((head.id, best, q))
                 if head.qty == 0:
                     level.popleft()
-                    del self._live[head.id]
+                    del live[head.id]
         if left:
-            r = _Resting(order.id, order.side, order.price, left)
-            self._sides[order.side].add(r)
-            self._live[order.id] = r
-        return [OrderConfirmed(id=order.id, filled=order.qty - left, resting=left), *trades]
+            r = _Resting(order_id, side, price, left)
+            (self._bids if buy else self._asks).add(r)
+            live[order_id] = r
+        return left

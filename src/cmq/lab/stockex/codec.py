@@ -38,8 +38,8 @@ from cmq.lab.stockex.book import (
     Trade,
 )
 
-__all__ = ["KIND_CANCEL", "KIND_CANCELLED", "KIND_CONFIRM", "KIND_QUOTE", "KIND_TRADE", "decode",
-           "encode"]  # fmt: skip
+__all__ = ["IHH", "IHH_SIZE", "KIND_CANCEL", "KIND_CANCELLED", "KIND_CONFIRM", "KIND_QUOTE",
+           "KIND_TRADE", "QUOTE", "decode", "encode"]  # fmt: skip
 
 KIND_CANCEL: Final = 3
 KIND_CONFIRM: Final = 4
@@ -47,8 +47,14 @@ KIND_TRADE: Final = 5
 KIND_QUOTE: Final = 6
 KIND_CANCELLED: Final = 7
 
-_IHH: Final = struct.Struct(">BIHH")
-_HHHH: Final = struct.Struct(">BHHHH")
+#: Kind, id u32, u16, u16: orders, confirmations and trades (for code that
+#: packs them without an event object each).
+IHH: Final = struct.Struct(">BIHH")
+IHH_SIZE: Final = IHH.size
+#: Kind, bid, bid size, ask, ask size: quotes.
+QUOTE: Final = struct.Struct(">BHHHH")
+_IHH: Final = IHH
+_HHHH: Final = QUOTE
 _I: Final = struct.Struct(">BI")
 _IH: Final = struct.Struct(">BIH")
 

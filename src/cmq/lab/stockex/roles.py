@@ -20,6 +20,13 @@ engine, which sees the orders in the order they were sent, knows which step
 each order belongs to; step number 255 ends the run. A rate not kept is
 tried ``retries`` more times (one by default) before the sweep stops.
 Both consume with acknowledgements unless ``no_ack`` (at most once).
+
+Both work in batches, which is what lets two cores carry tens of thousands
+of orders a second: the gateway publishes every order due at a turn of its
+loop as one batch publish stamped with one clock read, the engine takes what
+one read brings, matches it on plain tuples (:meth:`OrderBook.submit`) and
+publishes the confirmations, trades and quotes as one batch per routing key,
+and the broker routes each batch once.
 Both processes push measurement messages (JSON, one per ``interval`` and
 role) straight to the statistics reporter's cmq endpoint
 (``report``), the input of its Spark query (:mod:`cmq.lab.stockex.reporter`);
@@ -35,9 +42,18 @@ import time
 from array import array
 from typing import Any, Final
 
-from cmq._errors import CmqError, ProtocolError, Timeout
-from cmq.lab.stockex.book import Order, OrderBook, OrderConfirmed, Quote, Side, Trade
-from cmq.lab.stockex.codec import KIND_CONFIRM, KIND_QUOTE, KIND_TRADE, decode, encode
+from cmq._errors import CmqError, ConfigError, ProtocolError, Timeout
+from cmq.lab.stockex.book import MAX_QTY, OrderBook, Quote, Side, Trade
+from cmq.lab.stockex.codec import (
+    IHH,
+    IHH_SIZE,
+    KIND_CONFIRM,
+    KIND_QUOTE,
+    KIND_TRADE,
+    QUOTE,
+    decode,
+    encode,
+)
 
 __all__ = ["END", "MARKER", "kept", "main", "marker"]
 
@@ -54,7 +70,8 @@ KEEP_LOST: Final = 0.001
 #: Shortest wait of the gateway's loop: below this, sleeping costs more than it saves.
 _MIN_WAIT: Final = 0.0005
 
-_ROUTE: Final = {OrderConfirmed: "conf", Trade: "trade", Quote: "quote"}
+BUY: Final = int(Side.BUY)
+SELL: Final = int(Side.SELL)
 
 
 def marker(step: int, rate: int = 0) -> bytes:
@@ -119,62 +136,107 @@ def _engine(p: dict[str, Any]) -> None:
             side, (report[0], int(report[1])) if report else None, "engine", float(p["interval"])
         )
         consumer = client.consume(p["queue"], prefetch=PREFETCH, no_ack=bool(p.get("no_ack")))
-        publish = client.publish
         totals = {"orders": 0, "events": 0, "bytes_in": 0, "bytes_out": 0, "bad": 0}
         _emit("READY", {})
         clock = time.time_ns
         running = True
         while running:
             try:
-                d = consumer.get(timeout=float(p["interval"]))
+                bodies = consumer.get_bodies(timeout=float(p["interval"]), limit=_TURN)
             except Timeout:
                 rep.tick(clock())
                 continue
-            for _ in range(_TURN):
-                body = d.body
+            # Orders run to the next marker are matched as one batch, and what
+            # they cause leaves as one batch publish per routing key.
+            start = 0
+            for i, body in enumerate(bodies):
                 if body[0] == MARKER:
+                    _match(book, bodies[start:i], exchange, client, rep, totals)
+                    start = i + 1
                     if body[1] == END:
                         running = False
                         break
                     rep.tick(clock(), force=True)
                     rep.step, rep.rate = body[1], float(int.from_bytes(body[2:6], "big"))
-                else:
-                    try:
-                        command = decode(body)
-                        events = book.handle(command)  # type: ignore[arg-type]
-                    except (ProtocolError, ValueError):
-                        totals["bad"] += 1
-                        events = []
-                    rep.add("orders")
-                    rep.add("bytes_in", len(body))
-                    totals["orders"] += 1
-                    totals["bytes_in"] += len(body)
-                    for e in events:
-                        data = encode(e)
-                        key = _ROUTE[type(e)]
-                        publish(exchange, key, data)
-                        rep.add(key)
-                        rep.add("bytes_out", len(data))
-                        totals["events"] += 1
-                        totals["bytes_out"] += len(data)
-                got = consumer.get_nowait()
-                if got is None:
-                    break
-                d = got
+            else:
+                _match(book, bodies[start:] if start else bodies, exchange, client, rep, totals)
             client.flush()
             rep.tick(clock())
         rep.tick(clock(), force=True)
         consumer.cancel()
+        quote = book.quote
         _emit(
             "RESULT",
             {
                 **totals,
                 "reports": rep.sent,
                 "cpu_s": time.process_time(),
-                "book_bid": book.quote.bid,
-                "book_ask": book.quote.ask,
+                "book_bid": quote.bid,
+                "book_ask": quote.ask,
             },
         )
+
+
+def _match(
+    book: OrderBook,
+    orders: list[bytes],
+    exchange: str,
+    client: Any,
+    rep: _Reporter,
+    totals: dict[str, int],
+) -> None:
+    """Match a batch of encoded orders; publish the confirmations, trades and quotes."""
+    if not orders:
+        return
+    confs: list[bytes] = []
+    fills: list[tuple[int, int, int]] = []
+    quotes: list[bytes] = []
+    submit, top = book.submit, book.top
+    last = top()
+    bad = 0
+    for body in orders:
+        kind = body[0]
+        if kind in (BUY, SELL) and len(body) == IHH_SIZE:
+            _, oid, price, qty = IHH.unpack(body)
+            try:
+                left = submit(oid, Side.BUY if kind == BUY else Side.SELL, price, qty, fills)
+            except ConfigError:
+                bad += 1
+                continue
+            confs.append(IHH.pack(KIND_CONFIRM, oid, qty - left, left))
+        else:  # a cancel, or something else: the general path
+            try:
+                events = book.handle(decode(body))  # type: ignore[arg-type]
+            except (ProtocolError, ConfigError):
+                bad += 1
+                continue
+            for e in events:
+                if isinstance(e, Trade):
+                    fills.append((e.id, e.price, e.qty))
+                elif not isinstance(e, Quote):
+                    confs.append(encode(e))
+        now = top()
+        if now != last:
+            last = now
+            quotes.append(QUOTE.pack(KIND_QUOTE, now[0], min(now[1], MAX_QTY), now[2],
+                                     min(now[3], MAX_QTY)))  # fmt: skip
+    trades = [IHH.pack(KIND_TRADE, i, price, q) for i, price, q in fills]
+    publish = client.publish_batch
+    for key, out in (("conf", confs), ("trade", trades), ("quote", quotes)):
+        if out:
+            publish(exchange, key, out)
+            rep.add(key, len(out))
+    n_events = len(confs) + len(trades) + len(quotes)
+    nbytes = sum(map(len, orders))
+    out_bytes = sum(map(len, confs)) + IHH_SIZE * len(trades) + QUOTE.size * len(quotes)
+    rep.add("orders", len(orders))
+    rep.add("bytes_in", nbytes)
+    rep.add("bytes_out", out_bytes)
+    totals["orders"] += len(orders)
+    totals["events"] += n_events
+    totals["bytes_in"] += nbytes
+    totals["bytes_out"] += out_bytes
+    totals["bad"] += bad
 
 
 class _Step:
@@ -187,22 +249,31 @@ class _Step:
         self.confirmed = 0
         self.counts = {"trades": 0, "quotes": 0, "late": 0}
 
-    def take(self, b: bytes, now: int) -> None:
-        kind = b[0]
-        if kind == KIND_CONFIRM:
-            i = int.from_bytes(b[1:5], "big") - self.first
-            if 0 <= i < self.total and self.done[i] < 0:
-                self.done[i] = now
-                self.confirmed += 1
-                self.rep.add("confirms")
-            else:  # a confirmation of an earlier step's order, after its drain ended
-                self.counts["late"] += 1
-        elif kind == KIND_TRADE:
-            self.counts["trades"] += 1
-            self.rep.add("trades")
-        elif kind == KIND_QUOTE:
-            self.counts["quotes"] += 1
-            self.rep.add("quotes")
+    def take(self, bodies: list[bytes], now: int) -> None:
+        """Count what one read brought; confirmations are stamped ``now`` (one clock read a batch)."""
+        first, total, done = self.first, self.total, self.done
+        confirmed = trades = quotes = late = 0
+        for b in bodies:
+            kind = b[0]
+            if kind == KIND_CONFIRM:
+                i = int.from_bytes(b[1:5], "big") - first
+                if 0 <= i < total and done[i] < 0:
+                    done[i] = now
+                    confirmed += 1
+                else:  # a confirmation of an earlier step's order, after its drain ended
+                    late += 1
+            elif kind == KIND_TRADE:
+                trades += 1
+            elif kind == KIND_QUOTE:
+                quotes += 1
+        self.confirmed += confirmed
+        counts, rep = self.counts, self.rep
+        counts["trades"] += trades
+        counts["quotes"] += quotes
+        counts["late"] += late
+        rep.add("confirms", confirmed)
+        rep.add("trades", trades)
+        rep.add("quotes", quotes)
 
 
 def _gateway(p: dict[str, Any]) -> None:
@@ -222,7 +293,9 @@ def _gateway(p: dict[str, Any]) -> None:
             side, (report[0], int(report[1])) if report else None, "gateway", float(p["interval"])
         )
         consumer = client.consume(p["queue"], prefetch=PREFETCH, no_ack=bool(p.get("no_ack")))
-        publish = client.publish
+        publish, publish_batch = client.publish, client.publish_batch
+        random_, pack, buy, sell = rng.random, IHH.pack, BUY, SELL
+        prices = 2 * spread + 1
         _emit("READY", {})
         rates, retries = [int(r) for r in p["rates"]], int(p.get("retries", 1))
         step = i = 0
@@ -239,34 +312,36 @@ def _gateway(p: dict[str, Any]) -> None:
             deadline = t0
             while True:
                 if n < total:
+                    # Every order due by now, random around ``mid``, as one batch
+                    # publish stamped with one clock read.
                     due = min(total, int((clock() - t0) * rate / 1e9) + 1)
-                    while n < due:
-                        price = mid + rng.randint(-spread, spread)
-                        side_ = Side.BUY if rng.random() < 0.5 else Side.SELL
-                        body = encode(
-                            Order(id=next_id, side=side_, price=price, qty=rng.randint(1, 100))
-                        )
-                        st.sent[n] = clock()
-                        publish(exchange, key, body)
-                        rep.add("orders_sent")
-                        rep.add("bytes_sent", len(body))
-                        n += 1
-                        next_id += 1
+                    batch = [
+                        pack(buy if random_() < 0.5 else sell, oid,
+                             mid - spread + int(random_() * prices), 1 + int(random_() * 100))
+                        for oid in range(next_id, next_id + due - n)
+                    ]  # fmt: skip
+                    now = clock()
+                    st.sent[n:due] = array("q", [now]) * (due - n)
+                    publish_batch(exchange, key, batch)
                     client.flush()
+                    rep.add("orders_sent", len(batch))
+                    rep.add("bytes_sent", IHH_SIZE * len(batch))
+                    next_id += len(batch)
+                    n = due
                     if n == total:
                         deadline = clock() + int(drain * 1e9)
-                while (d := consumer.get_nowait()) is not None:
-                    st.take(d.body, clock())
+                while bodies := consumer.get_bodies_nowait():
+                    st.take(bodies, clock())
                 rep.tick(wall())
                 if n == total and (st.confirmed == total or clock() > deadline):
                     break
                 # Wait for an answer until the next order is due (or a while, draining).
                 wait = (t0 + (n + 1) * 1e9 / rate - clock()) / 1e9 if n < total else 0.005
                 try:
-                    d = consumer.get(timeout=max(_MIN_WAIT, wait))
+                    bodies = consumer.get_bodies(timeout=max(_MIN_WAIT, wait))
                 except Timeout:
                     continue
-                st.take(d.body, clock())
+                st.take(bodies, clock())
             last = max((t for t in st.done if t >= 0), default=t0)
             span = (last - t0) / 1e9
             out = f"{p['out']}-{step}"

@@ -51,7 +51,8 @@ class SimConfig:
             is not positive, or an unknown reporter.
     """
 
-    rates: tuple[int, ...] = (*PAPER_RATES, 12000, 16000, 24000, 32000, 48000, 64000)
+    rates: tuple[int, ...] = (*PAPER_RATES, 12000, 16000, 24000, 32000, 48000, 64000, 96000,
+                              128000, 192000)  # fmt: skip
     """Orders per second of each step, in order; the run stops after the first not kept."""
     seconds: float = 5.0
     """How long the gateway sends at each rate."""
