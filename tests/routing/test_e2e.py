@@ -90,6 +90,42 @@ def test_many_messages_in_order_with_acks(broker: Broker, client: BrokerClient) 
     assert client.errors() == []
 
 
+def test_batch_publishes_and_bodies_in_order_with_acks(broker: Broker, client: BrokerClient) -> None:
+    client.declare_exchange("x", "direct")
+    client.declare_queue("q", max_length=100_000)
+    client.bind("q", "x", "k")
+    n = 20_000  # more than one batch message (about 48 KB each)
+    client.publish_batch("x", "k", [b"%d" % i for i in range(n)])
+    assert client.publish_batch("x", "k", iter([b"last"]), confirm=True) == 1
+    got: list[Any] = []
+    with client.consume("q", prefetch=256) as c:
+        while len(got) < n + 1:
+            got += c.get_bodies(timeout=WAIT)
+        assert c.get_bodies_nowait() == []
+    assert got == [b"%d" % i for i in range(n)] + [b"last"]
+    s = broker.stats()
+    assert s.published == s.delivered == s.acked == n + 1 and s.redelivered == 0
+    with pytest.raises(RemoteError) as info:
+        client.publish_batch("nope", "k", [1], confirm=True)
+    assert info.value.code == ErrorCode.NOT_FOUND
+
+
+def test_async_batch_publish_and_bodies(broker: Broker) -> None:
+    async def main() -> list[Any]:
+        async with await AsyncBrokerClient.open(broker.address, timeout=WAIT) as client:
+            await client.declare_queue("q", max_length=100)
+            await client.publish_batch("", "q", list(range(10)))
+            assert await client.publish_batch("", "q", [10], confirm=True) == 1
+            out: list[Any] = []
+            async with await client.consume("q", prefetch=4) as consumer:
+                while len(out) < 11:
+                    out += await consumer.get_bodies(timeout=WAIT)
+                assert consumer.get_bodies_nowait() == []
+            return out
+
+    assert asyncio.run(asyncio.wait_for(main(), 4 * WAIT)) == list(range(11))
+
+
 def test_large_messages_are_fragmented_and_delivered(client: BrokerClient) -> None:
     client.declare_queue("big", max_length=10)
     bodies = [bytes([i]) * (1 << 20) for i in range(3)]  # 1 MiB each

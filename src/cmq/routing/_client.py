@@ -25,7 +25,12 @@ Publishing, three ways:
                             still remembers the answer (its last ``reply_cache``).
 ``publish_many(messages)``  the same guarantee, a window of publishes in flight:
                             the fast reliable way.
+``publish_batch(...)``      many bodies with one routing key as one message (or a
+                            few): routed once by the broker, the fastest way.
 ==========================  =========================================================
+
+Consuming fast: :meth:`Consumer.get_bodies` returns the bodies of what one
+read brought, with no :class:`Delivery` made per message.
 
 Consumers. :meth:`BrokerClient.consume` attaches a :class:`Consumer`, an
 iterator of :class:`Delivery`; :meth:`AsyncBrokerClient.consume` an

@@ -38,10 +38,16 @@ request) for ``consumer_timeout`` is detached: its queue stops sending to it
 and keeps its messages. Heartbeats carry the consumer's spec, so a consumer
 that comes back after being detached is re-attached by its next heartbeat.
 
-Delivery batching. Deliveries are collected per consumer while a batch of
-received messages is processed and leave as one ``d`` message per consumer of
-up to ``batch_count`` deliveries and about ``batch_bytes`` when the driver asks for
-``messages_to_send()``: the busier the broker, the bigger the batches.
+Batches. A batch publish (``P``) is routed once for all its bodies and
+enters each queue with one ``deque.extend``; the queue's consumers then take
+what their credit allows and only then is the bound applied, which gives the
+same outcome as taking the bodies one by one. Deliveries are collected per
+consumer while a batch of received messages is processed and leave as one
+``d`` message per consumer of up to ``batch_count`` deliveries and about
+``batch_bytes`` when the driver asks for ``messages_to_send()``: the busier
+the broker, the bigger the batches. A ``d`` message carries *runs*:
+consecutive delivery tags that share exchange, routing key and redelivered
+flag, with their bodies in one list, so nothing is repeated per message.
 """
 
 from __future__ import annotations

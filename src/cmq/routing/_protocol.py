@@ -22,6 +22,11 @@ broker remembers recent replies by ``(sender, rid)``, so a client may resend a
 request whose reply was lost and get the same answer without the operation
 happening twice.
 
+Many messages travel as one: a publisher with many bodies for one routing
+key sends a ``P`` (:class:`PublishBatch`), and the broker's ``d``
+(:class:`Deliver`) carries :class:`Run` s of bodies with consecutive delivery
+tags; the per-message fields are said once per run.
+
 The wire layout of each message is the table ``_LAYOUT`` below: the op name,
 then the fields of its event class in order. Decoding is table-driven and
 either returns an event or raises :class:`~cmq.ProtocolError`.
