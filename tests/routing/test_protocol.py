@@ -145,3 +145,11 @@ def test_broker_core_survives_anything(payloads: list[Any]) -> None:
 def test_malformed_examples(payload: Any) -> None:
     with pytest.raises(ProtocolError):
         decode(payload)
+
+
+def test_a_run_is_one_delivery_per_body_with_consecutive_tags() -> None:
+    run = Run(first_tag=7, exchange="x", routing_key="k", redelivered=True, bodies=(b"a", 2))
+    assert [(d.delivery_tag, d.body, d.redelivered) for d in run.deliveries()] == [
+        (7, b"a", True),
+        (8, 2, True),
+    ]
