@@ -3,7 +3,7 @@
 :class:`Endpoint` owns the socket, the sans-IO batcher and receiver, the
 request table and the codec, and implements everything that does not wait:
 ``push``, ``pop``, ``reply``, multicast membership and ``stats``. A driver
-subclass supplies how datagrams are sent (``_send_stream``), how a new
+subclass supplies how a stream's datagrams are sent (``_transmit``), how a new
 deadline reaches its timer (``_deadline_armed``), how the socket is drained
 without blocking (``_poll``), and the kind of future requests resolve.
 """
@@ -116,7 +116,9 @@ class Endpoint(ABC):
         # The same for request/response streams, which user pushes cannot reach.
         self._icache: dict[tuple[Any, int], Stream] = {}
         self._req_lock = lock()
-        # Guards the batcher's deadline heap (taken once per batch, never per message).
+        # Guards the batch state: the batcher's check, its deadline heap, and
+        # each take with the sends of its datagrams (taken once per batch,
+        # never per message).
         self._timer_lock = lock()
         self._pending: PendingTable[_Attempt] = PendingTable()
         self._buf = bytearray(65536)
@@ -134,12 +136,12 @@ class Endpoint(ABC):
         """The driver's monotonic clock, in seconds."""
 
     @abstractmethod
-    def _send_stream(self, s: Stream, now: float, *, raise_errors: bool = True) -> None:
-        """Take ``s``'s batch and send its datagrams."""
+    def _transmit(self, s: Stream, datagrams: list[bytes], *, raise_errors: bool = True) -> None:
+        """Send ``s``'s ``datagrams``, in order (the batch lock is held) and set ``s.last_send``.
 
-    @abstractmethod
-    def _send_fragments(self, s: Stream, payload: bytes, now: float) -> None:
-        """Send ``s``'s pending batch, then ``payload`` as fragments, in order."""
+        Raises:
+            TransportError: the OS refused one (only with ``raise_errors``).
+        """
 
     @abstractmethod
     def _deadline_armed(self, deadline: float) -> None:
@@ -366,20 +368,37 @@ class Endpoint(ABC):
         if self._closed:
             s.frames.clear()
             raise Closed("queue is closed")
-        deadline = None
+        batcher = self._batcher
         with self._timer_lock:
-            r = self._batcher.check(s)
+            if s.armed != s.gen:
+                # A batch is opening: to an idle destination, one message
+                # leaves at once (the latency path, kept short).
+                now = self._now()
+                datagram = batcher.take_idle(s, now)
+                if datagram is not None:
+                    self._transmit(s, [datagram])
+                    return
+            r = batcher.check(s)
             if r == QUEUED:
                 return
             now = self._now()
             if r == OPENED:
-                deadline = self._batcher.opened(s, now)
+                deadline = batcher.opened(s, now)
+                if deadline is not None:
+                    self._deadline_armed(deadline)
+                    return
             else:
-                self._batcher.filled(s, now)
-        if deadline is None:
-            self._send_stream(s, now)
-        else:
-            self._deadline_armed(deadline)
+                batcher.filled(s, now)
+            datagrams = batcher.take(s, now)
+            if datagrams:
+                self._transmit(s, datagrams)
+
+    def _send_stream(self, s: Stream, now: float, *, raise_errors: bool = True) -> None:
+        """Take ``s``'s batch and send its datagrams."""
+        with self._timer_lock:
+            datagrams = self._batcher.take(s, now)
+            if datagrams:
+                self._transmit(s, datagrams, raise_errors=raise_errors)
 
     def _large_payload(self, s: Stream, payload: bytes) -> None:
         """A payload too large for one datagram: refused, or sent as fragments after the batch."""
@@ -387,7 +406,10 @@ class Endpoint(ABC):
             raise Closed("queue is closed")
         if len(payload) > self._max_message:
             raise MessageTooLarge(f"message of {len(payload)} bytes is over max_message={self._max_message}")
-        self._send_fragments(s, payload, self._now())
+        # Under the batch lock like any take: the stream's sequence numbers
+        # and the order of its datagrams must not interleave with a flush.
+        with self._timer_lock:
+            self._transmit(s, self._batcher.fragments(s, payload, self._now()))
 
     def resolve(self, dest: Any) -> Address:
         """The socket address ``dest`` resolves to, checking it as ``push`` would.

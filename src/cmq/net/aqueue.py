@@ -97,13 +97,8 @@ class AsyncQueue(Endpoint):
     def _new_future(self) -> asyncio.Future[Any]:
         return self._loop.create_future()
 
-    def _send_stream(self, s: Stream, now: float, *, raise_errors: bool = True) -> None:
-        datagrams = self._batcher.take(s, now)
-        if datagrams:
-            self._send_datagrams(s, datagrams, raise_errors=raise_errors)
-
-    def _send_fragments(self, s: Stream, payload: bytes, now: float) -> None:
-        self._send_datagrams(s, self._batcher.fragments(s, payload, now))
+    def _transmit(self, s: Stream, datagrams: list[bytes], *, raise_errors: bool = True) -> None:
+        self._send_datagrams(s, datagrams, raise_errors=raise_errors)
 
     def _send_datagrams(self, s: Stream, datagrams: list[bytes], *, raise_errors: bool = True) -> None:
         addr = s.addr

@@ -84,9 +84,6 @@ class Queue(Endpoint):
         **options: Any,
     ) -> None:
         super().__init__(port, host, config, multicast_interface, options, lock=threading.Lock)
-        # One lock for the batch state: the batcher's check, its deadline
-        # heap, and each take with the sends of its datagrams.
-        self._tx_lock = self._timer_lock
         self._rx_lock = threading.Lock()
         self._rcvtimeo: float | None = None
         self._big_reads = False
@@ -115,34 +112,22 @@ class Queue(Endpoint):
         if deadline < self._io_sleep_until:
             self._wake_io()
 
-    def _send_fragments(self, s: Stream, payload: bytes, now: float) -> None:
-        # Under the send lock like any take: the stream's sequence numbers
-        # and the order of its datagrams must not interleave with a flush.
-        with self._tx_lock:
-            datagrams = self._batcher.fragments(s, payload, now)
-            try:
-                self._send_all(datagrams, s.addr, raise_errors=True)
-            finally:
-                s.last_send = _monotonic()
-
-    def _send_stream(self, s: Stream, now: float, *, raise_errors: bool = True) -> None:
-        with self._tx_lock:
-            datagrams = self._batcher.take(s, now)
-            if not datagrams:
-                return
-            try:
-                if len(datagrams) == 1:
-                    self._sock.sendto(datagrams[0], s.addr)
-                else:
-                    self._send_all(datagrams, s.addr, raise_errors=raise_errors)
-            except OSError as exc:
-                self._count_send_failure(exc)
-                if raise_errors:
-                    raise send_error(exc, s.addr) from exc
-            finally:
-                # The idle gap counts from when the link took the last
-                # datagram, not from when we started sending it.
-                s.last_send = _monotonic()
+    def _transmit(self, s: Stream, datagrams: list[bytes], *, raise_errors: bool = True) -> None:
+        try:
+            if len(datagrams) == 1:
+                self._sock.sendto(datagrams[0], s.addr)
+            else:
+                self._send_all(datagrams, s.addr, raise_errors=raise_errors)
+        except TransportError:
+            raise  # counted by _send_all
+        except OSError as exc:
+            self._count_send_failure(exc)
+            if raise_errors:
+                raise send_error(exc, s.addr) from exc
+        finally:
+            # The idle gap counts from when the link took the last
+            # datagram, not from when we started sending it.
+            s.last_send = _monotonic()
 
     def _send_all(self, datagrams: list[bytes], addr: Address, *, raise_errors: bool) -> None:
         sendto = self._sock.sendto
@@ -230,7 +215,9 @@ class Queue(Endpoint):
             remaining = None if deadline is None else deadline - _monotonic()
             if remaining is not None and remaining <= 0:
                 raise Timeout(f"no message in mailbox {mailbox} within {timeout} s")
-            self._read_blocking(remaining, mailbox, predicate)
+            item = self._read_blocking(remaining, mailbox, predicate)
+            if item is not None:
+                return item
 
     # -- the receive path ---------------------------------------------------
 
@@ -275,35 +262,42 @@ class Queue(Endpoint):
         mailbox: int = 0,
         predicate: Callable[[Any], bool] | None = None,
         fut: Future[Any] | None = None,
-    ) -> None:
+    ) -> tuple[Any, Meta] | None:
         """Wait in this thread for one datagram, up to ``remaining`` seconds, and deliver it.
 
         Returns early if, once the receive lock is held, what the caller
         waits for (a message of ``mailbox`` matching ``predicate``, or
         ``fut`` done) is already there. Only one datagram is read: more
         would cost a failing non-blocking read per call, and the caller's
-        next read takes them anyway, in order.
+        next read takes them anyway, in order. A datagram of exactly one
+        message for ``mailbox`` (no predicate) is returned to the caller
+        instead of queued; otherwise None is returned.
         """
         if not self._rx_lock.acquire(timeout=-1 if remaining is None else max(remaining, 0)):
-            return
+            return None
         try:
             if self._closed:
-                return
+                return None
             if fut is not None:
                 if fut.done():
-                    return
+                    return None
             elif self._take_ready(mailbox, predicate):
-                return
+                return None
             self._set_rcvtimeo(remaining)
             try:
                 data, addr = self._recv(0)
             except OSError:
-                return  # timed out (EAGAIN), closed under us, or an ICMP error: the caller decides
+                return None  # timed out (EAGAIN), closed under us, or an ICMP error: the caller decides
             if addr is None:
-                return  # shut down by close()
-            self._receiver.datagram_received(data, addr, _monotonic())
+                return None  # shut down by close()
+            item = None
+            if fut is None and predicate is None:
+                item = self._receiver.receive_one(data, addr, _monotonic(), mailbox)
+            else:
+                self._receiver.datagram_received(data, addr, _monotonic())
             if self._receiver.replies:
                 self._resolve_replies()
+            return item
         finally:
             self._rx_lock.release()
 

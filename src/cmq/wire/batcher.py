@@ -78,7 +78,7 @@ from itertools import accumulate
 from typing import Final
 
 from cmq._config import QueueConfig
-from cmq.wire.frames import FLAG_MSGPACK, encode_fragment, encode_frames, frame_size
+from cmq.wire.frames import FLAG_MSGPACK, encode_fragment, encode_frame, encode_frames, frame_size
 
 __all__ = ["FULL", "LARGE", "OPENED", "QUEUED", "Batcher", "Stream"]
 
@@ -160,6 +160,9 @@ class Batcher:
         self._key = config.key
         self._qthresh = config.qthresh
         self._max_body = config.max_body
+        self._timeout = config.timeout
+        self._idle_gap = config.idle_gap
+        self._never_idle = config.idle_gap == float("inf")
         # A payload of this size or more goes out as fragments (LARGE): it
         # cannot share a datagram with its 9-byte long-frame prefix, or it is
         # over max_message (which the driver then refuses).
@@ -268,6 +271,36 @@ class Batcher:
                 s.limit = self._qthresh
             return None
         return self.arm(s, now)
+
+    def take_idle(self, s: Stream, now: float) -> bytes | None:
+        """The idle rule's short path: the datagram of a batch of one that may leave now.
+
+        When ``s``'s batch is being opened (no deadline yet) with exactly
+        one message and the destination is idle at ``now``, takes that
+        message and returns its datagram; otherwise changes nothing and
+        returns None (the caller goes on with :meth:`check`). Same
+        serialisation rule as :meth:`take`.
+        """
+        frames = s.frames
+        if len(frames) != 1 or s.armed == s.gen or self._never_idle or now - s.last_send < self._idle_gap:
+            return None
+        if now - s.last_send >= self._timeout:
+            s.limit = self._qthresh
+        s.check_at = 1  # as take: before the message leaves the list
+        payload = frames[0]
+        del frames[:1]
+        s.gen += 1
+        if s.counted:
+            s.sizes = []
+            s.counted = s.size = 0
+        s.last_send = now
+        seq = s.seq
+        s.seq = (seq + 1) & 0xFFFFFFFF
+        data = encode_frame(payload, self._flags, self.sender, s.mailbox, seq, self._key)
+        self.messages_sent += 1
+        self.datagrams_sent += 1
+        self.bytes_sent += len(data)
+        return data
 
     def filled(self, s: Stream, now: float) -> None:
         """``s``'s batch reached its limit at ``now``: grow the limit if that took less than ``timeout``.

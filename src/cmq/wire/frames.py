@@ -56,6 +56,7 @@ __all__ = [
     "Header",
     "decode",
     "encode_fragment",
+    "encode_frame",
     "encode_frames",
     "frame_size",
     "parse_header",
@@ -179,6 +180,27 @@ def encode_frames(
     if key is not None:
         data += _tag(key, data)
     return data
+
+
+def encode_frame(
+    payload: bytes,
+    flags: int,
+    sender: int,
+    mailbox: int,
+    seq: int,
+    key: bytes | None = None,
+) -> bytes:
+    """Encode one datagram carrying the single message ``payload`` (as :func:`encode_frames`)."""
+    if key is not None:
+        return encode_frames([payload], flags, sender, mailbox, seq, key)
+    n = len(payload)
+    return b"".join(
+        (
+            _HEADER.pack(MAGIC, VERSION, flags, sender, mailbox, seq & 0xFFFFFFFF),
+            _SHORT_LEN[n] if n < 255 else _PREFIX[n],
+            payload,
+        )
+    )
 
 
 def encode_fragment(

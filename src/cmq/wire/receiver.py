@@ -366,6 +366,40 @@ class Receiver:
             return 0
         return self._deliver([whole], flags, addr, sender, mailbox, seq)
 
+    def receive_one(self, data: bytes, addr: Any, now: float, mailbox: int) -> tuple[Any, Meta] | None:
+        """:meth:`datagram_received` for a reader waiting on ``mailbox``, which holds nothing.
+
+        A plain datagram carrying exactly one message for ``mailbox``, next
+        in its stream's sequence, is returned as ``(payload, meta)`` instead
+        of being queued (the latency path of a blocking read: no chunk, no
+        mailbox). Anything else is handled by :meth:`datagram_received` and
+        None is returned. Never raises.
+        """
+        if (
+            len(data) > HEADER_SIZE
+            and self._key is None
+            and not data[3] & ~FLAG_MSGPACK
+            and data[HEADER_SIZE] == len(data) - HEADER_SIZE - 1
+        ):
+            magic, version, flags, sender, mb, seq = _HEAD.unpack_from(data)
+            key = (addr, sender, mb)
+            table = self._expected
+            if mb == mailbox and magic == MAGIC and version == VERSION and table.get(key) == seq:
+                payload: Any = data[HEADER_SIZE + 1 :]
+                if flags:
+                    try:
+                        payload = _unpack(payload)
+                    except Exception:  # noqa: BLE001 - counted by the general path
+                        self.datagram_received(data, addr, now)
+                        return None
+                table[key] = (seq + 1) & 0xFFFFFFFF
+                self.datagrams_received += 1
+                self.bytes_received += len(data)
+                self.messages_received += 1
+                return payload, (addr, sender, mb, seq, None)
+        self.datagram_received(data, addr, now)
+        return None
+
     def _sequence(self, addr: Any, sender: int, mailbox: int, seq: int) -> None:
         key = (addr, sender, mailbox)
         table = self._expected
