@@ -210,3 +210,43 @@ def test_concurrent_consumers_never_take_a_message_twice() -> None:
         t.join()
     everything = sorted(int(p) for part in taken for p in part)  # type: ignore[call-overload]
     assert everything == list(range(20000))
+
+
+def test_receive_one_hands_a_lone_message_to_the_reader_and_counts_it() -> None:
+    rx = Receiver(QueueConfig())
+    # The first datagram of a stream goes the general way (it registers the stream).
+    assert rx.receive_one(dgram(b"first", seq=0), ADDR, 0.0, 0) is None
+    assert payloads(rx) == [b"first"]
+    rx.mailbox(0).take(10)
+    assert rx.receive_one(dgram(b"short", seq=1), ADDR, 0.0, 0) == (b"short", (ADDR, 1, 0, 1, None))
+    long = bytes(range(256)) * 3
+    assert rx.receive_one(dgram(long, seq=2), ADDR, 0.0, 0) == (long, (ADDR, 1, 0, 2, None))
+    assert (rx.messages_received, rx.datagrams_received) == (3, 3)
+    assert payloads(rx) == []
+
+
+def test_receive_one_queues_what_is_not_one_message_for_the_reader() -> None:
+    rx = Receiver(QueueConfig())
+    rx.receive_one(dgram(b"x", seq=0), ADDR, 0.0, 0)
+    rx.mailbox(0).take(10)
+    assert rx.receive_one(dgram(b"a", b"b", seq=1), ADDR, 0.0, 0) is None  # two messages
+    assert rx.receive_one(dgram(b"other", seq=2, mailbox=4), ADDR, 0.0, 0) is None  # another mailbox
+    assert rx.receive_one(dgram(b"gap", seq=9), ADDR, 0.0, 0) is None  # out of sequence: accounted
+    assert rx.receive_one(b"\xc3\x51\x01\x00" + bytes(12) + b"\x05ab", ADDR, 0.0, 0) is None  # truncated
+    assert payloads(rx) == [b"a", b"b", b"gap"]
+    assert payloads(rx, 4) == [b"other"]
+    assert rx.datagrams_missing == 7  # seqs 2-8 of mailbox 0 (mailbox 4 is its own stream)
+    assert rx.dropped["malformed"] == 1
+
+
+def test_receive_one_decodes_msgpack_and_counts_what_does_not_decode() -> None:
+    rx = Receiver(QueueConfig(codec="msgpack"))
+    rx.receive_one(dgram(msgpack.packb(0), seq=0, flags=FLAG_MSGPACK), ADDR, 0.0, 0)
+    rx.mailbox(0).take(10)
+    assert rx.receive_one(dgram(msgpack.packb({"k": [1]}), seq=1, flags=FLAG_MSGPACK), ADDR, 0.0, 0) == (
+        {"k": [1]},
+        (ADDR, 1, 0, 1, None),
+    )
+    assert rx.receive_one(dgram(b"\xc1", seq=2, flags=FLAG_MSGPACK), ADDR, 0.0, 0) is None
+    assert rx.dropped["undecodable"] == 1
+    assert rx.datagrams_received == 3

@@ -162,7 +162,7 @@ class Queue(Endpoint):
             Closed: the queue was closed.
         """
         mb = self._mailboxes.get(mailbox)
-        if mb is not None:
+        if mb is not None and mb.chunks:
             payload = mb.pop()
             if payload is not EMPTY:
                 return payload
@@ -207,15 +207,22 @@ class Queue(Endpoint):
         if self._batcher.armed:
             self.flush()
         while True:
-            item = self._take_item(mailbox, predicate)
-            if item is not None:
-                return item
             if self._closed:
+                item = self._take_item(mailbox, predicate)
+                if item is not None:
+                    return item
                 raise Closed("queue is closed")
             remaining = None if deadline is None else deadline - _monotonic()
             if remaining is not None and remaining <= 0:
+                item = self._take_item(mailbox, predicate)
+                if item is not None:
+                    return item
                 raise Timeout(f"no message in mailbox {mailbox} within {timeout} s")
+            # Reads one datagram unless what we wait for is already queued;
+            # a datagram of one message for us comes straight back.
             item = self._read_blocking(remaining, mailbox, predicate)
+            if item is None:
+                item = self._take_item(mailbox, predicate)
             if item is not None:
                 return item
 

@@ -83,6 +83,7 @@ MAX_STREAMS: Final = 65_536
 MAX_MAILBOXES: Final = 65_536
 
 _HEAD = struct.Struct(">2sBBIII")
+_LONG_LEN = struct.Struct(">Q")
 _SLOW_FLAGS: Final = FLAG_FRAGMENT | FLAG_TAG | FLAG_CONTROL
 
 # (addr, sender id, mailbox, datagram seq, correlation id or None)
@@ -375,17 +376,20 @@ class Receiver:
         mailbox). Anything else is handled by :meth:`datagram_received` and
         None is returned. Never raises.
         """
-        if (
-            len(data) > HEADER_SIZE
-            and self._key is None
-            and not data[3] & ~FLAG_MSGPACK
-            and data[HEADER_SIZE] == len(data) - HEADER_SIZE - 1
-        ):
+        size = len(data) - HEADER_SIZE
+        if size > 0 and self._key is None and not data[3] & ~FLAG_MSGPACK:
+            n = data[HEADER_SIZE]
+            if n == size - 1:
+                start = HEADER_SIZE + 1
+            elif n == 255 and size >= 9 and _LONG_LEN.unpack_from(data, HEADER_SIZE + 1)[0] == size - 9:
+                start = HEADER_SIZE + 9
+            else:
+                start = 0  # not one frame filling the datagram
             magic, version, flags, sender, mb, seq = _HEAD.unpack_from(data)
             key = (addr, sender, mb)
             table = self._expected
-            if mb == mailbox and magic == MAGIC and version == VERSION and table.get(key) == seq:
-                payload: Any = data[HEADER_SIZE + 1 :]
+            if start and mb == mailbox and magic == MAGIC and version == VERSION and table.get(key) == seq:
+                payload: Any = data[start:]
                 if flags:
                     try:
                         payload = _unpack(payload)
