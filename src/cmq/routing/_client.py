@@ -172,6 +172,20 @@ def _remote(reply: ErrorReply) -> RemoteError:
     return RemoteError(f"broker refused ({reply.code}): {reply.message}", code=reply.code)
 
 
+def _run_ok(run: Any) -> bool:
+    """Whether ``run`` is a well-formed run in wire form (as ``decode`` checks it)."""
+    return (
+        type(run) is list
+        and len(run) == 5
+        and type(run[0]) is int
+        and run[0] >= 0
+        and type(run[1]) is str
+        and type(run[2]) is str
+        and type(run[3]) is bool
+        and type(run[4]) is list
+    )
+
+
 class _Run:
     """Buffered deliveries of one run (see :class:`~cmq.routing._protocol.Run`), read from ``pos``."""
 
@@ -323,6 +337,16 @@ class _Session:
 
     def deliver(self, payload: Any) -> None:
         """Sort one delivery-mailbox message into its consumer's buffer."""
+        # Hot path: ["d", tag, runs] with well-formed runs is buffered as it
+        # came, without the Deliver and Run objects decode() would build
+        # (and the copy of every run's bodies).
+        if type(payload) is list and len(payload) == 3 and payload[0] == "d":
+            tag, runs = payload[1], payload[2]
+            if type(tag) is str and type(runs) is list and all(map(_run_ok, runs)):
+                c = self.consumers.get(tag)
+                if c is not None and not c.cancelled:
+                    c.add(runs)
+                return
         try:
             event: Event = decode(payload)
         except ProtocolError:
@@ -484,6 +508,22 @@ class _ClientBase:
                     push(broker, acks, BROKER_MAILBOX)
             self._send(beat)
         return wait
+
+    def _wait_for(self, c: _ConsumerState, deadline: float | None) -> float | None:
+        """Before consumer ``c`` waits (its buffer is empty): send its acks
+        if a batch is due and the heartbeat if one is due; return how long to
+        wait, or None when ``deadline`` has passed (the caller then takes
+        what is waiting without blocking, or times out).
+        """
+        if len(c.acks) >= c.ack_batch:
+            self._send(c.ack_payload())
+        now = time.monotonic()
+        wait = self._idle_turn(now)
+        if deadline is None:
+            return wait
+        if now >= deadline:
+            return None
+        return min(wait, deadline - now)
 
     def _take_waiting(self) -> None:
         while (msg := self.endpoint.pop_message(DELIVERY_MAILBOX)) is not None:
@@ -777,13 +817,20 @@ class BrokerClient(_ClientBase):
         return Consumer(self, state)
 
     def _pump(self, timeout: float) -> None:
-        """Wait up to ``timeout`` for deliveries, then take all that are waiting."""
+        """Wait up to ``timeout`` for one delivery message and buffer it.
+
+        One blocking read and nothing more: it takes what is already
+        queued first, and a message that comes while we wait is handed
+        straight to us. A non-blocking read for more would cost a system
+        call per message that finds nothing when messages come one at a
+        time (a ping-pong); when they come faster, the next call's read
+        returns at once.
+        """
         try:
             msg = self.endpoint.get_message(timeout=timeout, mailbox=DELIVERY_MAILBOX)
         except Timeout:
             return
         self._s.deliver(msg.payload)
-        self._take_waiting()
 
     def close(self) -> None:
         """Cancel the consumers (best effort) and close the endpoint if it is ours."""
@@ -850,17 +897,18 @@ class Consumer:
             Closed: the consumer was cancelled.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            d = self.get_nowait()
-            if d is not None:
-                return d
-            now = time.monotonic()
-            wait = self.client._idle_turn(now)
-            if deadline is not None:
-                if now >= deadline:
-                    raise Timeout(f"no delivery from queue {self._c.spec.queue!r} in {timeout} s")
-                wait = min(wait, deadline - now)
-            self.client._pump(wait)
+        c, client = self._c, self.client
+        while (d := c.take()) is None:
+            wait = client._wait_for(c, deadline)
+            if wait is None:
+                d = self.get_nowait()
+                if d is not None:
+                    return d
+                raise Timeout(f"no delivery from queue {c.spec.queue!r} in {timeout} s")
+            client._pump(wait)
+        if len(c.acks) >= c.ack_batch:
+            client._send(c.ack_payload())
+        return d
 
     def get_bodies_nowait(self, limit: int = 1 << 30) -> list[Any]:
         """The bodies of up to ``limit`` deliveries that are here (possibly none). Never blocks.
@@ -892,17 +940,17 @@ class Consumer:
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         c, client = self._c, self.client
-        while True:
-            out = self.get_bodies_nowait(limit)
-            if out:
-                return out
-            now = time.monotonic()
-            wait = client._idle_turn(now)
-            if deadline is not None:
-                if now >= deadline:
-                    raise Timeout(f"no delivery from queue {c.spec.queue!r} in {timeout} s")
-                wait = min(wait, deadline - now)
+        while not (out := c.take_bodies(limit)):
+            wait = client._wait_for(c, deadline)
+            if wait is None:
+                out = self.get_bodies_nowait(limit)
+                if out:
+                    return out
+                raise Timeout(f"no delivery from queue {c.spec.queue!r} in {timeout} s")
             client._pump(wait)
+        if len(c.acks) >= c.ack_batch:
+            client._send(c.ack_payload())
+        return out
 
     def __iter__(self) -> Iterator[Delivery]:
         return self
@@ -1148,12 +1196,12 @@ class AsyncBrokerClient(_ClientBase):
         return AsyncConsumer(self, state)
 
     async def _pump(self, timeout: float) -> None:
+        # As BrokerClient._pump: one wait, no non-blocking read after it.
         try:
             msg = await self.endpoint.get_message(timeout=timeout, mailbox=DELIVERY_MAILBOX)
         except Timeout:
             return
         self._s.deliver(msg.payload)
-        self._take_waiting()
 
     async def aclose(self) -> None:
         """Cancel the consumers (best effort) and close the endpoint if it is ours."""
@@ -1200,17 +1248,18 @@ class AsyncConsumer:
     async def get(self, timeout: float | None = None) -> Delivery:
         """As :meth:`Consumer.get` (raises Timeout, RemoteError)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            d = self.get_nowait()
-            if d is not None:
-                return d
-            now = time.monotonic()
-            wait = self.client._idle_turn(now)
-            if deadline is not None:
-                if now >= deadline:
-                    raise Timeout(f"no delivery from queue {self._c.spec.queue!r} in {timeout} s")
-                wait = min(wait, deadline - now)
-            await self.client._pump(wait)
+        c, client = self._c, self.client
+        while (d := c.take()) is None:
+            wait = client._wait_for(c, deadline)
+            if wait is None:
+                d = self.get_nowait()
+                if d is not None:
+                    return d
+                raise Timeout(f"no delivery from queue {c.spec.queue!r} in {timeout} s")
+            await client._pump(wait)
+        if len(c.acks) >= c.ack_batch:
+            client._send(c.ack_payload())
+        return d
 
     def get_bodies_nowait(self, limit: int = 1 << 30) -> list[Any]:
         """As :meth:`Consumer.get_bodies_nowait` (raises RemoteError, Closed)."""
@@ -1227,17 +1276,17 @@ class AsyncConsumer:
         """As :meth:`Consumer.get_bodies` (raises Timeout, RemoteError, Closed)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         c, client = self._c, self.client
-        while True:
-            out = self.get_bodies_nowait(limit)
-            if out:
-                return out
-            now = time.monotonic()
-            wait = client._idle_turn(now)
-            if deadline is not None:
-                if now >= deadline:
-                    raise Timeout(f"no delivery from queue {c.spec.queue!r} in {timeout} s")
-                wait = min(wait, deadline - now)
+        while not (out := c.take_bodies(limit)):
+            wait = client._wait_for(c, deadline)
+            if wait is None:
+                out = self.get_bodies_nowait(limit)
+                if out:
+                    return out
+                raise Timeout(f"no delivery from queue {c.spec.queue!r} in {timeout} s")
             await client._pump(wait)
+        if len(c.acks) >= c.ack_batch:
+            client._send(c.ack_payload())
+        return out
 
     def __aiter__(self) -> AsyncIterator[Delivery]:
         return self
