@@ -316,3 +316,19 @@ def test_an_emptied_batch_is_not_checked_as_open() -> None:
     assert b.check(s) == QUEUED  # nothing there: the next push opens a batch
     assert s.check_at == 1
     assert b.push(s, b"b") == OPENED
+
+
+def test_sizes_kept_by_check_stay_aligned_with_the_batch() -> None:
+    """check keeps the sizes of large runs for take; small runs in between must not shift them."""
+    b = make(qthresh=10**6, max_datagram=65_000, idle_gap=float("inf"))
+    s = b.stream(DEST, 0)
+    sent: list[bytes] = []
+    for run in (1, 10, 100, 3, 200):  # checks after runs below and above the keeping threshold
+        for i in range(run):
+            payload = bytes([len(sent) % 251]) * (len(sent) % 7 + (300 if i % 5 == 0 else 1))
+            s.frames.append(payload)
+            sent.append(payload)
+        b.check(s)
+    s.frames.append(b"unchecked")  # appended after the last check
+    sent.append(b"unchecked")
+    assert decode_all(b.take(s, 0.0)) == sent

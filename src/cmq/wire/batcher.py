@@ -219,15 +219,31 @@ class Batcher:
         """
         frames = s.frames
         counted = s.counted
-        new = frames[counted:]
-        if new:
-            counted += len(new)
+        if not counted and len(frames) == 1:
+            # A batch opening with one message (the common case), counted
+            # without the general bookkeeping below.
+            n = len(frames[0])
+            counted = s.counted = 1
+            s.size = n + 1 if n < 255 else n + 9
+            sizes = None
+        else:
+            # The sizes of the messages appended since the last check (one
+            # C call: no other thread appends in between).
+            sizes = list(map(len, frames[counted:] if counted else frames))
+        if sizes:
+            k = len(sizes)
+            if k >= 64:
+                # Kept for take (a prefix of the batch), where it saves
+                # measuring a large batch again; small ones are not worth it.
+                kept = s.sizes
+                if len(kept) < counted:
+                    kept += map(len, frames[len(kept) : counted])
+                kept += sizes
+            counted += k
             s.counted = counted
-            sizes = list(map(len, new))
-            s.sizes += sizes
             nbytes = sum(sizes)
             # Framing: one byte a message, nine for long ones (judged by the average).
-            s.size += nbytes + len(new) * (1 if nbytes < 255 * len(new) else 9)
+            s.size += nbytes + k * (1 if nbytes < 255 * k else 9)
         elif not frames:
             return QUEUED  # taken meanwhile: the next push opens a batch
         size = s.size
