@@ -3,11 +3,13 @@
 Theory of operation
 -------------------
 One loop, one thread: wait for a message on ``BROKER_MAILBOX`` (at most until
-the core's next deadline), take it and everything else already waiting (up
-to ``_DRAIN``), fire the core's timer if due, then push what the core wants
-sent and flush once. Taking many messages per turn is what makes deliveries
-leave in batches under load, while an idle broker answers each request at
-once. The core is guarded by a lock only so that :meth:`Broker.stats` may be
+the core's next deadline), take it and what the endpoint already holds,
+fire the core's timer if due, then push what the core wants sent and flush
+once. Only when something was already queued (a sign of load) does the turn
+also read the socket without blocking for more (up to ``_DRAIN``): that
+read finds nothing when requests come one at a time (a ping-pong) and
+would cost a system call per request, while under load it is what makes
+deliveries leave in batches. An idle broker answers each request at once. The core is guarded by a lock only so that :meth:`Broker.stats` may be
 called from another thread.
 """
 
@@ -102,16 +104,36 @@ class Broker:
                 now = time.monotonic()
                 if first is not None:
                     core.receive(first.payload, first.sender, now)
-                    for _ in range(_DRAIN):
-                        msg = ep.pop_message(BROKER_MAILBOX)
-                        if msg is None:
-                            break
-                        core.receive(msg.payload, msg.sender, now)
+                    if self._take_queued(now):
+                        self._take_unread(now)
                 if deadline is not None and deadline <= now:
                     core.handle_timer(now)
                 out = core.messages_to_send()
             if out:
                 self._send(out)
+
+    def _take_queued(self, now: float) -> int:
+        """Route what the endpoint already holds (no read of the socket); return how many."""
+        ep, receive = self.endpoint, self.core.receive
+        n = 0
+        while n < _DRAIN:
+            try:
+                # timeout=0 takes from the mailbox and never reads the socket.
+                msg = ep.get_message(timeout=0, mailbox=BROKER_MAILBOX)
+            except Timeout:
+                break
+            receive(msg.payload, msg.sender, now)
+            n += 1
+        return n
+
+    def _take_unread(self, now: float) -> None:
+        """Route what the socket holds, up to ``_DRAIN`` messages, without blocking."""
+        ep, receive = self.endpoint, self.core.receive
+        for _ in range(_DRAIN):
+            msg = ep.pop_message(BROKER_MAILBOX)
+            if msg is None:
+                break
+            receive(msg.payload, msg.sender, now)
 
     def _send(self, out: list[Any]) -> None:
         ep = self.endpoint
