@@ -2,14 +2,16 @@
 
 Theory of operation
 -------------------
-One loop, one thread: wait for a message on ``BROKER_MAILBOX`` (at most until
-the core's next deadline), take it and what the endpoint already holds,
-fire the core's timer if due, then push what the core wants sent and flush
-once. Only when something was already queued (a sign of load) does the turn
-also read the socket without blocking for more (up to ``_DRAIN``): that
-read finds nothing when requests come one at a time (a ping-pong) and
-would cost a system call per request, while under load it is what makes
-deliveries leave in batches. An idle broker answers each request at once. The core is guarded by a lock only so that :meth:`Broker.stats` may be
+One loop, one thread. A turn waits for a message on ``BROKER_MAILBOX`` (at
+most until the core's next deadline), routes it, fires the core's timer if
+due, and pushes what the core wants sent: a request is answered before
+anything else is looked at, so an idle broker adds as little as it can to
+a round trip. Then it takes what the endpoint already holds (no system
+call), and only when there was something (a sign of load) also reads the
+socket without blocking for more, up to ``_DRAIN`` messages; what those
+produce is pushed and flushed as one batch. That read would find nothing
+when requests come one at a time (a ping-pong) and cost a system call per
+request; under load it is what makes deliveries leave in batches. The core is guarded by a lock only so that :meth:`Broker.stats` may be
 called from another thread.
 """
 
@@ -104,13 +106,20 @@ class Broker:
                 now = time.monotonic()
                 if first is not None:
                     core.receive(first.payload, first.sender, now)
-                    if self._take_queued(now):
-                        self._take_unread(now)
                 if deadline is not None and deadline <= now:
                     core.handle_timer(now)
                 out = core.messages_to_send()
             if out:
                 self._send(out)
+            if first is not None:
+                # After the first message's answer has left: what came with
+                # it or behind it, sent as one batch.
+                with self._lock:
+                    if self._take_queued(now):
+                        self._take_unread(now)
+                    out = core.messages_to_send()
+                if out:
+                    self._send(out)
 
     def _take_queued(self, now: float) -> int:
         """Route what the endpoint already holds (no read of the socket); return how many."""
