@@ -411,6 +411,21 @@ def test_a_batch_publish_is_routed_and_delivered_as_runs() -> None:
     assert h.core.stats().published == 4
 
 
+def test_a_batch_to_an_idle_consumer_is_bounded_by_its_credit() -> None:
+    # An empty queue with one consumer: what its credit covers is handed over
+    # at once, the rest waits in the queue, and the counters add up either way.
+    h = Harness()
+    h.queue("q", max_length=2, overflow="reject")
+    h.consume("q", prefetch=3)
+    h.send(PublishBatch(rid=0, exchange="", routing_key="q", bodies=(1, 2)))
+    assert h.got() == [1, 2]
+    h.send(PublishBatch(rid=0, exchange="", routing_key="q", bodies=(3, 4, 5, 6)))
+    assert h.got() == [1, 2, 3]
+    q = h.queue_stats("q")
+    assert (q.ready, q.unacked, q.delivered, q.enqueued, q.rejected) == (2, 3, 3, 5, 1)
+    assert [u[2] for u in h.unsolicited] == ["queue-full"]
+
+
 def test_delivery_batches_are_bounded_in_bytes() -> None:
     h = Harness(batch_count=100, batch_bytes=1000)
     h.queue("q")

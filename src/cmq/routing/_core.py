@@ -584,6 +584,20 @@ class BrokerCore:
         """
         ready = q.ready
         n = len(bodies)
+        consumers = q.consumers
+        if not ready and len(consumers) == 1:
+            # Nothing waits and one consumer: when its credit covers the
+            # batch, hand it over without passing through ``ready`` (the
+            # same outcome, fewer steps: the latency path of a ping-pong).
+            c = consumers[0]
+            if c.no_ack or not c.prefetch or len(c.unacked) + n <= c.prefetch:
+                self._hand(c, [(exchange, key, body, False) for body in bodies], now)
+                counts, totals = q.counts, self._totals
+                counts["delivered"] += n
+                counts["enqueued"] += n
+                totals["delivered"] += n
+                totals["enqueued"] += n
+                return 0
         ready.extend(zip(repeat(exchange), repeat(key), bodies, repeat(False)))
         if q.consumers:
             self._dispatch(q, now)
