@@ -115,10 +115,11 @@ class Broker:
                 # After the first message's answer has left: what came with
                 # it or behind it, sent as one batch.
                 with self._lock:
-                    if self._take_queued(now):
+                    more = self._take_queued(now) > 0
+                    if more:
                         self._take_unread(now)
-                    out = core.messages_to_send()
-                if out:
+                        out = core.messages_to_send()
+                if more and out:
                     self._send(out)
 
     def _take_queued(self, now: float) -> int:
