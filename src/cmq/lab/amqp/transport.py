@@ -128,8 +128,12 @@ class CmqTransport:
         self.client.publish(exchange, key, body, confirm=True)
 
     def _send_pending(self) -> None:
-        if self._pending:
-            pending, self._pending = self._pending, []
+        pending = self._pending
+        if len(pending) == 1:
+            # One message (a ping-pong's): a plain publish, no batch around it.
+            self.client.publish(*self._to, pending.pop())
+        elif pending:
+            self._pending = []
             self.client.publish_batch(*self._to, pending)
 
     def flush(self) -> None:
