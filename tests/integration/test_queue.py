@@ -453,3 +453,24 @@ def test_messages_pushed_from_many_threads_are_all_delivered(make_queue: MakeQue
     for k in range(4):  # each thread's messages in its order
         mine = [m for m in got if m.startswith(b"%d:" % k)]
         assert mine == [b"%d:%d" % (k, i) for i in range(per_thread)]
+
+
+def test_blocking_reads_keep_order_whichever_path_a_datagram_takes(make_queue: MakeQueue) -> None:
+    """A lone message read straight into get() never overtakes messages already queued."""
+    a, b = make_queue(), make_queue()
+    to = dest(b)
+    got: list[object] = []
+    for i in range(300):
+        if i % 3 == 0:  # a batch of three in one datagram: queued, then taken one by one
+            for j in range(3):
+                a.push(to, b"%d.%d" % (i, j))
+            a.flush()
+        else:  # one message, sent at once to an idle destination: read straight back
+            time.sleep(0.0001)
+            a.push(to, b"%d" % i)
+        got.append(b.get(timeout=2) if i % 2 else b.get_message(timeout=2).payload)
+    a.flush()
+    got += drain(b, 200)
+    want = [m for i in range(300) for m in ([b"%d.%d" % (i, j) for j in range(3)] if i % 3 == 0 else [b"%d" % i])]
+    assert got == want
+    assert b.stats().messages_received == len(want)

@@ -166,6 +166,9 @@ class Queue(Endpoint):
             payload = mb.pop()
             if payload is not EMPTY:
                 return payload
+        item, timeout = self._read_direct(timeout, mailbox)
+        if item is not None:
+            return item[0]
         return self._wait_item(mailbox, timeout, None)[0]
 
     def get_message(self, timeout: float | None = None, mailbox: int = 0) -> Message:
@@ -175,7 +178,46 @@ class Queue(Endpoint):
             Timeout: nothing arrived in time.
             Closed: the queue was closed.
         """
-        return message_of(self._wait_item(mailbox, timeout, None))
+        mb = self._mailboxes.get(mailbox)
+        if mb is not None and mb.chunks:
+            item = mb.pop_item()
+            if item is not None:
+                return message_of(item)
+        item, timeout = self._read_direct(timeout, mailbox)
+        if item is None:
+            item = self._wait_item(mailbox, timeout, None)
+        return message_of(item)
+
+    def _read_direct(self, timeout: float | None, mailbox: int) -> tuple[tuple[Any, Meta] | None, float | None]:
+        """The latency path of a blocking read: ``(item or None, the timeout left)``.
+
+        When nothing is batched, ``mailbox`` holds nothing and no other
+        thread reads, reads one datagram here; a datagram of one message for
+        ``mailbox`` comes straight back, anything else is queued as usual.
+        """
+        if self._batcher.armed or not self._rx_lock.acquire(blocking=False):
+            return None, timeout
+        start = _monotonic()
+        try:
+            mb = self._mailboxes.get(mailbox)  # again: another reader may have filled it
+            if self._closed or (mb is not None and mb.available()):
+                return None, timeout
+            self._set_rcvtimeo(timeout)
+            try:
+                data, addr = self._recv(0)
+            except OSError:
+                addr = None  # timed out, closed, or an ICMP error: the general path decides
+            if addr is not None:
+                item = self._receiver.receive_one(data, addr, start, mailbox)
+                if self._receiver.replies:
+                    self._resolve_replies()
+                if item is not None:
+                    return item, timeout
+        finally:
+            self._rx_lock.release()
+        if timeout is not None:
+            timeout = max(timeout - (_monotonic() - start), 0.0)
+        return None, timeout
 
     def receive(
         self, predicate: Callable[[Any], bool], timeout: float | None = None, mailbox: int = 0
