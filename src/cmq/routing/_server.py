@@ -7,12 +7,11 @@ most until the core's next deadline), routes it, fires the core's timer if
 due, and pushes what the core wants sent: a request is answered before
 anything else is looked at, so an idle broker adds as little as it can to
 a round trip. Then, if its read returned at once (the message was
-already waiting: a sign of load), it takes what the endpoint already holds
-(no system call) and, when there was something, also reads the socket
-without blocking for more, up to ``_DRAIN`` messages; what those produce is
-pushed and flushed as one batch. Those steps would find nothing when
-requests come one at a time (a ping-pong) and cost microseconds per
-request; under load they are what makes deliveries leave in batches.
+already waiting: a sign of load), it takes what the endpoint and the socket
+hold without blocking, up to ``_DRAIN`` messages, and pushes and flushes
+what those produce as one batch. That non-blocking read would find nothing
+when requests come one at a time (a ping-pong) and cost a system call per
+request; under load it is what makes deliveries leave in batches.
 The core is guarded by a lock only so that :meth:`Broker.stats` may be
 called from another thread.
 """
@@ -35,11 +34,12 @@ __all__ = ["Broker"]
 _DRAIN: Final = 2048
 # Longest wait per turn, so that close() is noticed promptly.
 _MAX_WAIT: Final = 0.1
-# A read that returns within this found its message waiting (a read that
-# sleeps takes at least a wake-up, and in a ping-pong the rest of the round
-# trip): only then does a turn look for more. Misjudging either way costs a
-# few microseconds, never a message: the next read takes what is left.
-_AT_ONCE: Final = 30e-6
+# A read that returns within this found its message waiting (one that
+# sleeps takes at least a wake-up; in a ping-pong, at least a hop and the
+# peer's turn, about 30 us here): only then does a turn look for more.
+# Misjudging either way costs a few microseconds, never a message: the
+# next read takes what is left.
+_AT_ONCE: Final = 15e-6
 
 
 class Broker:
@@ -123,35 +123,24 @@ class Broker:
                 # more may be. After its answer has left, take what came
                 # with it or behind it, and send that as one batch.
                 with self._lock:
-                    more = self._take_queued(now) > 0
+                    more = self._take_waiting(now) > 0
                     if more:
-                        self._take_unread(now)
                         out = core.messages_to_send()
                 if more and out:
                     self._send(out)
 
-    def _take_queued(self, now: float) -> int:
-        """Route what the endpoint already holds (no read of the socket); return how many."""
+    def _take_waiting(self, now: float) -> int:
+        """Route what the endpoint and the socket hold, up to ``_DRAIN``
+        messages, without blocking; return how many."""
         ep, receive = self.endpoint, self.core.receive
         n = 0
         while n < _DRAIN:
-            try:
-                # timeout=0 takes from the mailbox and never reads the socket.
-                msg = ep.get_message(timeout=0, mailbox=BROKER_MAILBOX)
-            except Timeout:
-                break
-            receive(msg.payload, msg.sender, now)
-            n += 1
-        return n
-
-    def _take_unread(self, now: float) -> None:
-        """Route what the socket holds, up to ``_DRAIN`` messages, without blocking."""
-        ep, receive = self.endpoint, self.core.receive
-        for _ in range(_DRAIN):
             msg = ep.pop_message(BROKER_MAILBOX)
             if msg is None:
                 break
             receive(msg.payload, msg.sender, now)
+            n += 1
+        return n
 
     def _send(self, out: list[Any]) -> None:
         ep = self.endpoint
