@@ -86,6 +86,8 @@ class Queue(Endpoint):
         super().__init__(port, host, config, multicast_interface, options, lock=threading.Lock)
         self._rx_lock = threading.Lock()
         self._rcvtimeo: float | None = None
+        # When the application last drained the socket without blocking.
+        self._app_read_at = float("-inf")
         self._big_reads = False
         self._arms = 0  # deadlines armed, ever (see _io_loop)
         self._wake_r, self._wake_w = os.pipe()
@@ -272,6 +274,7 @@ class Queue(Endpoint):
 
     def _poll(self) -> None:
         """Drain what the kernel holds, without blocking, unless another thread is reading."""
+        self._app_read_at = _monotonic()
         if self._closed or not self._rx_lock.acquire(blocking=False):
             return
         try:
@@ -448,7 +451,13 @@ class Queue(Endpoint):
                 except OSError:
                     pass
             if sock in readable:
-                if self._receiver.queued() >= self._backlog:
+                app_read_at = self._app_read_at
+                if _monotonic() - app_read_at < _YIELD_TO_READER:
+                    # The application drains the socket itself (pop, pop_many):
+                    # stay off it, rather than take the GIL from it on every
+                    # read, until it has not read for a while.
+                    yield_until = app_read_at + _YIELD_TO_READER
+                elif self._receiver.queued() >= self._backlog:
                     # The application is behind: leave datagrams in the
                     # kernel's buffer rather than overfill the mailboxes
                     # (which would drop what the kernel would have kept).
