@@ -272,28 +272,16 @@ class Endpoint(ABC):
         large = self._batcher.large
         frames = s.frames
         append = frames.append
+        raw = self._raw
 
-        if self._raw:
-
-            def send(msg: Any) -> None:
-                payload = msg if type(msg) is bytes else encode(msg)
-                if len(payload) >= large:
-                    large_payload(s, payload)
-                    return
-                append(payload)
-                if len(frames) >= s.check_at:
-                    after(s)
-
-        else:
-
-            def send(msg: Any) -> None:
-                payload = encode(msg)
-                if len(payload) >= large:
-                    large_payload(s, payload)
-                    return
-                append(payload)
-                if len(frames) >= s.check_at:
-                    after(s)
+        def send(msg: Any) -> None:
+            payload = msg if raw and type(msg) is bytes else encode(msg)
+            if len(payload) >= large:
+                large_payload(s, payload)
+                return
+            append(payload)
+            if len(frames) >= s.check_at:
+                after(s)
 
         return send
 
