@@ -474,3 +474,22 @@ def test_blocking_reads_keep_order_whichever_path_a_datagram_takes(make_queue: M
     want = [m for i in range(300) for m in ([b"%d.%d" % (i, j) for j in range(3)] if i % 3 == 0 else [b"%d" % i])]
     assert got == want
     assert b.stats().messages_received == len(want)
+
+
+def test_a_zero_or_short_timeout_does_not_wait_a_timer_tick(
+    make_queue: MakeQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SO_RCVTIMEO rounds up to a kernel tick: short waits must not go through it."""
+    a, b = make_queue(), make_queue()
+    used: list[object] = []
+    real = b._set_rcvtimeo
+    monkeypatch.setattr(b, "_set_rcvtimeo", lambda remaining: (used.append(remaining), real(remaining)))
+    for call in (b.get, b.get_message):
+        for timeout in (0, 0.001):
+            with pytest.raises(cmq.Timeout):
+                call(timeout=timeout)
+    with pytest.raises(cmq.Timeout):
+        b.receive(lambda m: True, timeout=0)
+    assert used == []
+    a.push(dest(b), b"later")
+    assert b.get(timeout=0.015) == b"later"  # a short wait still receives

@@ -56,6 +56,8 @@ _DRAIN_BATCH: Final = 256
 #: Above this size a datagram is read straight into its own bytes object.
 _BIG_DATAGRAM: Final = 8192
 _RECV_SIZE: Final = 65536
+#: Waits shorter than this use select, not SO_RCVTIMEO (which rounds up to a timer tick).
+_SHORT_WAIT: Final = 0.02
 _monotonic = time.monotonic
 
 
@@ -204,9 +206,8 @@ class Queue(Endpoint):
             mb = self._mailboxes.get(mailbox)  # again: another reader may have filled it
             if self._closed or (mb is not None and mb.available()):
                 return None, timeout
-            self._set_rcvtimeo(timeout)
             try:
-                data, addr = self._recv(0)
+                data, addr = self._recv_within(timeout)
             except OSError:
                 addr = None  # timed out, closed, or an ICMP error: the general path decides
             if addr is not None:
@@ -335,9 +336,8 @@ class Queue(Endpoint):
                     return None
             elif self._take_ready(mailbox, predicate):
                 return None
-            self._set_rcvtimeo(remaining)
             try:
-                data, addr = self._recv(0)
+                data, addr = self._recv_within(remaining)
             except OSError:
                 return None  # timed out (EAGAIN), closed under us, or an ICMP error: the caller decides
             if addr is None:
@@ -369,6 +369,21 @@ class Queue(Endpoint):
         if n >= _BIG_DATAGRAM:
             self._big_reads = True
         return self._view[:n].tobytes(), addr
+
+    def _recv_within(self, remaining: float | None) -> tuple[bytes, Any]:
+        """One datagram, waiting up to ``remaining`` seconds (None: forever; receive lock held).
+
+        Raises:
+            OSError: nothing came in time (``BlockingIOError``), or the socket failed.
+        """
+        if remaining is not None and remaining < _SHORT_WAIT:
+            # The kernel rounds SO_RCVTIMEO up to a whole timer tick (several
+            # ms): a short wait uses select, and no wait none at all.
+            if remaining > 0 and not select.select([self._sock], [], [], remaining)[0]:
+                raise BlockingIOError("no datagram within the wait")
+            return self._recv(socket.MSG_DONTWAIT)
+        self._set_rcvtimeo(remaining)
+        return self._recv(0)
 
     def _set_rcvtimeo(self, remaining: float | None) -> None:
         # SO_RCVTIMEO makes the blocking read one system call. It is only
