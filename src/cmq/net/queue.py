@@ -20,7 +20,10 @@ kernel holds without blocking; and the I/O thread drains the socket when no
 caller does, so the kernel buffer does not overflow while the application is
 busy. One lock per datagram (the receive lock) keeps datagrams delivered in
 the order they were read. When the I/O thread finds that lock taken, a caller
-is reading, and it leaves the socket alone for a couple of milliseconds.
+is reading, and it leaves the socket alone for a couple of milliseconds,
+doubling up to 50 ms while it keeps finding callers there (so a reply to a
+request that nobody reads for may wait that long after a reading spell); it
+also leaves the socket alone within 2 ms of a non-blocking drain (``pop``).
 
 The *I/O thread* also fires deadlines: batch timeouts, request timeouts and
 reassembly expiry. It sleeps in ``select`` until the earliest deadline; a push
@@ -51,6 +54,8 @@ __all__ = ["Queue"]
 
 #: How long the I/O thread leaves the socket to a caller that is reading it.
 _YIELD_TO_READER: Final = 0.002
+#: The longest it stays off the socket while callers keep reading it themselves.
+_YIELD_MAX: Final = 0.05
 #: Datagrams read in one go before the reader lets others run.
 _DRAIN_BATCH: Final = 256
 #: Above this size a datagram is read straight into its own bytes object.
@@ -431,6 +436,7 @@ class Queue(Endpoint):
         sock: Any = self._sock
         wake: Any = self._wake_r
         yield_until = float("-inf")
+        yield_for = _YIELD_TO_READER
         heartbeat = self.config.timeout
         seen_arms = self._arms
         while not self._closed:
@@ -466,24 +472,25 @@ class Queue(Endpoint):
                 except OSError:
                     pass
             if sock in readable:
-                app_read_at = self._app_read_at
-                if _monotonic() - app_read_at < _YIELD_TO_READER:
-                    # The application drains the socket itself (pop, pop_many):
-                    # stay off it, rather than take the GIL from it on every
-                    # read, until it has not read for a while.
-                    yield_until = app_read_at + _YIELD_TO_READER
-                elif self._receiver.queued() >= self._backlog:
-                    # The application is behind: leave datagrams in the
-                    # kernel's buffer rather than overfill the mailboxes
-                    # (which would drop what the kernel would have kept).
-                    yield_until = _monotonic() + _YIELD_TO_READER
+                now = _monotonic()
+                if now - self._app_read_at < _YIELD_TO_READER or self._receiver.queued() >= self._backlog:
+                    # The application drains the socket itself (pop,
+                    # pop_many), or is behind (then datagrams wait in the
+                    # kernel's buffer rather than overfill the mailboxes,
+                    # which would drop what the kernel would have kept).
+                    yield_until = now + _YIELD_TO_READER
                 elif self._rx_lock.acquire(blocking=False):
+                    yield_for = _YIELD_TO_READER
                     try:
                         self._drain(_DRAIN_BATCH, backlog=self._backlog)
                     finally:
                         self._rx_lock.release()
                 else:
-                    yield_until = _monotonic() + _YIELD_TO_READER
+                    # A caller is blocked reading: stay off the socket (each
+                    # wake on its datagrams costs it a GIL hand-off), longer
+                    # each time it is found there again.
+                    yield_until = now + yield_for
+                    yield_for = min(yield_for * 2, _YIELD_MAX)
             self._fire_deadlines(_monotonic())
 
     def _stopping(self) -> bool:
