@@ -317,6 +317,8 @@ class Endpoint(ABC):
         Raises:
             TransportError: the OS refused a datagram (the others were still sent).
         """
+        if not self._batcher.armed:
+            return 0  # every open batch has a deadline: none is open
         now = self._now()
         with self._timer_lock:
             streams = self._batcher.pending_streams()

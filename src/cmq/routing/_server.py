@@ -40,6 +40,8 @@ _MAX_WAIT: Final = 0.1
 # Misjudging either way costs a few microseconds, never a message: the
 # next read takes what is left.
 _AT_ONCE: Final = 15e-6
+#: How often the loop looks up the timers' next deadline.
+_RECHECK: Final = 0.01
 
 
 class Broker:
@@ -97,9 +99,16 @@ class Broker:
     def serve_forever(self) -> None:
         """Serve until :meth:`stop` or :meth:`close` is called (from another thread or a signal)."""
         ep, core, stop = self.endpoint, self.core, self._stop
+        deadline: float | None = None
+        recheck = float("-inf")
         while not stop.is_set():
-            deadline = core.next_deadline()
             before = time.monotonic()
+            if before >= recheck:
+                # The timers' next deadline, looked up at most every
+                # _RECHECK (it walks the consumers): one found later than it
+                # is fires at most that late.
+                deadline = core.next_deadline()
+                recheck = before + _RECHECK
             wait = _MAX_WAIT if deadline is None else min(_MAX_WAIT, max(0.0, deadline - before))
             try:
                 first = ep.get_message(timeout=wait, mailbox=BROKER_MAILBOX)
@@ -115,6 +124,7 @@ class Broker:
                     core.receive(first.payload, first.sender, now)
                 if deadline is not None and deadline <= now:
                     core.handle_timer(now)
+                    recheck = float("-inf")
                 out = core.messages_to_send()
             if out:
                 self._send(out)
