@@ -40,16 +40,15 @@ import queue
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from array import array
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Final
+from typing import Any, Final
 
-import cmq
 from cmq._errors import CmqError, ConfigError
+from cmq.lab._child import LineProcess, child_env
 from cmq.lab.amqp._worker import read_stamps
 from cmq.lab.amqp.transport import AMQP_URL, Transport, open_transport
 
@@ -99,15 +98,7 @@ def sync_every(size: int) -> int:
 # -- processes ---------------------------------------------------------------
 
 
-def _child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    # Children import cmq from the same tree as this process.
-    src = str(Path(cmq.__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
-    return env
-
-
-class Worker:
+class Worker(LineProcess):
     """One worker process: commands as JSON lines in, ``TAG {json}`` lines out.
 
     ``argv`` runs another program with the same line protocol (default: the
@@ -115,27 +106,9 @@ class Worker:
     """
 
     def __init__(self, argv: Sequence[str] | None = None) -> None:
-        self.proc = subprocess.Popen(
-            list(argv or [sys.executable, "-m", "cmq.lab.amqp._worker"]),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=_child_env(),
+        super().__init__(
+            argv or [sys.executable, "-m", "cmq.lab.amqp._worker"], stdin=subprocess.PIPE
         )
-        self._lines: queue.Queue[str | None] = queue.Queue()
-        self._err: list[str] = []
-        assert self.proc.stdout is not None and self.proc.stderr is not None
-        threading.Thread(target=self._pump, args=(self.proc.stdout,), daemon=True).start()
-        self._drain = threading.Thread(
-            target=self._err.extend, args=(self.proc.stderr,), daemon=True
-        )
-        self._drain.start()
-
-    def _pump(self, stream: IO[str]) -> None:
-        for line in stream:
-            self._lines.put(line)
-        self._lines.put(None)
 
     def send(self, line: str) -> None:
         """Write one line to the worker.
@@ -187,12 +160,6 @@ class Worker:
             WorkerError: as :meth:`line`.
         """
         return self.line(timeout, (tag,))[1]
-
-    def _tail(self) -> str:
-        # The process has exited: its stderr ends soon.
-        self._drain.join(timeout=1)
-        err = [ln.rstrip() for ln in self._err if ln.strip()]
-        return (": " + " | ".join(err[-3:])) if err else ""
 
     def stop(self) -> None:
         """End the process (stdin closed, then killed if it lingers) and reap it."""
@@ -296,7 +263,7 @@ def cmq_broker() -> BrokerProcess:
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         text=True,
-        env=_child_env(),
+        env=child_env(),
     )
     assert proc.stdout is not None
     line = proc.stdout.readline()  # "cmq broker serving on HOST:PORT"

@@ -9,17 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import queue
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
-from typing import IO, Any, Final
+from typing import Any, Final
 
-import cmq
+from cmq.lab._child import LineProcess
 
 __all__ = ["GRACE", "READY_TIMEOUT", "Child", "WorkerError", "pair"]
 
@@ -33,36 +30,15 @@ class WorkerError(Exception):
     """A worker process failed; the message says how."""
 
 
-class Child:
+class Child(LineProcess):
     """One worker role in a child process, its ``TAG {json}`` lines read by a thread."""
 
     def __init__(self, role: str, params: dict[str, Any]) -> None:
-        env = dict(os.environ)
-        # Children import cmq from the same tree as this process.
-        src = str(Path(cmq.__file__).resolve().parent.parent)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
         self.role = role
-        self.proc = subprocess.Popen(
+        super().__init__(
             [sys.executable, "-m", "cmq.lab.experiments._worker", role, json.dumps(params)],
             stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
         )
-        self._lines: queue.Queue[str | None] = queue.Queue()
-        self._err: list[str] = []
-        assert self.proc.stdout is not None and self.proc.stderr is not None
-        threading.Thread(target=self._pump, args=(self.proc.stdout,), daemon=True).start()
-        self._drain = threading.Thread(
-            target=self._err.extend, args=(self.proc.stderr,), daemon=True
-        )
-        self._drain.start()
-
-    def _pump(self, stream: IO[str]) -> None:
-        for line in stream:
-            self._lines.put(line)
-        self._lines.put(None)
 
     def lines(self, timeout: float) -> Iterator[tuple[str, dict[str, Any]]]:
         """``(tag, value)`` of each line until ``RESULT`` (included).
@@ -89,11 +65,6 @@ class Child:
                 yield tag, json.loads(rest)
                 if tag in ("READY", "RESULT"):
                     return
-
-    def _tail(self) -> str:
-        self._drain.join(timeout=1)
-        err = [ln.rstrip() for ln in self._err if ln.strip()]
-        return (": " + " | ".join(err[-3:])) if err else ""
 
     def stop(self) -> None:
         """Kill the process if it still runs, and reap it."""
