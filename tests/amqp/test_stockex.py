@@ -147,13 +147,13 @@ def test_spark_reporter_equals_the_python_sums(tmp_path: Path, spark: Any) -> No
 
 @pytest.mark.slow
 def test_a_rate_not_kept_is_tried_once_more_then_the_sweep_stops() -> None:
-    # 200,000 orders/s is far beyond one Python gateway (tens of thousands at
-    # most): the step cannot be kept however idle the machine.
-    got = run_simulation(SimConfig(rates=(200_000, 400), seconds=0.02, drain=2.0,
+    # 5,000,000 orders/s is far beyond one Python gateway (the batched one
+    # keeps about 100,000): the step cannot be kept however idle the machine.
+    got = run_simulation(SimConfig(rates=(5_000_000, 400), seconds=0.02, drain=2.0,
                                    interval=0.05, reporter="python"))  # fmt: skip
     assert [(s.rate, s.attempt, s.kept) for s in got.steps] == [
-        (200_000, 1, False),
-        (200_000, 2, False),
+        (5_000_000, 1, False),
+        (5_000_000, 2, False),
     ]
     assert {r["step"] for r in got.stats} == {0, 1}
 
