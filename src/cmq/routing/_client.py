@@ -286,6 +286,11 @@ class _ConsumerState:
         """Note an ack; True when a batch is full and should be sent."""
         if not self.spec.no_ack:
             self.acks.append(delivery.delivery_tag)
+        return self.acks_due
+
+    @property
+    def acks_due(self) -> bool:
+        """Whether a batch of acks is held back and should be sent."""
         return len(self.acks) >= self.ack_batch
 
     def ack_payload(self) -> list[Any] | None:
@@ -517,7 +522,7 @@ class _ClientBase:
         wait, or None when ``deadline`` has passed (the caller then takes
         what is waiting without blocking, or times out).
         """
-        if len(c.acks) >= c.ack_batch:
+        if c.acks_due:
             self._send(c.ack_payload())
         now = time.monotonic()
         wait = self._idle_turn(now)
@@ -850,14 +855,10 @@ class BrokerClient(_ClientBase):
         self.close()
 
 
-class Consumer:
-    """Deliveries from one queue: ``for delivery in consumer: ...``.
+class _ConsumerBase:
+    """What the sync and async consumers share: everything that does not wait."""
 
-    Iteration ends only by ``break`` or an error; :meth:`get` takes one
-    delivery with a timeout; leaving a ``with`` block cancels.
-    """
-
-    def __init__(self, client: BrokerClient, state: _ConsumerState) -> None:
+    def __init__(self, client: _ClientBase, state: _ConsumerState) -> None:
         self.client = client
         self._c = state
 
@@ -866,14 +867,14 @@ class Consumer:
         """The consumer tag."""
         return self._c.spec.tag
 
-    @property
-    def auto_ack(self) -> bool:
-        """Whether a delivery is acknowledged when the next one is asked for."""
-        return self._c.auto_ack
-
     def ack(self, delivery: Delivery) -> None:
         """Acknowledge ``delivery`` (sent with the next batch of acks)."""
         if self._c.ack(delivery):
+            self.client._send(self._c.ack_payload())
+
+    def _send_due_acks(self) -> None:
+        """Send the acknowledgements held back once a batch of them is due."""
+        if self._c.acks_due:
             self.client._send(self._c.ack_payload())
 
     def get_nowait(self) -> Delivery | None:
@@ -887,9 +888,41 @@ class Consumer:
         if d is None:
             self.client._take_waiting()
             d = self._c.take()
-        if len(self._c.acks) >= self._c.ack_batch:
-            self.client._send(self._c.ack_payload())
+        self._send_due_acks()
         return d
+
+    def get_bodies_nowait(self, limit: int = 1 << 30) -> list[Any]:
+        """The bodies of up to ``limit`` deliveries that are here (possibly none). Never blocks.
+
+        Raises:
+            RemoteError: the broker cancelled this consumer (queue deleted).
+            Closed: the consumer was cancelled.
+        """
+        c = self._c
+        out = c.take_bodies(limit)
+        if not out:
+            self.client._take_waiting()
+            out = c.take_bodies(limit)
+        self._send_due_acks()
+        return out
+
+
+class Consumer(_ConsumerBase):
+    """Deliveries from one queue: ``for delivery in consumer: ...``.
+
+    Iteration ends only by ``break`` or an error; :meth:`get` takes one
+    delivery with a timeout; leaving a ``with`` block cancels.
+    """
+
+    client: BrokerClient
+
+    def __init__(self, client: BrokerClient, state: _ConsumerState) -> None:
+        super().__init__(client, state)
+
+    @property
+    def auto_ack(self) -> bool:
+        """Whether a delivery is acknowledged when the next one is asked for."""
+        return self._c.auto_ack
 
     def get(self, timeout: float | None = None) -> Delivery:
         """The next delivery, waiting up to ``timeout`` seconds (None: forever).
@@ -909,25 +942,8 @@ class Consumer:
                     return d
                 raise Timeout(f"no delivery from queue {c.spec.queue!r} in {timeout} s")
             client._pump(wait)
-        if len(c.acks) >= c.ack_batch:
-            client._send(c.ack_payload())
+        self._send_due_acks()
         return d
-
-    def get_bodies_nowait(self, limit: int = 1 << 30) -> list[Any]:
-        """The bodies of up to ``limit`` deliveries that are here (possibly none). Never blocks.
-
-        Raises:
-            RemoteError: the broker cancelled this consumer (queue deleted).
-            Closed: the consumer was cancelled.
-        """
-        c = self._c
-        out = c.take_bodies(limit)
-        if not out:
-            self.client._take_waiting()
-            out = c.take_bodies(limit)
-        if len(c.acks) >= c.ack_batch:
-            self.client._send(c.ack_payload())
-        return out
 
     def get_bodies(self, timeout: float | None = None, limit: int = 1 << 30) -> list[Any]:
         """The bodies of up to ``limit`` deliveries that are here, waiting up to
@@ -951,8 +967,7 @@ class Consumer:
                     return out
                 raise Timeout(f"no delivery from queue {c.spec.queue!r} in {timeout} s")
             client._pump(wait)
-        if len(c.acks) >= c.ack_batch:
-            client._send(c.ack_payload())
+        self._send_due_acks()
         return out
 
     def __iter__(self) -> Iterator[Delivery]:
@@ -1221,32 +1236,13 @@ class AsyncBrokerClient(_ClientBase):
         await self.aclose()
 
 
-class AsyncConsumer:
+class AsyncConsumer(_ConsumerBase):
     """Deliveries from one queue: ``async for delivery in consumer: ...``."""
 
+    client: AsyncBrokerClient
+
     def __init__(self, client: AsyncBrokerClient, state: _ConsumerState) -> None:
-        self.client = client
-        self._c = state
-
-    @property
-    def tag(self) -> str:
-        """The consumer tag."""
-        return self._c.spec.tag
-
-    def ack(self, delivery: Delivery) -> None:
-        """Acknowledge ``delivery`` (sent with the next batch of acks)."""
-        if self._c.ack(delivery):
-            self.client._send(self._c.ack_payload())
-
-    def get_nowait(self) -> Delivery | None:
-        """As :meth:`Consumer.get_nowait` (raises RemoteError when cancelled by the broker)."""
-        d = self._c.take()
-        if d is None:
-            self.client._take_waiting()
-            d = self._c.take()
-        if len(self._c.acks) >= self._c.ack_batch:
-            self.client._send(self._c.ack_payload())
-        return d
+        super().__init__(client, state)
 
     async def get(self, timeout: float | None = None) -> Delivery:
         """As :meth:`Consumer.get` (raises Timeout, RemoteError)."""
@@ -1260,20 +1256,8 @@ class AsyncConsumer:
                     return d
                 raise Timeout(f"no delivery from queue {c.spec.queue!r} in {timeout} s")
             await client._pump(wait)
-        if len(c.acks) >= c.ack_batch:
-            client._send(c.ack_payload())
+        self._send_due_acks()
         return d
-
-    def get_bodies_nowait(self, limit: int = 1 << 30) -> list[Any]:
-        """As :meth:`Consumer.get_bodies_nowait` (raises RemoteError, Closed)."""
-        c = self._c
-        out = c.take_bodies(limit)
-        if not out:
-            self.client._take_waiting()
-            out = c.take_bodies(limit)
-        if len(c.acks) >= c.ack_batch:
-            self.client._send(c.ack_payload())
-        return out
 
     async def get_bodies(self, timeout: float | None = None, limit: int = 1 << 30) -> list[Any]:
         """As :meth:`Consumer.get_bodies` (raises Timeout, RemoteError, Closed)."""
@@ -1287,8 +1271,7 @@ class AsyncConsumer:
                     return out
                 raise Timeout(f"no delivery from queue {c.spec.queue!r} in {timeout} s")
             await client._pump(wait)
-        if len(c.acks) >= c.ack_batch:
-            client._send(c.ack_payload())
+        self._send_due_acks()
         return out
 
     def __aiter__(self) -> AsyncIterator[Delivery]:
