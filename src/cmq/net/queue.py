@@ -19,11 +19,14 @@ the kernel to the caller with no thread hand-off; :meth:`pop` drains what the
 kernel holds without blocking; and the I/O thread drains the socket when no
 caller does, so the kernel buffer does not overflow while the application is
 busy. One lock per datagram (the receive lock) keeps datagrams delivered in
-the order they were read. When the I/O thread finds that lock taken, a caller
-is reading, and it leaves the socket alone for a couple of milliseconds,
-doubling up to 50 ms while it keeps finding callers there (so a reply to a
-request that nobody reads for may wait that long after a reading spell); it
-also leaves the socket alone within 2 ms of a non-blocking drain (``pop``).
+the order they were read. When the I/O thread finds that lock taken, or a
+read by the application (blocking or not) less than 10 ms old, the
+application is reading the socket itself: the I/O thread leaves it alone for
+a couple of milliseconds, doubling up to 50 ms while it keeps finding the
+application there (so a reply to a request that nobody reads for may wait
+that long after a reading spell). Each of its wakes on a datagram that the
+application reads anyway would cost the application a GIL hand-off, about a
+third of a round trip's system calls before this rule.
 
 The *I/O thread* also fires deadlines: batch timeouts, request timeouts and
 reassembly expiry. It sleeps in ``select`` until the earliest deadline; a push
@@ -54,6 +57,8 @@ __all__ = ["Queue"]
 
 #: How long the I/O thread leaves the socket to a caller that is reading it.
 _YIELD_TO_READER: Final = 0.002
+#: An application read younger than this means the application is reading.
+_APP_READING: Final = 0.01
 #: The longest it stays off the socket while callers keep reading it themselves.
 _YIELD_MAX: Final = 0.05
 #: Datagrams read in one go before the reader lets others run.
@@ -93,7 +98,7 @@ class Queue(Endpoint):
         super().__init__(port, host, config, multicast_interface, options, lock=threading.Lock)
         self._rx_lock = threading.Lock()
         self._rcvtimeo: float | None = None
-        # When the application last drained the socket without blocking.
+        # When the application last read the socket (blocking or not).
         self._app_read_at = float("-inf")
         self._big_reads = False
         self._arms = 0  # deadlines armed, ever (see _io_loop)
@@ -216,7 +221,8 @@ class Queue(Endpoint):
             except OSError:
                 addr = None  # timed out, closed, or an ICMP error: the general path decides
             if addr is not None:
-                item = self._receiver.receive_one(data, addr, start, mailbox)
+                now = self._app_read_at = _monotonic()
+                item = self._receiver.receive_one(data, addr, now, mailbox)
                 if self._receiver.replies:
                     self._resolve_replies()
                 if item is not None:
@@ -348,10 +354,11 @@ class Queue(Endpoint):
             if addr is None:
                 return None  # shut down by close()
             item = None
+            now = self._app_read_at = _monotonic()
             if fut is None and predicate is None:
-                item = self._receiver.receive_one(data, addr, _monotonic(), mailbox)
+                item = self._receiver.receive_one(data, addr, now, mailbox)
             else:
-                self._receiver.datagram_received(data, addr, _monotonic())
+                self._receiver.datagram_received(data, addr, now)
             if self._receiver.replies:
                 self._resolve_replies()
             return item
@@ -391,13 +398,16 @@ class Queue(Endpoint):
         return self._recv(0)
 
     def _set_rcvtimeo(self, remaining: float | None) -> None:
-        # SO_RCVTIMEO makes the blocking read one system call. It is only
-        # changed when the wait differs by more than 1 ms (or 1 %), so a loop
-        # of get(timeout=t) sets it once; a wait may end that much off.
-        # Whole microseconds, 0 meaning "wait forever".
+        # SO_RCVTIMEO makes the blocking read one system call. It is kept
+        # while it is no more than 1 ms (or 1 %) longer than the wait and no
+        # less than half of it, so a loop of get(timeout=t) sets it once, and
+        # a wait that shrinks towards a deadline (a heartbeat's) sets it once
+        # per halving: a wait may end that much late, or early, and every
+        # caller reads again until its own deadline. Whole microseconds, 0
+        # meaning "wait forever".
         want = 0.0 if remaining is None else max(remaining, 1e-6)
         have = self._rcvtimeo
-        if have == want or (have and want and abs(have - want) <= max(0.001, want * 0.01)):
+        if have == want or (have and want and want * 0.5 <= have <= want + max(0.001, want * 0.01)):
             return
         sec = int(want)
         usec = int((want - sec) * 1e6)
@@ -473,22 +483,22 @@ class Queue(Endpoint):
                     pass
             if sock in readable:
                 now = _monotonic()
-                if now - self._app_read_at < _YIELD_TO_READER or self._receiver.queued() >= self._backlog:
-                    # The application drains the socket itself (pop,
-                    # pop_many), or is behind (then datagrams wait in the
+                if self._receiver.queued() >= self._backlog:
+                    # The application is behind: datagrams wait in the
                     # kernel's buffer rather than overfill the mailboxes,
-                    # which would drop what the kernel would have kept).
+                    # which would drop what the kernel would have kept.
                     yield_until = now + _YIELD_TO_READER
-                elif self._rx_lock.acquire(blocking=False):
+                elif now - self._app_read_at >= _APP_READING and self._rx_lock.acquire(blocking=False):
                     yield_for = _YIELD_TO_READER
                     try:
                         self._drain(_DRAIN_BATCH, backlog=self._backlog)
                     finally:
                         self._rx_lock.release()
                 else:
-                    # A caller is blocked reading: stay off the socket (each
-                    # wake on its datagrams costs it a GIL hand-off), longer
-                    # each time it is found there again.
+                    # The application reads the socket itself (a caller is
+                    # blocked reading, or read moments ago): stay off it
+                    # (each wake on its datagrams costs it a GIL hand-off),
+                    # longer each time it is found there again.
                     yield_until = now + yield_for
                     yield_for = min(yield_for * 2, _YIELD_MAX)
             self._fire_deadlines(_monotonic())
