@@ -105,6 +105,8 @@ class Endpoint(ABC):
             )
         self.sender_id = secrets.randbits(32) or 1
         self._batcher = Batcher(cfg, self.sender_id)
+        # Empty while no batch is open: tested on every flush and blocking read.
+        self._heap = self._batcher.heap
         self._receiver = Receiver(cfg)
         self._mailboxes = self._receiver.mailboxes
         self._raw = cfg.codec == "raw"
@@ -317,7 +319,7 @@ class Endpoint(ABC):
         Raises:
             TransportError: the OS refused a datagram (the others were still sent).
         """
-        if not self._batcher.armed:
+        if not self._heap:
             return 0  # every open batch has a deadline: none is open
         now = self._now()
         with self._timer_lock:

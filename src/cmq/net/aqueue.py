@@ -215,7 +215,7 @@ class AsyncQueue(Endpoint):
         self, mailbox: int, timeout: float | None, predicate: Callable[[Any], bool] | None
     ) -> tuple[Any, Meta]:
         deadline = None if timeout is None else self._loop.time() + timeout
-        if self._batcher.armed:
+        if self._heap:
             self.flush()
         while True:
             item = self._take_item(mailbox, predicate)

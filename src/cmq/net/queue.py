@@ -97,7 +97,8 @@ class Queue(Endpoint):
     ) -> None:
         super().__init__(port, host, config, multicast_interface, options, lock=threading.Lock)
         self._rx_lock = threading.Lock()
-        self._rcvtimeo: float | None = None
+        self._rcvtimeo: float | None = None  # what SO_RCVTIMEO is set to (0: forever)
+        self._rcvtimeo_asked: float | None = -1.0  # the last wait it was checked against
         # When the application last read the socket (blocking or not).
         self._app_read_at = float("-inf")
         self._big_reads = False
@@ -209,15 +210,25 @@ class Queue(Endpoint):
         thread reads, reads one datagram here; a datagram of one message for
         ``mailbox`` comes straight back, anything else is queued as usual.
         """
-        if self._batcher.armed or not self._rx_lock.acquire(blocking=False):
+        if self._heap or not self._rx_lock.acquire(False):
             return None, timeout
         start = _monotonic()
         try:
             mb = self._mailboxes.get(mailbox)  # again: another reader may have filled it
-            if self._closed or (mb is not None and mb.available()):
+            if self._closed or (mb is not None and mb.chunks and mb.available()):
                 return None, timeout
             try:
-                data, addr = self._recv_within(timeout)
+                if self._big_reads or (timeout is not None and timeout < _SHORT_WAIT):
+                    data, addr = self._recv_within(timeout)
+                else:
+                    # _recv_within's common case, inline: a blocking read
+                    # into the reused buffer.
+                    if timeout != self._rcvtimeo_asked:
+                        self._set_rcvtimeo(timeout)
+                    n, addr = self._sock.recvfrom_into(self._buf)
+                    if n >= _BIG_DATAGRAM:
+                        self._big_reads = True
+                    data = self._view[:n].tobytes()
             except OSError:
                 addr = None  # timed out, closed, or an ICMP error: the general path decides
             if addr is not None:
@@ -260,7 +271,7 @@ class Queue(Endpoint):
         self, mailbox: int, timeout: float | None, predicate: Callable[[Any], bool] | None
     ) -> tuple[Any, Meta]:
         deadline = None if timeout is None else _monotonic() + timeout
-        if self._batcher.armed:
+        if self._heap:
             self.flush()
         while True:
             if self._closed:
@@ -405,6 +416,7 @@ class Queue(Endpoint):
         # per halving: a wait may end that much late, or early, and every
         # caller reads again until its own deadline. Whole microseconds, 0
         # meaning "wait forever".
+        self._rcvtimeo_asked = remaining
         want = 0.0 if remaining is None else max(remaining, 1e-6)
         have = self._rcvtimeo
         if have == want or (have and want and want * 0.5 <= have <= want + max(0.001, want * 0.01)):
@@ -429,7 +441,7 @@ class Queue(Endpoint):
         return fut.result(timeout=0)
 
     def _wait_future(self, fut: Future[Any], deadline: float) -> None:
-        if self._batcher.armed:
+        if self._heap:
             self.flush()
         while not fut.done():
             if self._closed:

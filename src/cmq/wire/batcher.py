@@ -168,7 +168,10 @@ class Batcher:
         # over max_message (which the driver then refuses).
         self.large = min(config.max_body - 9 + 1, config.max_message + 1)
         self._streams: dict[tuple[Address, int], Stream] = {}
-        self._heap: list[tuple[float, int, Stream, int]] = []
+        #: The deadline heap. Drivers may test it for emptiness (no batch is
+        #: open) without a call; only the batcher changes it.
+        self.heap: list[tuple[float, int, Stream, int]] = []
+        self._heap = self.heap
         self._tiebreak = itertools.count()
         self._message_ids = itertools.count(1)
         # Counters (written under the driver's send lock).
