@@ -840,6 +840,27 @@ class BrokerClient(_ClientBase):
             return
         self._s.deliver(payload)
 
+    def _pump_bodies(self, c: _ConsumerState, timeout: float, limit: int) -> list[Any] | None:
+        """:meth:`_pump` for consumer ``c``, whose buffer is empty: when the
+        message is one run for ``c`` of at most ``limit`` bodies, hand its
+        bodies out at once (as ``take_bodies`` would, without buffering
+        them: the latency path of a ping-pong); else buffer it and return None.
+        """
+        try:
+            payload = self.endpoint.get(timeout=timeout, mailbox=DELIVERY_MAILBOX)
+        except Timeout:
+            return None
+        if type(payload) is list and len(payload) == 3 and payload[0] == "d" and payload[1] == c.spec.tag:
+            runs = payload[2]
+            if type(runs) is list and len(runs) == 1 and not c.buffer and not c.cancelled:
+                run = runs[0]
+                if _run_ok(run) and 0 < len(run[4]) <= limit:
+                    bodies: list[Any] = run[4]
+                    c.last.append((run[0], len(bodies)))
+                    return bodies
+        self._s.deliver(payload)
+        return None
+
     def close(self) -> None:
         """Cancel the consumers (best effort) and close the endpoint if it is ours."""
         for tag in list(self._s.consumers):
@@ -957,16 +978,20 @@ class Consumer(_ConsumerBase):
             RemoteError: the broker cancelled this consumer (queue deleted).
             Closed: the consumer was cancelled.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
         c, client = self._c, self.client
-        while not (out := c.take_bodies(limit)):
-            wait = client._wait_for(c, deadline)
-            if wait is None:
-                out = self.get_bodies_nowait(limit)
-                if out:
-                    return out
-                raise Timeout(f"no delivery from queue {c.spec.queue!r} in {timeout} s")
-            client._pump(wait)
+        out = c.take_bodies(limit)
+        if not out:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while True:
+                wait = client._wait_for(c, deadline)
+                if wait is None:
+                    out = self.get_bodies_nowait(limit)
+                    if out:
+                        return out
+                    raise Timeout(f"no delivery from queue {c.spec.queue!r} in {timeout} s")
+                out = client._pump_bodies(c, wait, limit)
+                if out or (out := c.take_bodies(limit)):
+                    break
         self._send_due_acks()
         return out
 
