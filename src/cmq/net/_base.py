@@ -219,6 +219,7 @@ class Endpoint(ABC):
         large_payload = self._large_payload
         encode = self._encode
         raw = self._raw
+        packb = self._packb
         large = self._batcher.large
         last_dest: Any = object()
         last_mailbox = -1
@@ -238,7 +239,13 @@ class Endpoint(ABC):
                     last_dest, last_mailbox = dest, mailbox
                 else:
                     last_dest = object()
-            payload = msg if raw and type(msg) is bytes else encode(msg)
+            if raw:
+                payload = msg if type(msg) is bytes else encode(msg)
+            else:
+                try:
+                    payload = packb(msg)
+                except (TypeError, ValueError, OverflowError):
+                    payload = encode(msg)  # raises the documented TypeError
             if len(payload) >= large:
                 large_payload(s, payload)
                 return

@@ -97,8 +97,9 @@ class Queue(Endpoint):
     ) -> None:
         super().__init__(port, host, config, multicast_interface, options, lock=threading.Lock)
         self._rx_lock = threading.Lock()
-        self._rcvtimeo: float | None = None  # what SO_RCVTIMEO is set to (0: forever)
-        self._rcvtimeo_asked: float | None = -1.0  # the last wait it was checked against
+        self._rcvtimeo = 0.0  # what SO_RCVTIMEO is set to (0: forever, the default)
+        # The finite waits that setting serves (see _set_rcvtimeo).
+        self._rcv_lo, self._rcv_hi = float("inf"), float("-inf")
         # When the application last read the socket (blocking or not).
         self._app_read_at = float("-inf")
         self._big_reads = False
@@ -116,8 +117,8 @@ class Queue(Endpoint):
         self._io_thread = threading.Thread(target=self._io_loop, name=f"cmq-io-{self.port}", daemon=True)
         self._io_thread.start()
 
-    def _now(self) -> float:
-        return _monotonic()
+    # The clock itself, not a method calling it: read on every push.
+    _now = staticmethod(_monotonic)
 
     def _new_future(self) -> Future[Any]:
         return Future()
@@ -223,7 +224,10 @@ class Queue(Endpoint):
                 else:
                     # _recv_within's common case, inline: a blocking read
                     # into the reused buffer.
-                    if timeout != self._rcvtimeo_asked:
+                    if timeout is None:
+                        if self._rcvtimeo:
+                            self._set_rcvtimeo(None)
+                    elif not self._rcv_lo <= timeout <= self._rcv_hi:
                         self._set_rcvtimeo(timeout)
                     n, addr = self._sock.recvfrom_into(self._buf)
                     if n >= _BIG_DATAGRAM:
@@ -416,7 +420,6 @@ class Queue(Endpoint):
         # per halving: a wait may end that much late, or early, and every
         # caller reads again until its own deadline. Whole microseconds, 0
         # meaning "wait forever".
-        self._rcvtimeo_asked = remaining
         want = 0.0 if remaining is None else max(remaining, 1e-6)
         have = self._rcvtimeo
         if have == want or (have and want and want * 0.5 <= have <= want + max(0.001, want * 0.01)):
@@ -425,6 +428,12 @@ class Queue(Endpoint):
         usec = int((want - sec) * 1e6)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("@ll", sec, usec))
         self._rcvtimeo = want
+        # The waits this setting serves, for the read path's inline test
+        # (the rule above, with the 1 % taken of the setting).
+        if want:
+            self._rcv_lo, self._rcv_hi = min(want / 1.01, want - 0.001), 2 * want
+        else:
+            self._rcv_lo, self._rcv_hi = float("inf"), float("-inf")
 
     # -- requests ----------------------------------------------------------
 

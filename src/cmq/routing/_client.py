@@ -229,7 +229,13 @@ class _ConsumerState:
             if bodies:
                 buffer.append(_Run(first, ex, key, redelivered, bodies))
 
-    def _check(self) -> None:
+    def settle(self) -> None:
+        """Auto-ack what was handed out before; raise if this consumer was cancelled.
+
+        Raises:
+            RemoteError: the broker cancelled this consumer.
+            Closed: this consumer was cancelled here.
+        """
         if self.last:
             if self.auto_ack:
                 acks = self.acks
@@ -248,7 +254,7 @@ class _ConsumerState:
             RemoteError: the broker cancelled this consumer.
             Closed: this consumer was cancelled here.
         """
-        self._check()
+        self.settle()
         if not self.buffer:
             return None
         run = self.buffer[0]
@@ -268,7 +274,7 @@ class _ConsumerState:
             RemoteError: the broker cancelled this consumer.
             Closed: this consumer was cancelled here.
         """
-        self._check()
+        self.settle()
         out: list[Any] = []
         buffer, last = self.buffer, self.last
         while buffer and len(out) < limit:
@@ -522,10 +528,13 @@ class _ClientBase:
         wait, or None when ``deadline`` has passed (the caller then takes
         what is waiting without blocking, or times out).
         """
-        if c.acks_due:
+        if len(c.acks) >= c.ack_batch:  # c.acks_due, inline: once per wait
             self._send(c.ack_payload())
         now = time.monotonic()
-        wait = self._idle_turn(now)
+        s = self._s
+        wait = s.last_heartbeat + s.heartbeat_interval - now
+        if wait <= 0:
+            wait = self._idle_turn(now)
         if deadline is None:
             return wait
         if now >= deadline:
@@ -979,7 +988,14 @@ class Consumer(_ConsumerBase):
             Closed: the consumer was cancelled.
         """
         c, client = self._c, self.client
-        out = c.take_bodies(limit)
+        if c.buffer or c.cancelled or c.cancelled_by is not None:
+            out = c.take_bodies(limit)
+        else:
+            # Nothing buffered (a ping-pong's every call): take_bodies'
+            # bookkeeping only, the auto-acks of what was handed out before.
+            if c.last:
+                c.settle()
+            out = []
         if not out:
             deadline = None if timeout is None else time.monotonic() + timeout
             while True:
@@ -989,10 +1005,12 @@ class Consumer(_ConsumerBase):
                     if out:
                         return out
                     raise Timeout(f"no delivery from queue {c.spec.queue!r} in {timeout} s")
-                out = client._pump_bodies(c, wait, limit)
-                if out or (out := c.take_bodies(limit)):
+                got = client._pump_bodies(c, wait, limit)
+                out = got if got is not None else c.take_bodies(limit)
+                if out:
                     break
-        self._send_due_acks()
+        if len(c.acks) >= c.ack_batch:  # _send_due_acks, inline
+            client._send(c.ack_payload())
         return out
 
     def __iter__(self) -> Iterator[Delivery]:

@@ -78,7 +78,16 @@ from itertools import accumulate
 from typing import Final
 
 from cmq._config import QueueConfig
-from cmq.wire.frames import FLAG_MSGPACK, encode_fragment, encode_frame, encode_frames, frame_size
+from cmq.wire.frames import (
+    FLAG_MSGPACK,
+    PREFIX,
+    SEQ,
+    encode_fragment,
+    encode_frame,
+    encode_frames,
+    frame_size,
+    stream_head,
+)
 
 __all__ = ["FULL", "LARGE", "OPENED", "QUEUED", "Batcher", "Stream"]
 
@@ -88,6 +97,7 @@ FULL: Final = 2
 LARGE: Final = 3
 
 Address = tuple[str, int] | tuple[str, int, int, int]
+_pack_seq = SEQ.pack
 
 
 class _FramedSizes(dict[int, int]):
@@ -113,6 +123,7 @@ class Stream:
         "counted",
         "frames",
         "gen",
+        "head",
         "last_send",
         "limit",
         "mailbox",
@@ -121,9 +132,11 @@ class Stream:
         "sizes",
     )
 
-    def __init__(self, addr: Address, mailbox: int, qthresh: int) -> None:
+    def __init__(self, addr: Address, mailbox: int, qthresh: int, head: bytes = b"") -> None:
         self.addr = addr
         self.mailbox = mailbox
+        # The header before the sequence number (frames.stream_head).
+        self.head = head
         self.frames: list[bytes] = []
         # The current batch size limit (bytes).
         self.limit = qthresh
@@ -187,7 +200,8 @@ class Batcher:
         key = (addr, mailbox)
         s = self._streams.get(key)
         if s is None:
-            s = self._streams.setdefault(key, Stream(addr, mailbox, self._qthresh))
+            head = stream_head(self._flags, self.sender, mailbox)
+            s = self._streams.setdefault(key, Stream(addr, mailbox, self._qthresh, head))
         return s
 
     def streams(self) -> list[Stream]:
@@ -315,7 +329,11 @@ class Batcher:
         s.last_send = now
         seq = s.seq
         s.seq = (seq + 1) & 0xFFFFFFFF
-        data = encode_frame(payload, self._flags, self.sender, s.mailbox, seq, self._key)
+        if self._key is None:
+            # encode_frame, with the stream's constant header bytes.
+            data = b"".join((s.head, _pack_seq(seq), PREFIX[len(payload)], payload))
+        else:
+            data = encode_frame(payload, self._flags, self.sender, s.mailbox, seq, self._key)
         self.messages_sent += 1
         self.datagrams_sent += 1
         self.bytes_sent += len(data)

@@ -97,6 +97,18 @@ class _Prefixes(dict[int, bytes]):
 
 
 _PREFIX: Final = _Prefixes()
+#: A frame's length prefix by payload size (a table: ``PREFIX[n]``).
+PREFIX: Final[dict[int, bytes]] = _PREFIX
+#: The header's last field, packed alone (see :func:`stream_head`).
+SEQ: Final = struct.Struct(">I")
+
+
+def stream_head(flags: int, sender: int, mailbox: int) -> bytes:
+    """The header's bytes before the sequence number, the same for every
+    unauthenticated datagram of one stream: ``stream_head(...) +
+    SEQ.pack(seq)`` is the header :func:`encode_frames` writes.
+    """
+    return _HEADER.pack(MAGIC, VERSION, flags, sender, mailbox, 0)[:-4]
 #: Frames per cached struct format when splitting equal-size frames.
 _SPLIT_BLOCK: Final = 64
 
