@@ -415,15 +415,18 @@ class Queue(Endpoint):
     def _set_rcvtimeo(self, remaining: float | None) -> None:
         # SO_RCVTIMEO makes the blocking read one system call. It is kept
         # while it is no more than 1 ms (or 1 %) longer than the wait and no
-        # less than half of it, so a loop of get(timeout=t) sets it once, and
-        # a wait that shrinks towards a deadline (a heartbeat's) sets it once
-        # per halving: a wait may end that much late, or early, and every
-        # caller reads again until its own deadline. Whole microseconds, 0
-        # meaning "wait forever".
+        # less than half of it; when it must change, it is set to half the
+        # wait. So a loop of get(timeout=t) sets it once, and a wait that
+        # shrinks towards a deadline (a heartbeat's) sets it once per halving.
+        # A read may so end early (every caller reads again until its own
+        # deadline) or up to 1 ms (1 %) late. Whole microseconds, 0 meaning
+        # "wait forever".
         want = 0.0 if remaining is None else max(remaining, 1e-6)
         have = self._rcvtimeo
         if have == want or (have and want and want * 0.5 <= have <= want + max(0.001, want * 0.01)):
             return
+        if want > 2 * _SHORT_WAIT:
+            want *= 0.5
         sec = int(want)
         usec = int((want - sec) * 1e6)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("@ll", sec, usec))

@@ -863,10 +863,9 @@ class BrokerClient(_ClientBase):
             runs = payload[2]
             if type(runs) is list and len(runs) == 1 and not c.buffer and not c.cancelled:
                 run = runs[0]
-                if _run_ok(run) and 0 < len(run[4]) <= limit:
-                    bodies: list[Any] = run[4]
+                if _run_ok(run) and 0 < len(bodies := run[4]) <= limit:
                     c.last.append((run[0], len(bodies)))
-                    return bodies
+                    return bodies  # type: ignore[no-any-return]
         self._s.deliver(payload)
         return None
 

@@ -320,8 +320,7 @@ class Batcher:
         if now - s.last_send >= self._timeout:
             s.limit = self._qthresh
         s.check_at = 1  # as take: before the message leaves the list
-        payload = frames[0]
-        del frames[:1]
+        payload = frames.pop()
         s.gen += 1
         if s.counted:
             s.sizes = []

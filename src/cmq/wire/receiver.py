@@ -84,6 +84,13 @@ MAX_MAILBOXES: Final = 65_536
 
 _HEAD = struct.Struct(">2sBBIII")
 _LONG_LEN = struct.Struct(">Q")
+# A datagram of one short frame, as receive_one reads it: magic, version and
+# flags as one number, sender, mailbox, seq, and the frame's length prefix.
+_ONE = struct.Struct(">IIIIB")
+_ONE_SIZE: Final = _ONE.size
+_MVF_RAW: Final = int.from_bytes(MAGIC + bytes((VERSION, 0)), "big")
+_MVF_MSGPACK: Final = int.from_bytes(MAGIC + bytes((VERSION, FLAG_MSGPACK)), "big")
+_MVF_PLAIN: Final = frozenset((_MVF_RAW, _MVF_MSGPACK))
 _SLOW_FLAGS: Final = FLAG_FRAGMENT | FLAG_TAG | FLAG_CONTROL
 
 # (addr, sender id, mailbox, datagram seq, correlation id or None)
@@ -376,21 +383,20 @@ class Receiver:
         mailbox). Anything else is handled by :meth:`datagram_received` and
         None is returned. Never raises.
         """
-        size = len(data) - HEADER_SIZE
-        if size > 0 and self._key is None and not data[3] & ~FLAG_MSGPACK:
-            n = data[HEADER_SIZE]
-            if n == size - 1:
-                start = HEADER_SIZE + 1
-            elif n == 255 and size >= 9 and _LONG_LEN.unpack_from(data, HEADER_SIZE + 1)[0] == size - 9:
-                start = HEADER_SIZE + 9
+        size = len(data) - _ONE_SIZE  # the bytes after a short frame's prefix
+        if size >= 0 and self._key is None:
+            mvf, sender, mb, seq, n = _ONE.unpack_from(data)
+            if n == size and n < 255:
+                start = _ONE_SIZE
+            elif n == 255 and size >= 8 and _LONG_LEN.unpack_from(data, _ONE_SIZE)[0] == size - 8:
+                start = _ONE_SIZE + 8
             else:
                 start = 0  # not one frame filling the datagram
-            magic, version, flags, sender, mb, seq = _HEAD.unpack_from(data)
             key = (addr, sender, mb)
             table = self._expected
-            if start and mb == mailbox and magic == MAGIC and version == VERSION and table.get(key) == seq:
+            if start and mb == mailbox and mvf in _MVF_PLAIN and table.get(key) == seq:
                 payload: Any = data[start:]
-                if flags:
+                if mvf == _MVF_MSGPACK:
                     try:
                         payload = _unpack(payload)
                     except Exception:  # noqa: BLE001 - counted by the general path
