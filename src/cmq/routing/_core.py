@@ -212,6 +212,9 @@ def _outgoing(dest: Address, mailbox: int, payload: Any) -> Outgoing:
     return o
 
 
+#: The counters a message handed over on the latency path adds one to.
+_HANDED: Final = frozenset(("enqueued", "delivered"))
+
 _COUNTERS: Final = (
     "enqueued",
     "delivered",
@@ -293,7 +296,7 @@ class _Refused(Exception):
 
 
 class _Queue:
-    __slots__ = ("bindings", "consumers", "counts", "max_length", "name", "overflow", "ready", "rr")
+    __slots__ = ("bindings", "consumers", "counts", "handed", "max_length", "name", "overflow", "ready", "rr")
 
     def __init__(self, name: str, max_length: int, overflow: Overflow) -> None:
         self.name = name
@@ -304,6 +307,9 @@ class _Queue:
         self.rr = 0  # round-robin position in consumers
         self.bindings: set[tuple[str, str]] = set()  # (exchange, key)
         self.counts: Counter[str] = Counter()
+        # Messages handed over on the latency path (BrokerCore._hand_over):
+        # each one is also enqueued and delivered (added in at stats time).
+        self.handed = 0
 
 
 class _Consumer:
@@ -386,6 +392,7 @@ class BrokerCore:
         # sent by a consumer's earlier incarnation (before it was detached
         # and re-attached) must never match a new delivery.
         self._next_dtag = 1
+        self._handed = 0  # messages handed over on the latency path (see stats)
 
     # -- driver interface ----------------------------------------------------
 
@@ -465,12 +472,8 @@ class BrokerCore:
             unacked[dtag] = ((exchange, key, body, False), now)
         c.pending = [[dtag, exchange, key, False, [body]]]
         self._with_pending[(c.addr, c.tag)] = c
-        counts, totals = q.counts, self._totals
-        counts["delivered"] += 1
-        counts["enqueued"] += 1
-        totals["published"] += 1
-        totals["delivered"] += 1
-        totals["enqueued"] += 1
+        q.handed += 1  # published, enqueued and delivered (see stats)
+        self._handed += 1
         return True
 
     def handle(self, event: object, sender: Address, now: float) -> None:
@@ -504,13 +507,15 @@ class BrokerCore:
         out, self._out = self._out, []
         if not self._with_pending:
             return out
-        count, limit = self.config.batch_count, self.config.batch_bytes
+        count = limit = 0
         for c in self._with_pending.values():
             runs, c.pending = c.pending, []
             if len(runs) == 1 and len(runs[0][4]) == 1:
                 # One delivery (a ping-pong's): the run is the batch.
                 out.append(_outgoing(c.addr, DELIVERY_MAILBOX, ["d", c.tag, runs]))
                 continue
+            if not count:
+                count, limit = self.config.batch_count, self.config.batch_bytes
             batch: list[list[Any]] = []
             n = size = 0
             for first, ex, key, redelivered, bodies in runs:
@@ -576,7 +581,9 @@ class BrokerCore:
     def stats(self) -> BrokerStats:
         """A frozen snapshot of the counters and of every queue."""
         per_queue = tuple(self._queue_stats(q) for q in self._queues.values())
-        t = self._totals
+        t = self._totals.copy()
+        for name in ("published", "enqueued", "delivered"):
+            t[name] += self._handed
         return BrokerStats(
             exchanges=len(self._exchanges),
             queues=len(self._queues),
@@ -621,7 +628,7 @@ class BrokerCore:
             ready=len(q.ready),
             unacked=sum(len(c.unacked) for c in q.consumers),
             consumers=len(q.consumers),
-            **{name: q.counts[name] for name in _COUNTERS},
+            **{name: q.counts[name] + (q.handed if name in _HANDED else 0) for name in _COUNTERS},
         )
 
     def _queue(self, name: str) -> _Queue:

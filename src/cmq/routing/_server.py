@@ -74,7 +74,9 @@ class Broker:
         self.endpoint: Endpoint = endpoint
         self.core = BrokerCore(config, endpoint_stats=self._endpoint_stats)
         self._lock = threading.Lock()
-        self._stop = threading.Event()
+        # Set by stop() (safe from a signal handler: one assignment); the
+        # loop reads it once per turn.
+        self._stopping = False
         self._thread: threading.Thread | None = None
 
     @property
@@ -98,28 +100,36 @@ class Broker:
 
     def serve_forever(self) -> None:
         """Serve until :meth:`stop` or :meth:`close` is called (from another thread or a signal)."""
-        ep, core, stop = self.endpoint, self.core, self._stop
+        ep, core = self.endpoint, self.core
+        monotonic = time.monotonic
         deadline: float | None = None
         recheck = float("-inf")
-        while not stop.is_set():
-            before = time.monotonic()
+        while not self._stopping:
+            before = monotonic()
             if before >= recheck:
                 # The timers' next deadline, looked up at most every
                 # _RECHECK (it walks the consumers): one found later than it
                 # is fires at most that late.
                 deadline = core.next_deadline()
                 recheck = before + _RECHECK
-            wait = _MAX_WAIT if deadline is None else min(_MAX_WAIT, max(0.0, deadline - before))
+            if deadline is None:
+                wait = _MAX_WAIT
+            else:
+                wait = deadline - before
+                if wait > _MAX_WAIT:
+                    wait = _MAX_WAIT
+                elif wait < 0.0:
+                    wait = 0.0
             try:
                 first = ep.get_message(timeout=wait, mailbox=BROKER_MAILBOX)
             except Timeout:
                 first = None
             except CmqError:
-                if stop.is_set():
+                if self._stopped():
                     break  # closed under us
                 raise
             with self._lock:
-                now = time.monotonic()
+                now = monotonic()
                 if first is not None:
                     core.receive(first.payload, first.sender, now)
                 if deadline is not None and deadline <= now:
@@ -170,9 +180,14 @@ class Broker:
             with self._lock:
                 self.core.note_send_failed(failed)
 
+    def _stopped(self) -> bool:
+        # A method, so that the type checker does not take the flag for the
+        # constant the loop condition saw: stop() flips it from elsewhere.
+        return self._stopping
+
     def stop(self) -> None:
         """Ask :meth:`serve_forever` to return (safe from a signal handler)."""
-        self._stop.set()
+        self._stopping = True
 
     def start(self) -> Broker:
         """Serve in a daemon thread; return self."""
@@ -182,7 +197,7 @@ class Broker:
 
     def close(self) -> None:
         """Stop serving and close the endpoint if the broker opened it."""
-        self._stop.set()
+        self._stopping = True
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=2 * _MAX_WAIT + 1)
         if self._owns_endpoint:
