@@ -566,3 +566,28 @@ def test_stats_reply_is_plain_values() -> None:
 def test_config_is_validated(config: dict[str, Any]) -> None:
     with pytest.raises(ConfigError):
         BrokerConfig(**config)
+
+
+def test_the_latency_path_counts_and_tracks_what_the_general_path_does() -> None:
+    """A publish handed straight to an idle queue's one consumer (the
+    latency path) and publishes that take the general way (more than one
+    in a turn, or a busy queue) leave the same counters, tags and unacked
+    entries behind."""
+    h = Harness()
+    h.queue("q")
+    h.consume("q", prefetch=2)
+    h.publish("", "q", "one")  # handed over: idle queue, one consumer with credit
+    for body in ("two", "three"):  # in one turn: the second waits for credit
+        h.core.receive(encode(Publish(rid=0, exchange="", routing_key="q", body=body)), PUB, h.now)
+    h.collect()
+    assert h.got() == ["one", "two"]
+    s = h.core.stats()
+    q = h.queue_stats("q")
+    assert (s.published, s.enqueued, s.delivered) == (3, 3, 2)
+    assert (q.enqueued, q.delivered, q.ready, q.unacked) == (3, 2, 1, 2)
+    tags = [d[0] for d in h.deliveries[(C1, "t")]]
+    assert tags == [tags[0], tags[0] + 1]
+    # Acking the handed-over one frees credit for the third, as any ack does.
+    h.send(Ack(tag="t", delivery_tags=(tags[0],)), C1)
+    assert h.got() == ["one", "two", "three"]
+    assert h.core.stats().acked == 1

@@ -332,3 +332,25 @@ def test_sizes_kept_by_check_stay_aligned_with_the_batch() -> None:
     s.frames.append(b"unchecked")  # appended after the last check
     sent.append(b"unchecked")
     assert decode_all(b.take(s, 0.0)) == sent
+
+
+@given(
+    st.binary(max_size=600),
+    st.sampled_from(["raw", "msgpack"]),
+    st.integers(min_value=0, max_value=2**31 - 1),
+    st.integers(min_value=0, max_value=40),
+)
+def test_take_idle_writes_the_datagram_encode_frames_writes(payload: bytes, codec: str, mailbox: int, seq: int) -> None:
+    """The idle path builds its header from the stream's constant bytes:
+    byte for byte what the general encoder makes."""
+    from cmq.wire.frames import FLAG_MSGPACK, encode_frames
+
+    b = Batcher(QueueConfig(codec=codec), sender=77)
+    s = b.stream(("127.0.0.1", 9), mailbox)
+    s.seq = seq
+    s.frames.append(payload)
+    data = b.take_idle(s, 1.0)
+    flags = FLAG_MSGPACK if codec == "msgpack" else 0
+    assert data == encode_frames([payload], flags=flags, sender=77, mailbox=mailbox, seq=seq)
+    assert decode(data)[1] == [payload]
+    assert s.seq == seq + 1 and not s.frames

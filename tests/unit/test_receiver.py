@@ -250,3 +250,63 @@ def test_receive_one_decodes_msgpack_and_counts_what_does_not_decode() -> None:
     assert rx.receive_one(dgram(b"\xc1", seq=2, flags=FLAG_MSGPACK), ADDR, 0.0, 0) is None
     assert rx.dropped["undecodable"] == 1
     assert rx.datagrams_received == 3
+
+
+def _counters(rx: Receiver) -> tuple[object, ...]:
+    return (rx.messages_received, rx.datagrams_received, rx.bytes_received, rx.datagrams_missing, dict(rx.dropped))
+
+
+_PRIMED = 5  # both receivers have seen seqs 0..4 of the stream (sender 1, mailbox 0)
+
+
+def _mutate(payload: bytes, at: int, byte: int, how: str) -> bytes:
+    d = dgram(payload, seq=_PRIMED)
+    if how == "cut":
+        return d[:at]
+    if how == "grow":
+        return d + bytes([byte])
+    i = at % len(d)
+    return d[:i] + bytes([byte]) + d[i + 1 :]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.one_of(
+        # well-formed datagrams of every shape the fast path must judge
+        st.builds(
+            lambda msgs, seq, mailbox, flags, sender: dgram(
+                *msgs, seq=seq, mailbox=mailbox, flags=flags, sender=sender
+            ),
+            st.lists(st.binary(max_size=300), min_size=1, max_size=3),
+            st.sampled_from([_PRIMED, _PRIMED + 1, _PRIMED - 1, 0]),
+            st.sampled_from([0, 0, 3]),
+            st.sampled_from([0, FLAG_MSGPACK]),
+            st.sampled_from([1, 1, 2]),
+        ),
+        # and mutations of one: truncated, extended, a byte flipped
+        st.builds(
+            _mutate,
+            st.binary(min_size=1, max_size=300),
+            st.integers(min_value=0, max_value=400),
+            st.integers(min_value=0, max_value=255),
+            st.sampled_from(["cut", "flip", "grow"]),
+        ),
+    )
+)
+def test_receive_one_delivers_exactly_what_the_general_path_delivers(data: bytes) -> None:
+    """The latency path is a shortcut, never a different outcome: the same
+    message with the same meta, the same counters, the same drops."""
+    fast, general = Receiver(QueueConfig()), Receiver(QueueConfig())
+    for rx in (fast, general):
+        for seq in range(_PRIMED):
+            rx.datagram_received(dgram(b"p", seq=seq), ADDR, 0.0)
+        rx.mailbox(0).take(100)
+    item = fast.receive_one(data, ADDR, 0.0, 0)
+    general.datagram_received(data, ADDR, 0.0)
+    expected = items(general, 0)
+    if item is not None:
+        assert [item] == expected
+        general.mailbox(0).take(100)
+    for mailbox in (0, 3):
+        assert items(fast, mailbox) == items(general, mailbox)
+    assert _counters(fast) == _counters(general)
