@@ -561,6 +561,8 @@ def test_stats_reply_is_plain_values() -> None:
         {"batch_count": 0},
         {"batch_bytes": 0},
         {"reply_cache": -1},
+        {"spin": -1e-6},
+        {"spin": 1.0},
     ],
 )
 def test_config_is_validated(config: dict[str, Any]) -> None:

@@ -353,3 +353,42 @@ def test_cli_serve_stops_on_close(monkeypatch: pytest.MonkeyPatch) -> None:
     with contextlib.redirect_stdout(None):
         assert cmq("broker", "--port", "0") == 0
     assert started
+
+
+@pytest.mark.parametrize("spin", [0.0, 100e-6, 0.01])
+def test_ping_pong_through_the_broker_whatever_it_spins(spin: float) -> None:
+    """Request/response through the broker, one message in flight, with the
+    broker sleeping at once (spin 0), polling 100 us (the default) or 10 ms
+    after each message: every reply comes back, in order."""
+    with Broker(config=BrokerConfig(consumer_timeout=60.0, spin=spin)).start() as b, \
+            BrokerClient(b.address, timeout=WAIT) as ping, BrokerClient(b.address, timeout=WAIT) as pong:  # fmt: skip
+        ping.declare_exchange("pp", "direct")
+        for q in ("to-pong", "to-ping"):
+            ping.declare_queue(q)
+            ping.bind(q, "pp", q)
+        with pong.consume("to-pong") as requests, ping.consume("to-ping") as replies:
+            for i in range(50):
+                ping.publish("pp", "to-pong", i)
+                ping.flush()
+                (body,) = requests.get_bodies(timeout=WAIT)
+                pong.publish("pp", "to-ping", body * 2)
+                pong.flush()
+                assert replies.get_bodies(timeout=WAIT) == [i * 2]
+        assert b.stats().delivered == 100
+
+
+def test_spin_returns_a_waiting_message_or_none_at_its_deadline() -> None:
+    """The poll a broker makes between messages (not serving here, so that
+    nothing else reads its endpoint)."""
+    from cmq.net import Queue
+    from cmq.routing._protocol import BROKER_MAILBOX
+
+    with Broker() as b, Queue(host="127.0.0.1", codec="msgpack") as sender:
+        assert b._spin(time.monotonic() + 0.002) is None  # nothing came: gave up at its deadline
+        sender.push(b.address, ["probe"], BROKER_MAILBOX)
+        sender.flush()
+        got = None
+        deadline = time.monotonic() + WAIT
+        while got is None and time.monotonic() < deadline:
+            got = b._spin(time.monotonic() + 0.05)
+        assert got is not None and got.payload == ["probe"]

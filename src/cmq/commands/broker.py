@@ -68,6 +68,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="seconds before an unacknowledged delivery is requeued",
     )
+    parser.add_argument(
+        "--spin-us",
+        type=float,
+        default=None,
+        help="microseconds to keep polling for the next message after one before "
+        "sleeping (default 100; 0 sleeps at once: less CPU, slower round trips)",
+    )
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
 
     p = verbs.add_parser("declare-exchange", help="declare an exchange (idempotent)")
@@ -155,6 +162,8 @@ def _serve(args: argparse.Namespace) -> int:
         options["consumer_timeout"] = args.consumer_timeout
     if args.ack_timeout is not None:
         options["ack_timeout"] = args.ack_timeout
+    if args.spin_us is not None:
+        options["spin"] = args.spin_us * 1e-6
     broker = Broker(port=args.port, host=args.host, config=BrokerConfig(**options))
     # Only set a flag here: closing from a signal handler could interrupt the
     # endpoint while it holds its own locks.

@@ -12,12 +12,21 @@ hold without blocking, up to ``_DRAIN`` messages, and pushes and flushes
 what those produce as one batch. That non-blocking read would find nothing
 when requests come one at a time (a ping-pong) and cost a system call per
 request; under load it is what makes deliveries leave in batches.
+
+After a turn that handled a message, the next turn first polls for a while
+(``BrokerConfig.spin``, 100 us by default), yielding the CPU between polls,
+and only then blocks: in a request/response through the broker the next
+message usually comes within that time, and a broker that was asleep pays a
+process wake-up for it (most of a hop on these machines). An idle broker
+spends nothing; a busy one rarely polls twice.
+
 The core is guarded by a lock only so that :meth:`Broker.stats` may be
 called from another thread.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Any, Final
@@ -102,8 +111,10 @@ class Broker:
         """Serve until :meth:`stop` or :meth:`close` is called (from another thread or a signal)."""
         ep, core = self.endpoint, self.core
         monotonic = time.monotonic
+        spin = core.config.spin
         deadline: float | None = None
         recheck = float("-inf")
+        spin_until = float("-inf")
         while not self._stopping:
             before = monotonic()
             if before >= recheck:
@@ -120,8 +131,12 @@ class Broker:
                     wait = _MAX_WAIT
                 elif wait < 0.0:
                     wait = 0.0
+            # Right after a message, poll for the next one a while (see
+            # BrokerConfig.spin) before the blocking read.
+            first = self._spin(spin_until) if spin_until > before else None
             try:
-                first = ep.get_message(timeout=wait, mailbox=BROKER_MAILBOX)
+                if first is None:
+                    first = ep.get_message(timeout=wait, mailbox=BROKER_MAILBOX)
             except Timeout:
                 first = None
             except CmqError:
@@ -138,6 +153,8 @@ class Broker:
                 out = core.messages_to_send()
             if out:
                 self._send(out)
+            if first is not None and spin:
+                spin_until = monotonic() + spin
             if first is not None and now - before < _AT_ONCE:
                 # The read returned at once: the message was waiting, so
                 # more may be. After its answer has left, take what came
@@ -148,6 +165,17 @@ class Broker:
                         out = core.messages_to_send()
                 if more and out:
                     self._send(out)
+
+    def _spin(self, until: float) -> Any:
+        """Poll for a broker message without blocking until ``until``; the
+        message, or None. Yields the CPU between polls, so a process that
+        is ready to run on this core (a client) runs first."""
+        pop, monotonic, pause = self.endpoint.pop_message, time.monotonic, os.sched_yield
+        while True:
+            msg = pop(BROKER_MAILBOX)
+            if msg is not None or monotonic() >= until or self._stopping:
+                return msg
+            pause()
 
     def _take_waiting(self, now: float) -> int:
         """Route what the endpoint and the socket hold, up to ``_DRAIN``
