@@ -181,6 +181,9 @@ class Batcher:
         # over max_message (which the driver then refuses).
         self.large = min(config.max_body - 9 + 1, config.max_message + 1)
         self._streams: dict[tuple[Address, int], Stream] = {}
+        # Header bytes before the sequence number, by mailbox (the same for
+        # every destination): made once, not per stream.
+        self._heads: dict[int, bytes] = {}
         #: The deadline heap. Drivers may test it for emptiness (no batch is
         #: open) without a call; only the batcher changes it.
         self.heap: list[tuple[float, int, Stream, int]] = []
@@ -200,7 +203,9 @@ class Batcher:
         key = (addr, mailbox)
         s = self._streams.get(key)
         if s is None:
-            head = stream_head(self._flags, self.sender, mailbox)
+            head = self._heads.get(mailbox)
+            if head is None:
+                head = self._heads[mailbox] = stream_head(self._flags, self.sender, mailbox)
             s = self._streams.setdefault(key, Stream(addr, mailbox, self._qthresh, head))
         return s
 
