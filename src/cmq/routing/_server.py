@@ -49,6 +49,8 @@ _MAX_WAIT: Final = 0.1
 # Misjudging either way costs a few microseconds, never a message: the
 # next read takes what is left.
 _AT_ONCE: Final = 15e-6
+#: Gives the CPU to another ready process between two polls of a spin.
+_yield_cpu = getattr(os, "sched_yield", None) or (lambda: time.sleep(0))
 #: How often the loop looks up the timers' next deadline.
 _RECHECK: Final = 0.01
 
@@ -170,7 +172,7 @@ class Broker:
         """Poll for a broker message without blocking until ``until``; the
         message, or None. Yields the CPU between polls, so a process that
         is ready to run on this core (a client) runs first."""
-        pop, monotonic, pause = self.endpoint.pop_message, time.monotonic, os.sched_yield
+        pop, monotonic, pause = self.endpoint.pop_message, time.monotonic, _yield_cpu
         while True:
             msg = pop(BROKER_MAILBOX)
             if msg is not None or monotonic() >= until or self._stopping:
