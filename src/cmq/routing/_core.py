@@ -180,7 +180,8 @@ class BrokerConfig:
     spin: float = DEFAULT_SPIN
     """Seconds the broker keeps polling for the next message after one, before
     it sleeps (0: sleep at once). Trades up to this much CPU per message for
-    a wake-up saved on each hop of a request/response."""
+    a wake-up saved on each hop of a request/response. Not used by a broker
+    that may run on one CPU only."""
 
     def __post_init__(self) -> None:
         if not self.consumer_timeout > 0:

@@ -18,7 +18,8 @@ After a turn that handled a message, the next turn first polls for a while
 and only then blocks: in a request/response through the broker the next
 message usually comes within that time, and a broker that was asleep pays a
 process wake-up for it (most of a hop on these machines). An idle broker
-spends nothing; a busy one rarely polls twice.
+spends nothing; a busy one rarely polls twice. A broker that may run on one
+CPU only does not spin: the process it would wait for needs that CPU.
 
 The core is guarded by a lock only so that :meth:`Broker.stats` may be
 called from another thread.
@@ -51,6 +52,12 @@ _MAX_WAIT: Final = 0.1
 _AT_ONCE: Final = 15e-6
 #: Gives the CPU to another ready process between two polls of a spin.
 _yield_cpu = getattr(os, "sched_yield", None) or (lambda: time.sleep(0))
+
+
+def _cpus() -> int:
+    """The CPUs this process may run on."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
 #: How often the loop looks up the timers' next deadline.
 _RECHECK: Final = 0.01
 
@@ -113,7 +120,9 @@ class Broker:
         """Serve until :meth:`stop` or :meth:`close` is called (from another thread or a signal)."""
         ep, core = self.endpoint, self.core
         monotonic = time.monotonic
-        spin = core.config.spin
+        # With one CPU to run on, the process the broker would wait for
+        # needs that CPU: polling would only delay it.
+        spin = core.config.spin if _cpus() > 1 else 0.0
         deadline: float | None = None
         recheck = float("-inf")
         spin_until = float("-inf")
