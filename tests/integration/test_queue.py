@@ -431,21 +431,32 @@ def test_messages_pushed_from_many_threads_are_all_delivered(make_queue: MakeQue
     a, b = make_queue(), make_queue(max_queued=1_000_000)
     send = a.sender(dest(b))
     per_thread = 20_000
+    # Every 1000th message a pusher waits until it has arrived: nothing is
+    # flushed, so its batch left by its deadline (or filled), racing the
+    # other pushers' appends.
+    arrived = {b"%d:%d" % (k, i): threading.Event() for k in range(4) for i in range(0, per_thread, 1000)}
+    stalled: list[bytes] = []
 
     def pusher(k: int) -> None:
         for i in range(per_thread):
-            send(b"%d:%d" % (k, i))
-            if i % 1000 == 0:
-                time.sleep(0.0003)  # let batches leave by their deadline too
+            msg = b"%d:%d" % (k, i)
+            send(msg)
+            if i % 1000 == 0 and not arrived[msg].wait(timeout=10):
+                stalled.append(msg)
 
     threads = [threading.Thread(target=pusher, args=(k,)) for k in range(4)]
     for t in threads:
         t.start()
     got: list[bytes] = []
     while any(t.is_alive() for t in threads):
-        got += b.pop_many()
+        new = b.pop_many()
+        for m in new:
+            if m in arrived:
+                arrived[m].set()
+        got += new
     for t in threads:
         t.join()
+    assert stalled == []  # each waited-for message came by its batch's deadline
     # No flush: every batch must leave by its own deadline.
     while len(got) < 4 * per_thread:
         got.append(b.get(timeout=5))  # type: ignore[arg-type]

@@ -187,7 +187,6 @@ class Batcher:
         #: The deadline heap. Drivers may test it for emptiness (no batch is
         #: open) without a call; only the batcher changes it.
         self.heap: list[tuple[float, int, Stream, int]] = []
-        self._heap = self.heap
         self._tiebreak = itertools.count()
         self._message_ids = itertools.count(1)
         # Counters (written under the driver's send lock).
@@ -294,7 +293,7 @@ class Batcher:
     def arm(self, s: Stream, now: float) -> float:
         """Schedule ``s``'s open batch to leave by ``now + timeout``; returns that deadline."""
         deadline = now + self.config.timeout
-        heapq.heappush(self._heap, (deadline, next(self._tiebreak), s, s.gen))
+        heapq.heappush(self.heap, (deadline, next(self._tiebreak), s, s.gen))
         return deadline
 
     def opened(self, s: Stream, now: float) -> float | None:
@@ -451,7 +450,7 @@ class Batcher:
         from the top of the heap here, so a driver never wakes for them. The
         driver must not run this concurrently with :meth:`arm`.
         """
-        heap = self._heap
+        heap = self.heap
         while heap:
             _, _, s, gen = heap[0]
             if gen == s.gen and s.frames:
@@ -461,7 +460,7 @@ class Batcher:
 
     def due(self, now: float) -> list[Stream]:
         """Pop every deadline at or before ``now``; returns the streams whose batch is still waiting."""
-        heap = self._heap
+        heap = self.heap
         out: list[Stream] = []
         while heap and heap[0][0] <= now:
             _, _, s, gen = heapq.heappop(heap)
@@ -478,7 +477,7 @@ class Batcher:
         the number of open batches, not the number of destinations.
         """
         seen: dict[int, Stream] = {}
-        for _, _, s, _ in self._heap:
+        for _, _, s, _ in self.heap:
             if s.frames:
                 seen[id(s)] = s
         return list(seen.values())
@@ -486,4 +485,4 @@ class Batcher:
     @property
     def armed(self) -> int:
         """Entries in the deadline heap (an upper bound on open batches)."""
-        return len(self._heap)
+        return len(self.heap)
