@@ -49,6 +49,35 @@ def test_get_times_out_and_batch_leaves_by_timer() -> None:
     run(main)
 
 
+def test_a_push_after_awaited_input_is_not_batched() -> None:
+    """As Queue's: with a 10 s idle gap, ping-pong still never opens a batch."""
+
+    async def main() -> None:
+        a = await cmq.AsyncQueue.open(0, "127.0.0.1", idle_gap=10.0, timeout=3600.0)
+        b = await cmq.AsyncQueue.open(0, "127.0.0.1", idle_gap=10.0, timeout=3600.0)
+        dest = ("127.0.0.1", b.port)
+
+        async def echo() -> None:
+            for _ in range(10):
+                m = await b.get_message(timeout=5)
+                b.push(m.sender, m.payload)
+                assert b.stats().pending == 0
+
+        server = asyncio.create_task(echo())
+        for i in range(10):
+            a.push(dest, b"%d" % i)
+            assert a.stats().pending == 0
+            assert await a.get(timeout=5) == b"%d" % i
+        await server
+        a.push(dest, b"x")
+        a.push(dest, b"y")  # no wait in between: the idle gap applies
+        assert a.stats().pending == 1
+        a.close()
+        b.close()
+
+    run(main)
+
+
 def test_request_reply_fragments_and_selective_receive() -> None:
     async def main() -> None:
         a = await cmq.AsyncQueue.open(0, "127.0.0.1", codec="msgpack")

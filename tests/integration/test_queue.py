@@ -77,6 +77,34 @@ def test_idle_destination_gets_the_message_at_once(make_queue: MakeQueue) -> Non
     assert b.get(timeout=2) == b"now"
 
 
+def test_a_push_after_a_blocking_read_is_not_batched(make_queue: MakeQueue) -> None:
+    """Ping-pong never waits for a batch, however fast the round trip.
+
+    With a 10 s idle gap every push but the first would open a batch; a push
+    that follows a datagram its caller waited for leaves at once all the
+    same. (A reply that the I/O thread happened to read before the caller
+    asked for it was not waited for: a round or two may so batch, which
+    the flushes below keep from stalling the test.)
+    """
+    a, b = make_queue(idle_gap=10.0, timeout=3600.0), make_queue(idle_gap=10.0, timeout=3600.0)
+    rounds = []
+    for i in range(50):
+        a.push(dest(b), b"%d" % i)
+        pa = a.stats().pending
+        a.flush()
+        msg = b.get_message(timeout=2)
+        b.push(msg.sender, msg.payload)
+        pb = b.stats().pending
+        b.flush()
+        assert a.get(timeout=2) == b"%d" % i
+        rounds.append(f"{pa}{pb}")
+    assert sum(r.count("1") for r in rounds) <= 4, rounds
+    # Without a wait in between, the idle gap applies: the second push batches.
+    a.push(dest(b), b"x")
+    a.push(dest(b), b"y")
+    assert a.stats().pending == 1
+
+
 def test_batched_message_leaves_by_its_timeout(make_queue: MakeQueue) -> None:
     a, b = make_queue(idle_gap=float("inf"), timeout=0.01), make_queue()
     a.push(dest(b), b"batched")

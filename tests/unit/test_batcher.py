@@ -127,6 +127,32 @@ def test_idle_rule() -> None:
     assert not make(idle_gap=float("inf")).is_idle(s, now=1e9)
 
 
+def test_a_stream_is_idle_once_the_application_got_what_it_waited_for() -> None:
+    """A reply (or the next ping) follows a wait for input: it leaves at once however soon."""
+    b = make(idle_gap=10.0, timeout=0.5)
+    s = b.stream(DEST, 0)
+    s.frames.append(b"ping")  # as the drivers push: append, then take_idle
+    assert b.take_idle(s, now=1.0) is not None  # never sent: idle
+    s.frames.append(b"pong?")
+    assert b.take_idle(s, now=1.001) is None  # 1 ms after a send, with a 10 s gap: busy
+    assert not b.is_idle(s, now=1.001)
+    b.waited_at = 1.0005  # the application got a datagram it had been waiting for
+    assert b.is_idle(s, now=1.001)
+    datagram = b.take_idle(s, now=1.001)
+    assert datagram is not None
+    assert decode(datagram)[1] == [b"pong?"]
+    # Only a wait after the last send counts.
+    s.frames.append(b"again")
+    assert b.take_idle(s, now=1.002) is None
+    assert b.check(s) == OPENED
+    assert b.opened(s, now=1.002) == 1.502
+    never = make(idle_gap=float("inf"))
+    t = never.stream(DEST, 0)
+    never.waited_at = 1e9
+    t.frames.append(b"x")
+    assert not never.is_idle(t, now=1e9) and never.take_idle(t, now=1e9) is None
+
+
 def test_deadlines_fire_once_and_skip_batches_that_already_left() -> None:
     b = make(timeout=0.5, qthresh=10)
     s, t = b.stream(DEST, 0), b.stream(DEST, 1)

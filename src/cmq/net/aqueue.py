@@ -194,6 +194,9 @@ class AsyncQueue(Endpoint):
             if backlog is not None and self._receiver.queued() >= backlog:
                 break
         if count:
+            if self._waiters or self._receiver.replies:
+                # Input someone waited for: what they push next is not batched.
+                self._batcher.waited_at = now
             if self._receiver.replies:
                 self._resolve_replies()
             self._wake_waiters()

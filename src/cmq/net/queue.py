@@ -181,6 +181,9 @@ class Queue(Endpoint):
         if mb is not None and mb.chunks:
             payload = mb.pop()
             if payload is not EMPTY:
+                # The application reads: the I/O thread leaves the socket
+                # to it (see _io_loop), so its next read takes the latency path.
+                self._app_read_at = _monotonic()
                 return payload
         item, timeout = self._read_direct(timeout, mailbox)
         if item is not None:
@@ -198,6 +201,7 @@ class Queue(Endpoint):
         if mb is not None and mb.chunks:
             item = mb.pop_item()
             if item is not None:
+                self._app_read_at = _monotonic()  # as in get
                 return message_of(item)
         item, timeout = self._read_direct(timeout, mailbox)
         if item is None:
@@ -236,7 +240,7 @@ class Queue(Endpoint):
             except OSError:
                 addr = None  # timed out, closed, or an ICMP error: the general path decides
             if addr is not None:
-                now = self._app_read_at = _monotonic()
+                now = self._app_read_at = self._batcher.waited_at = _monotonic()
                 item = self._receiver.receive_one(data, addr, now, mailbox)
                 if self._receiver.replies:
                     self._resolve_replies()
@@ -355,6 +359,9 @@ class Queue(Endpoint):
         if not self._rx_lock.acquire(timeout=-1 if remaining is None else max(remaining, 0)):
             return None
         try:
+            # The application reads: the I/O thread may leave the socket to
+            # it, even when what it waits for is here already.
+            self._app_read_at = _monotonic()
             if self._closed:
                 return None
             if fut is not None:
@@ -369,7 +376,7 @@ class Queue(Endpoint):
             if addr is None:
                 return None  # shut down by close()
             item = None
-            now = self._app_read_at = _monotonic()
+            now = self._app_read_at = self._batcher.waited_at = _monotonic()
             if fut is None and predicate is None:
                 item = self._receiver.receive_one(data, addr, now, mailbox)
             else:

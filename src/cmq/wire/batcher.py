@@ -40,7 +40,11 @@ needs no lock.
 
 The idle rule (ØMQ v0.1's latency mode): a destination whose last datagram
 left at least ``idle_gap`` seconds ago is idle, and a message pushed to an
-idle destination is sent at once. Batching therefore only starts when pushes
+idle destination is sent at once. So is one whose last datagram left before
+the application last got a datagram it was waiting for (the driver records
+when, in :attr:`Batcher.waited_at`): a reply, or the next request of a
+ping-pong, follows a wait for the network, not another push, however short
+the round trip. Batching therefore only starts when pushes
 come faster than datagrams leave, and then a batch waits at most ``timeout``
 for more messages. :meth:`Batcher.is_idle` answers the question.
 
@@ -176,6 +180,13 @@ class Batcher:
         self._timeout = config.timeout
         self._idle_gap = config.idle_gap
         self._never_idle = config.idle_gap == float("inf")
+        #: When the application last got a datagram it had been waiting for
+        #: (the driver sets it, on the driver's clock). A stream whose last
+        #: datagram left before then is idle, however short the gap: what
+        #: an application pushes after waiting for input (a reply, the next
+        #: request of a ping-pong) starts a new exchange, which a batch
+        #: would only delay.
+        self.waited_at = float("-inf")
         # A payload of this size or more goes out as fragments (LARGE): it
         # cannot share a datagram with its 9-byte long-frame prefix, or it is
         # over max_message (which the driver then refuses).
@@ -282,13 +293,16 @@ class Batcher:
         return OPENED
 
     def is_idle(self, s: Stream, now: float) -> bool:
-        """Whether ``s``'s last datagram left at least ``idle_gap`` before ``now``.
+        """Whether ``s`` is idle at ``now``: its last datagram left at least
+        ``idle_gap`` before, or before the application last got a datagram
+        it had waited for (:attr:`waited_at`).
 
         A destination never sent to is idle, unless ``idle_gap`` is infinite
         (always batch).
         """
-        gap = self.config.idle_gap
-        return now - s.last_send >= gap and gap != float("inf")
+        if self._never_idle:
+            return False
+        return now - s.last_send >= self._idle_gap or s.last_send <= self.waited_at
 
     def arm(self, s: Stream, now: float) -> float:
         """Schedule ``s``'s open batch to leave by ``now + timeout``; returns that deadline."""
@@ -319,7 +333,12 @@ class Batcher:
         serialisation rule as :meth:`take`.
         """
         frames = s.frames
-        if len(frames) != 1 or s.armed == s.gen or self._never_idle or now - s.last_send < self._idle_gap:
+        if (
+            len(frames) != 1
+            or s.armed == s.gen
+            or self._never_idle
+            or (now - s.last_send < self._idle_gap and s.last_send > self.waited_at)
+        ):
             return None
         if now - s.last_send >= self._timeout:
             s.limit = self._qthresh
