@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -111,51 +110,6 @@ def test_batched_message_leaves_by_its_timeout(make_queue: MakeQueue) -> None:
     a.push(dest(b), b"batched")
     assert a.stats().pending == 1
     assert b.get(timeout=2) == b"batched"  # the I/O thread sent it, nobody flushed
-
-
-@pytest.mark.parametrize("kernel_timer", [True, False], ids=["timerfd", "select"])
-def test_the_last_batch_of_a_stream_leaves_by_its_timeout(
-    make_queue: MakeQueue, monkeypatch: pytest.MonkeyPatch, kernel_timer: bool
-) -> None:
-    """Batches fill and leave while pushes stream; the partial one after them leaves by its deadline.
-
-    Nobody flushes: the I/O thread's timer must fire for the last batch
-    (with the kernel timer, which the stream kept moving, or without it).
-    """
-    if not kernel_timer:
-        monkeypatch.setattr(cmq.net.queue.KernelTimer, "open", classmethod(lambda cls: None))
-    a, b = make_queue(idle_gap=float("inf"), timeout=0.02, qthresh=64), make_queue()
-    assert (a._ktimer is not None) == (kernel_timer and sys.platform.startswith("linux"))
-    for i in range(5003):  # batches of 16 and more (the limit grows while they fill)
-        a.push(dest(b), b"%03d" % (i % 1000))
-    assert 0 < a.stats().pending < 5003
-    assert drain(b, 5003, timeout=5) == [b"%03d" % (i % 1000) for i in range(5003)]
-    assert a.stats().pending == 0
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the kernel timer is Linux only")
-def test_a_stream_of_filling_batches_does_not_wake_the_io_thread(make_queue: MakeQueue) -> None:
-    """While batches keep filling, the timer moves ahead of them: no wake per timeout.
-
-    Pushing for 0.5 s with a 2 ms timeout, select timeouts woke the I/O
-    thread 33 to 52 times here (as often as it could get the GIL); the
-    kernel timer wakes it only when the stream stalls for over a quarter of
-    a timeout: 2 to 4 times here, a few more on a busy machine.
-    """
-    a, b = make_queue(idle_gap=float("inf"), timeout=0.002, qthresh=256), make_queue()
-    assert a._ktimer is not None
-    d = dest(b)
-    before = a._io_wakes
-    end = time.monotonic() + 0.5
-    sent = 0
-    while time.monotonic() < end:
-        for _ in range(1000):
-            a.push(d, b"x" * 60)
-        sent += 1000
-        b.pop_many()  # keep the receiver's mailbox from filling up
-    wakes = a._io_wakes - before
-    a.flush()
-    assert wakes <= 12, f"{wakes} I/O wakes while pushing {sent} messages"
 
 
 def test_full_batch_leaves_at_once(make_queue: MakeQueue) -> None:

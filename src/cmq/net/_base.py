@@ -149,10 +149,6 @@ class Endpoint(ABC):
     def _deadline_armed(self, deadline: float) -> None:
         """A batch or request deadline was added; make sure the timer fires by then."""
 
-    def _batch_armed(self, deadline: float) -> None:
-        """A batch opened with ``deadline`` (the batch lock is held); by default as any deadline."""
-        self._deadline_armed(deadline)
-
     @abstractmethod
     def _poll(self) -> None:
         """Drain what the kernel holds, without blocking."""
@@ -388,7 +384,7 @@ class Endpoint(ABC):
             if r == OPENED:
                 deadline = batcher.opened(s, now)
                 if deadline is not None:
-                    self._batch_armed(deadline)
+                    self._deadline_armed(deadline)
                     return
             else:
                 batcher.filled(s, now)

@@ -50,7 +50,6 @@ from cmq._config import QueueConfig
 from cmq._errors import Closed, Timeout, TransportError
 from cmq._types import Address, Message
 from cmq.net._base import Endpoint, message_of, send_error
-from cmq.net._timer import KernelTimer
 from cmq.wire.batcher import Stream
 from cmq.wire.receiver import EMPTY, Meta
 
@@ -115,12 +114,6 @@ class Queue(Endpoint):
         # mailbox bound, so a burst never overflows a mailbox that the
         # application is draining.
         self._backlog = max(self.config.max_queued // 2, 1)
-        # Batch deadlines, where the kernel offers a timer that moves
-        # without waking anyone (see _batch_armed); None: select timeouts.
-        self._ktimer = KernelTimer.open()
-        self._ktimer_at = float("inf")  # when it fires; inf: disarmed
-        self._ktimer_slack = self.config.timeout * 0.75
-        self._io_wakes = 0  # I/O thread wake-ups, ever (for tests)
         self._io_thread = threading.Thread(target=self._io_loop, name=f"cmq-io-{self.port}", daemon=True)
         self._io_thread.start()
 
@@ -134,43 +127,6 @@ class Queue(Endpoint):
         self._arms += 1
         if deadline < self._io_sleep_until:
             self._wake_io()
-
-    def _batch_armed(self, deadline: float) -> None:
-        # The batch lock is held. The kernel timer is kept no later than
-        # the earliest batch still waiting, and moved later (to that batch)
-        # when it would fire over half a timeout before this one, that is
-        # for batches that filled and left meanwhile. So while batches keep
-        # filling, the I/O thread sleeps: each of its wakes would cost the
-        # pushing thread a GIL hand-off (a third of its throughput at 512 B
-        # when the two threads run on different CPUs).
-        if self._ktimer is None:
-            self._deadline_armed(deadline)
-            return
-        at = self._ktimer_at
-        if at > deadline or at < deadline - self._ktimer_slack:
-            self._set_ktimer(self._batcher.next_deadline())
-
-    def _set_ktimer(self, at: float | None) -> None:
-        """Set the kernel timer to ``at`` (None: disarm); the batch lock is held."""
-        kt = self._ktimer
-        if kt is None or at == self._ktimer_at:
-            return
-        try:
-            kt.set(at)
-        except OSError:
-            return  # closed under us
-        self._ktimer_at = float("inf") if at is None else at
-
-    def _io_deadline(self) -> float | None:
-        """When the I/O thread must wake next, the kernel timer's batches aside."""
-        if self._ktimer is None:
-            return self._next_deadline()
-        with self._timer_lock:
-            reassembly = self._receiver.next_deadline()
-        with self._req_lock:
-            request = self._pending.next_deadline()
-        due = [d for d in (reassembly, request) if d is not None]
-        return min(due) if due else None
 
     def _transmit(self, s: Stream, datagrams: list[bytes], *, raise_errors: bool = True) -> None:
         try:
@@ -520,20 +476,17 @@ class Queue(Endpoint):
     def _io_loop(self) -> None:
         sock: Any = self._sock
         wake: Any = self._wake_r
-        kt = self._ktimer
-        timer: Any = kt.fd if kt is not None else wake  # wake stands in: one list shape
         yield_until = float("-inf")
         yield_for = _YIELD_TO_READER
         heartbeat = self.config.timeout
         seen_arms = self._arms
         while not self._closed:
-            self._io_wakes += 1
             # Announce "about to sleep" before reading the deadlines, so a
             # push that arms one meanwhile sees it must wake us.
             self._io_sleep_until = float("inf")
             now = _monotonic()
-            deadline = self._io_deadline()
-            if kt is None and deadline is None and self._arms != seen_arms:
+            deadline = self._next_deadline()
+            if deadline is None and self._arms != seen_arms:
                 # Batches are being opened: wake again within one timeout
                 # rather than sleep for good, so that the next batch's
                 # deadline needs no wake-up through the pipe (one system
@@ -546,7 +499,7 @@ class Queue(Endpoint):
                 deadline = yield_until if deadline is None else min(deadline, yield_until)
             timeout = None if deadline is None else max(deadline - now, 0.0)
             self._io_sleep_until = float("inf") if deadline is None else deadline
-            fds = [sock, wake, timer] if reading else [wake, timer]
+            fds = [sock, wake] if reading else [wake]
             try:
                 readable, _, _ = select.select(fds, [], [], timeout)
             except (OSError, ValueError):
@@ -559,10 +512,6 @@ class Queue(Endpoint):
                     os.read(wake, 4096)
                 except OSError:
                     pass
-            fired = False
-            if kt is not None and timer in readable:
-                kt.clear()
-                fired = True
             if sock in readable:
                 now = _monotonic()
                 if self._receiver.queued() >= self._backlog:
@@ -584,10 +533,6 @@ class Queue(Endpoint):
                     yield_until = now + yield_for
                     yield_for = min(yield_for * 2, _YIELD_MAX)
             self._fire_deadlines(_monotonic())
-            if fired:
-                with self._timer_lock:
-                    self._ktimer_at = float("-inf")  # fired: whatever waits now is later
-                    self._set_ktimer(self._batcher.next_deadline())
 
     def _stopping(self) -> bool:
         # A method, not the attribute, because close() flips it from
@@ -637,10 +582,6 @@ class Queue(Endpoint):
         self._io_thread.join(timeout=2.0)
         with self._rx_lock:
             self._sock.close()
-        with self._timer_lock:
-            kt, self._ktimer = self._ktimer, None
-        if kt is not None:
-            kt.close()
         # A push racing close() in another thread must not write to a pipe
         # whose descriptor number the OS may already have handed out again.
         self._pipe_open = False
