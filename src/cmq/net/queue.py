@@ -102,6 +102,8 @@ class Queue(Endpoint):
         self._rcv_lo, self._rcv_hi = float("inf"), float("-inf")
         # When the application last read the socket (blocking or not).
         self._app_read_at = float("-inf")
+        # Whether the I/O thread queued messages since a get took one.
+        self._io_delivered = False
         self._big_reads = False
         self._arms = 0  # deadlines armed, ever (see _io_loop)
         self._wake_r, self._wake_w = os.pipe()
@@ -181,9 +183,12 @@ class Queue(Endpoint):
         if mb is not None and mb.chunks:
             payload = mb.pop()
             if payload is not EMPTY:
-                # The application reads: the I/O thread leaves the socket
-                # to it (see _io_loop), so its next read takes the latency path.
-                self._app_read_at = _monotonic()
+                if self._io_delivered:
+                    # The I/O thread read this: say the application reads,
+                    # so that it leaves the socket to it (see _io_loop) and
+                    # the next read takes the latency path.
+                    self._io_delivered = False
+                    self._app_read_at = _monotonic()
                 return payload
         item, timeout = self._read_direct(timeout, mailbox)
         if item is not None:
@@ -201,7 +206,9 @@ class Queue(Endpoint):
         if mb is not None and mb.chunks:
             item = mb.pop_item()
             if item is not None:
-                self._app_read_at = _monotonic()  # as in get
+                if self._io_delivered:  # as in get
+                    self._io_delivered = False
+                    self._app_read_at = _monotonic()
                 return message_of(item)
         item, timeout = self._read_direct(timeout, mailbox)
         if item is None:
@@ -522,7 +529,8 @@ class Queue(Endpoint):
                 elif now - self._app_read_at >= _APP_READING and self._rx_lock.acquire(blocking=False):
                     yield_for = _YIELD_TO_READER
                     try:
-                        self._drain(_DRAIN_BATCH, backlog=self._backlog)
+                        if self._drain(_DRAIN_BATCH, backlog=self._backlog):
+                            self._io_delivered = True
                     finally:
                         self._rx_lock.release()
                 else:
