@@ -20,8 +20,9 @@ kernel holds without blocking; and the I/O thread drains the socket when no
 caller does, so the kernel buffer does not overflow while the application is
 busy. One lock per datagram (the receive lock) keeps datagrams delivered in
 the order they were read. When the I/O thread finds that lock taken, or a
-read by the application (blocking or not) less than 10 ms old, the
-application is reading the socket itself: the I/O thread leaves it alone for
+read by the application (blocking or not, or a ``get`` of a message the I/O
+thread had queued) less than 10 ms old, the application is reading the
+socket itself: the I/O thread leaves it alone for
 a couple of milliseconds, doubling up to 50 ms while it keeps finding the
 application there (so a reply to a request that nobody reads for may wait
 that long after a reading spell). Each of its wakes on a datagram that the
