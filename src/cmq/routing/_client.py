@@ -935,6 +935,23 @@ class _ConsumerBase:
         self._send_due_acks()
         return out
 
+    def _delivery_at_deadline(self, timeout: float | None) -> Delivery:
+        """A waiting get's last look once its deadline passed: a delivery here, else Timeout."""
+        d = self.get_nowait()
+        if d is None:
+            raise self._timeout(timeout)
+        return d
+
+    def _bodies_at_deadline(self, limit: int, timeout: float | None) -> list[Any]:
+        """As :meth:`_delivery_at_deadline`, for ``get_bodies``."""
+        out = self.get_bodies_nowait(limit)
+        if not out:
+            raise self._timeout(timeout)
+        return out
+
+    def _timeout(self, timeout: float | None) -> Timeout:
+        return Timeout(f"no delivery from queue {self._c.spec.queue!r} in {timeout} s")
+
 
 class Consumer(_ConsumerBase):
     """Deliveries from one queue: ``for delivery in consumer: ...``.
@@ -966,10 +983,7 @@ class Consumer(_ConsumerBase):
         while (d := c.take()) is None:
             wait = client._wait_for(c, deadline)
             if wait is None:
-                d = self.get_nowait()
-                if d is not None:
-                    return d
-                raise Timeout(f"no delivery from queue {c.spec.queue!r} in {timeout} s")
+                return self._delivery_at_deadline(timeout)
             client._pump(wait)
         self._send_due_acks()
         return d
@@ -1000,10 +1014,7 @@ class Consumer(_ConsumerBase):
             while True:
                 wait = client._wait_for(c, deadline)
                 if wait is None:
-                    out = self.get_bodies_nowait(limit)
-                    if out:
-                        return out
-                    raise Timeout(f"no delivery from queue {c.spec.queue!r} in {timeout} s")
+                    return self._bodies_at_deadline(limit, timeout)
                 got = client._pump_bodies(c, wait, limit)
                 out = got if got is not None else c.take_bodies(limit)
                 if out:
@@ -1293,10 +1304,7 @@ class AsyncConsumer(_ConsumerBase):
         while (d := c.take()) is None:
             wait = client._wait_for(c, deadline)
             if wait is None:
-                d = self.get_nowait()
-                if d is not None:
-                    return d
-                raise Timeout(f"no delivery from queue {c.spec.queue!r} in {timeout} s")
+                return self._delivery_at_deadline(timeout)
             await client._pump(wait)
         self._send_due_acks()
         return d
@@ -1308,10 +1316,7 @@ class AsyncConsumer(_ConsumerBase):
         while not (out := c.take_bodies(limit)):
             wait = client._wait_for(c, deadline)
             if wait is None:
-                out = self.get_bodies_nowait(limit)
-                if out:
-                    return out
-                raise Timeout(f"no delivery from queue {c.spec.queue!r} in {timeout} s")
+                return self._bodies_at_deadline(limit, timeout)
             await client._pump(wait)
         self._send_due_acks()
         return out

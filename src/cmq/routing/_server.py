@@ -52,14 +52,14 @@ _MAX_WAIT: Final = 0.1
 _AT_ONCE: Final = 15e-6
 #: Gives the CPU to another ready process between two polls of a spin.
 _yield_cpu = getattr(os, "sched_yield", None) or (lambda: time.sleep(0))
+#: How often the loop looks up the timers' next deadline.
+_RECHECK: Final = 0.01
 
 
 def _cpus() -> int:
     """The CPUs this process may run on."""
     affinity = getattr(os, "sched_getaffinity", None)
     return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
-#: How often the loop looks up the timers' next deadline.
-_RECHECK: Final = 0.01
 
 
 class Broker:
