@@ -6,15 +6,18 @@ raises :class:`~cmq.ConfigError` when the config is built, never later.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, Final, Literal
 
 from cmq._errors import ConfigError
-from cmq.wire.frames import FRAGMENT_HEADER_SIZE, HEADER_SIZE, MAX_FRAGMENTS, TAG_SIZE
+from cmq.wire.frames import EXT_SIZE, FRAGMENT_HEADER_SIZE, HEADER_SIZE, MAX_FRAGMENTS, TAG_SIZE
 
-__all__ = ["Codec", "QueueConfig"]
+__all__ = ["Codec", "Delivery", "OnFull", "QueueConfig"]
 
 Codec = Literal["raw", "msgpack"]
+Delivery = Literal["reliable", "unordered", "best-effort"]
+OnFull = Literal["block", "raise"]
 
 #: The CMQ paper's best batch threshold (its Figure 3): a batch is flushed once
 #: it holds this many bytes.
@@ -52,7 +55,33 @@ DEFAULT_REASSEMBLY_TIMEOUT: Final = 5.0
 #: caps it at net.core.rmem_max.
 DEFAULT_SOCKET_BUFFER: Final = 16 * 1024 * 1024
 
-_MIN_DATAGRAM: Final = HEADER_SIZE + TAG_SIZE + FRAGMENT_HEADER_SIZE + 64
+#: Reliable delivery by default: a message queue that silently loses what a
+#: busy receiver could not take is not one to build on. Multicast stays
+#: best-effort whatever this says.
+DEFAULT_DELIVERY: Final = "reliable"
+#: Bytes of received, unconsumed messages an endpoint holds (all mailboxes,
+#: reorder and reassembly buffers together). In reliable modes the limit
+#: shows as less credit for senders, in best-effort mode as counted drops.
+#: Large enough for a few hundred full datagrams in flight at once.
+DEFAULT_MAX_BUFFERED: Final = 64 * 1024 * 1024
+#: Bytes a reliable stream keeps for retransmission and for want of credit
+#: before ``push`` applies backpressure: a second or so of a fast sender's
+#: output, the notes' 8 MiB ring.
+DEFAULT_SEND_BUFFER: Final = 8 * 1024 * 1024
+#: Most datagrams a receiver lets one stream have in flight (its window);
+#: within it, the receiver's memory budget decides (a window of small
+#: datagrams must still cover a round trip at full rate).
+DEFAULT_WINDOW: Final = 8192
+#: Probe timeouts without an answer before a peer is declared dead (the
+#: timeout doubles each time from a few ms, capped at 1 s: about 3-5 s).
+DEFAULT_MAX_PROBES: Final = 10
+#: How long a push waits for room in a full send buffer before it raises.
+DEFAULT_PUSH_TIMEOUT: Final = 30.0
+#: How long close() waits for outstanding reliable messages to be
+#: acknowledged; what is still unacknowledged then is reported in doubt.
+DEFAULT_LINGER: Final = 2.0
+
+_MIN_DATAGRAM: Final = HEADER_SIZE + EXT_SIZE + TAG_SIZE + FRAGMENT_HEADER_SIZE + 64
 _MAX_UDP_PAYLOAD: Final = 65507
 
 
@@ -118,12 +147,57 @@ class QueueConfig:
     multicast_loop: bool = field(default=True, metadata=_doc("deliver own multicast locally"))
     """Deliver multicast datagrams to endpoints on this host too."""
 
+    delivery: Delivery = field(default=DEFAULT_DELIVERY, metadata=_doc("'reliable', 'unordered' or 'best-effort'"))
+    """How messages this endpoint pushes are delivered. ``"reliable"``: each
+    exactly once, in push order per (sender, destination, mailbox), or
+    reported failed (``on_failure``, ``stats().in_doubt``); flow-controlled
+    by what the receiver consumes. ``"unordered"``: the same, but a message
+    is handed over as soon as it arrives, not behind a repair.
+    ``"best-effort"``: the CMQ paper's datagrams, wire format v1, at most
+    once. Multicast is always best-effort. Every endpoint receives all three."""
+
+    on_full: OnFull = field(default="block", metadata=_doc("'block' or 'raise' when the send buffer is full"))
+    """What ``push`` does when a reliable stream's send buffer is full:
+    ``"block"`` waits up to ``push_timeout`` for the receiver to make room,
+    ``"raise"`` raises :class:`cmq.WouldBlock` at once. Either way the
+    message that could not be queued is not sent. ``AsyncQueue.push`` always
+    raises; ``await AsyncQueue.send`` waits."""
+
+    push_timeout: float = field(default=DEFAULT_PUSH_TIMEOUT, metadata=_doc("seconds a blocked push waits"))
+    """Seconds a blocking push waits for room before raising :class:`cmq.WouldBlock`."""
+
+    send_buffer: int = field(default=DEFAULT_SEND_BUFFER, metadata=_doc("bytes kept per reliable stream"))
+    """Bytes a reliable stream keeps (unacknowledged, or waiting for credit)
+    before ``push`` applies backpressure."""
+
+    max_buffered_bytes: int = field(default=DEFAULT_MAX_BUFFERED, metadata=_doc("bytes of unconsumed input"))
+    """Most bytes of received, unconsumed data this endpoint holds."""
+
+    window: int = field(default=DEFAULT_WINDOW, metadata=_doc("datagrams in flight per stream"))
+    """Most datagrams one sender may have in flight to this endpoint, per stream."""
+
+    max_probes: int = field(default=DEFAULT_MAX_PROBES, metadata=_doc("unanswered probes before a peer is dead"))
+    """Probe timeouts without an answer before the peer is declared dead and
+    its unacknowledged messages reported in doubt."""
+
+    linger: float = field(default=DEFAULT_LINGER, metadata=_doc("seconds close() waits for acknowledgements"))
+    """Seconds ``close()`` waits for reliable messages to be acknowledged."""
+
+    on_failure: Callable[[Any], None] | None = field(
+        default=None, metadata=_doc("called with each cmq.DeliveryFailure"), compare=False
+    )
+    """Called with a :class:`cmq.DeliveryFailure` when reliable messages are
+    in doubt (peer dead or restarted, or closed before acknowledgement), in
+    whichever thread noticed; keep it short. Without it they are counted in
+    ``stats().in_doubt`` and kept in :meth:`cmq.Queue.failures`."""
+
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> ConfigError:
             return ConfigError(f"{name}={getattr(self, name)!r}: {why}")
 
         for name in ("qthresh", "max_datagram", "max_message", "max_queued", "max_reassembly",
-                     "rcvbuf", "sndbuf", "multicast_ttl"):
+                     "rcvbuf", "sndbuf", "multicast_ttl", "send_buffer", "max_buffered_bytes", "window",
+                     "max_probes"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise bad(name, "must be an integer")
@@ -131,7 +205,7 @@ class QueueConfig:
             raise bad("qthresh", "must be at least 1 byte")
         if not _MIN_DATAGRAM <= self.max_datagram <= _MAX_UDP_PAYLOAD:
             raise bad("max_datagram", f"must be between {_MIN_DATAGRAM} and {_MAX_UDP_PAYLOAD}")
-        for name in ("timeout", "idle_gap", "reassembly_timeout"):
+        for name in ("timeout", "idle_gap", "reassembly_timeout", "push_timeout", "linger"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or isinstance(value, bool) or value != value:
                 raise bad(name, "must be a number of seconds")
@@ -159,11 +233,26 @@ class QueueConfig:
             raise ConfigError("socket buffer sizes must not be negative")
         if not 0 <= self.multicast_ttl <= 255:
             raise bad("multicast_ttl", "must be 0 to 255")
+        if self.delivery not in ("reliable", "unordered", "best-effort"):
+            raise bad("delivery", "unknown delivery mode; use 'reliable', 'unordered' or 'best-effort'")
+        if self.on_full not in ("block", "raise"):
+            raise bad("on_full", "use 'block' or 'raise'")
+        if self.send_buffer < self.max_datagram:
+            raise bad("send_buffer", f"must hold at least one datagram ({self.max_datagram} bytes)")
+        if self.max_buffered_bytes < self.max_datagram:
+            raise bad("max_buffered_bytes", f"must hold at least one datagram ({self.max_datagram} bytes)")
+        if not 4 <= self.window <= 1 << 20:
+            raise bad("window", "must be 4 to 1048576 datagrams")
+        if self.max_probes < 1:
+            raise bad("max_probes", "must be at least 1")
+        if self.on_failure is not None and not callable(self.on_failure):
+            raise bad("on_failure", "must be callable or None")
 
     @property
     def max_body(self) -> int:
-        """Bytes available for frames in one datagram."""
-        return self.max_datagram - HEADER_SIZE - (TAG_SIZE if self.key is not None else 0)
+        """Bytes available for frames in one datagram (after a v2 extension in reliable modes)."""
+        ext = EXT_SIZE if self.delivery != "best-effort" else 0
+        return self.max_datagram - HEADER_SIZE - ext - (TAG_SIZE if self.key is not None else 0)
 
     @property
     def max_fragment_payload(self) -> int:

@@ -62,6 +62,34 @@ class Stats:
     requests_pending: int = 0
     dropped: Mapping[str, int] = field(default_factory=_frozen)
     kernel_drops: int | None = None
+    #: The delivery mode of what this endpoint pushes.
+    delivery: str = "best-effort"
+    #: Reliable datagrams sent or waiting for credit, not yet acknowledged.
+    unacked: int = 0
+    #: Bytes those datagrams take.
+    send_buffered: int = 0
+    #: Datagrams sent again because a receiver reported them missing.
+    retransmits: int = 0
+    #: PROBEs sent after a probe timeout (tail loss, or waiting for credit).
+    probes: int = 0
+    #: Reliable messages given up on (peer dead, restarted, or closed first).
+    in_doubt: int = 0
+    #: Streams whose peer stopped answering probes.
+    dead_streams: int = 0
+    #: Streams restarted: a new epoch of ours after a failure, or a sender's new epoch seen.
+    epoch_resets: int = 0
+    #: STATUS records sent (as a receiver) and received (as a sender).
+    status_sent: int = 0
+    status_received: int = 0
+    #: Reliable datagrams received twice (dropped; the first was kept).
+    duplicates: int = 0
+    #: Reliable datagrams received beyond the credit or the budget (dropped
+    #: without acknowledgement: they are sent again).
+    overruns: int = 0
+    #: Smoothed round-trip time of reliable streams, in seconds.
+    srtt: float = 0.0
+    #: Bytes of received, unconsumed data held (mailboxes, reorder and reassembly buffers).
+    held_bytes: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.dropped, MappingProxyType):

@@ -96,7 +96,11 @@ def test_idle_endpoint_does_not_poll(make_queue: MakeQueue) -> None:
     assert a._next_deadline() is None
     a.push(dest(b), b"x")
     assert b.get(timeout=2) == b"x"
-    assert a._next_deadline() is None  # sent at once: nothing to wait for
+    # Sent at once; once acknowledged (within the receiver's ack delay),
+    # nothing is left to wait for on either side.
+    assert a.drain(timeout=2)
+    assert a._next_deadline() is None
+    assert b._next_deadline() is None
     a2 = make_queue(idle_gap=float("inf"), timeout=0.01)
     a2.push(dest(b), b"y")
     assert a2._next_deadline() is not None  # one deadline for the open batch
@@ -121,13 +125,24 @@ def test_receive_queue_is_bounded(make_queue: MakeQueue) -> None:
     assert [b.get(timeout=2) for _ in range(250)] == [b"%d" % i for i in range(250)]
     assert b.stats().dropped["queue_full"] == 0
 
-    big = make_queue(qthresh=60_000, idle_gap=float("inf"), timeout=3600)
+    # A best-effort datagram of 250 messages is cut to the room left, and
+    # the cut counted.
+    big = make_queue(qthresh=60_000, idle_gap=float("inf"), timeout=3600, delivery="best-effort")
     for i in range(250):
         big.push(dest(b), b"%d" % i)
     big.flush()  # one datagram of 250 messages
     assert wait_until(lambda: b.stats().dropped["queue_full"] == 150)
     assert [b.pop() for _ in range(100)] == [b"%d" % i for i in range(100)]
     assert b.pop() is None
+
+    # A reliable datagram is taken whole or not at all (into an empty
+    # mailbox even past the bound): nothing is cut.
+    rel = make_queue(qthresh=60_000, idle_gap=float("inf"), timeout=3600)
+    for i in range(250):
+        rel.push(dest(b), b"r%d" % i)
+    rel.flush()
+    assert [b.get(timeout=2) for _ in range(250)] == [b"r%d" % i for i in range(250)]
+    assert b.stats().dropped["queue_full"] == 150  # the best-effort cut only
 
 
 def test_close_flushes_pending_batches(make_queue: MakeQueue) -> None:

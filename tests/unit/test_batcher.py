@@ -259,12 +259,12 @@ def test_batch_limit_grows_under_load_and_shrinks_back() -> None:
         b.filled(s, now)
         b.take(s, now)
         now += 0.0001
-    assert s.limit == 1000 - 16  # one datagram's body, no more
+    assert s.limit == b.config.max_body  # one datagram's body, no more
     # A batch that leaves by its deadline halves the limit...
     b.push(s, b"y")
     b.arm(s, now)
     assert b.due(now + 0.001) == [s]
-    assert s.limit == (1000 - 16) // 2
+    assert s.limit == b.config.max_body // 2
     # ... and a message to an idle destination resets it.
     b.take(s, now + 0.001)
     assert b.opened(s, now + 1.0) is None  # idle: send at once

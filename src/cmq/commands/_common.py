@@ -28,6 +28,9 @@ def add_endpoint_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--key-file", type=Path, default=None, metavar="FILE",
                    help="read the shared key (raw bytes) from FILE")
     g.add_argument("--mailbox", type=int, default=0, help="mailbox to send to / read from (default 0)")
+    g.add_argument("--delivery", choices=("reliable", "unordered", "best-effort"), default="reliable",
+                   help="reliable (default): every message once, in order, or reported failed; "
+                   "unordered: once, as it arrives; best-effort: at most once, as UDP")
 
 
 def endpoint_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -36,7 +39,7 @@ def endpoint_options(args: argparse.Namespace) -> dict[str, Any]:
     Raises:
         ConfigError: a bad key.
     """
-    options: dict[str, Any] = {"codec": args.codec}
+    options: dict[str, Any] = {"codec": args.codec, "delivery": args.delivery}
     if args.qthresh is not None:
         options["qthresh"] = args.qthresh
     if args.batch_timeout is not None:

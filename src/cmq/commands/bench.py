@@ -167,6 +167,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="run every (system, size) N times, interleaved (default 1); "
         "destinations: repeats, the best counts (default 3)",
     )
+    parser.add_argument(
+        "--delivery",
+        choices=("reliable", "unordered", "best-effort"),
+        default="reliable",
+        help="how cmq delivers: reliable (the default: every message once, in order, "
+        "flow-controlled), unordered (the same, handed over as it arrives) or best-effort "
+        "(the CMQ paper's datagrams: at most once)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(
         "--raw",
@@ -352,6 +360,7 @@ def run(args: argparse.Namespace) -> int:
                 pin=args.pin,
                 rounds=args.rounds or 1,
                 progress=progress,
+                options={"cmq": {"delivery": args.delivery}},
             )
         else:
             if args.duration is not None:
@@ -368,6 +377,7 @@ def run(args: argparse.Namespace) -> int:
                 timeout=args.timeout,
                 rounds=args.rounds or 1,
                 progress=progress,
+                options={"cmq": {"delivery": args.delivery}},
                 **kwargs,
             )
     failed = _report_problems(results)
@@ -375,6 +385,7 @@ def run(args: argparse.Namespace) -> int:
         doc = {
             "scenario": scenario,
             "pin": args.pin,
+            "delivery": args.delivery,
             "results": _json_results(results, args.raw),
             **_environment(),
         }

@@ -3,34 +3,55 @@
 :class:`Endpoint` owns the socket, the sans-IO batcher and receiver, the
 request table and the codec, and implements everything that does not wait:
 ``push``, ``pop``, ``reply``, multicast membership and ``stats``. A driver
-subclass supplies how a stream's datagrams are sent (``_transmit``), how a new
-deadline reaches its timer (``_deadline_armed``), how the socket is drained
-without blocking (``_poll``), and the kind of future requests resolve.
+subclass supplies how a stream's datagrams are sent (``_transmit``) and how a
+lone datagram is (``_send_to``), how a new deadline reaches its timer
+(``_deadline_armed``), how the socket is drained without blocking
+(``_poll``), how a push waits for room in a full send buffer
+(``_wait_room``), and the kind of future requests resolve.
+
+Reliable streams (:mod:`cmq.wire.reliable`): every datagram a stream's batch
+becomes goes through :meth:`Endpoint._emit`, which buffers it and sends what
+the receiver's credit allows. What the receiver reports (STATUS records,
+read by whichever thread reads the socket) is applied under the batch lock
+by :meth:`Endpoint._after_read`, which also sends the STATUS this endpoint
+owes its own senders.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import secrets
 import socket
 import struct
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Callable
 from typing import Any, ClassVar, Final, Protocol
 
 import msgpack
 
 from cmq._config import QueueConfig
-from cmq._errors import Closed, ConfigError, MessageTooLarge, Timeout, TransportError
+from cmq._errors import Closed, ConfigError, MessageTooLarge, Timeout, TransportError, WouldBlock
 from cmq._types import Address, Message, Stats
 from cmq.net._sock import kernel_drops, membership, open_socket, parse_address, resolve
 from cmq.patterns.pending import PendingTable
 from cmq.wire.batcher import OPENED, QUEUED, Batcher, Stream
 from cmq.wire.receiver import EMPTY, ENVELOPE_BIT, KIND_REPLY, KIND_REQUEST, Mailbox, Meta, Receiver
+from cmq.wire.reliable import DeliveryFailure, ReliableSender
 
 __all__ = ["Endpoint", "OnTimeout", "message_of", "send_error"]
 
 _ENVELOPE = struct.Struct(">BQ")
 _MAX_MAILBOX: Final = ENVELOPE_BIT - 1
+#: Delivery failures kept for :meth:`Endpoint.failures`.
+_KEEP_FAILURES: Final = 1024
+
+
+def _is_multicast(addr: Address) -> bool:
+    try:
+        return ipaddress.ip_address(addr[0]).is_multicast
+    except ValueError:
+        return False
 
 OnTimeout = Callable[[int], Any]
 
@@ -107,7 +128,24 @@ class Endpoint(ABC):
         self._batcher = Batcher(cfg, self.sender_id)
         # Empty while no batch is open: tested on every flush and blocking read.
         self._heap = self._batcher.heap
-        self._receiver = Receiver(cfg)
+        self._receiver = Receiver(cfg, self.sender_id)
+        try:
+            # The kernel reports twice what it was asked for (its bookkeeping).
+            self._receiver.set_kernel_budget(self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 2)
+        except OSError:
+            pass
+        self._reliable = cfg.delivery != "best-effort"
+        self._ordered = cfg.delivery == "reliable"
+        self._rel = ReliableSender(
+            self.sender_id,
+            codec_msgpack=cfg.codec == "msgpack",
+            key=cfg.key,
+            max_probes=cfg.max_probes,
+            max_datagram=cfg.max_datagram,
+        )
+        self._send_buffer = cfg.send_buffer
+        self._ack_poll_at = cfg.send_buffer // 4
+        self._failures: deque[DeliveryFailure] = deque(maxlen=_KEEP_FAILURES)
         self._mailboxes = self._receiver.mailboxes
         self._raw = cfg.codec == "raw"
         self._packb = msgpack.Packer(use_bin_type=True).pack
@@ -118,6 +156,8 @@ class Endpoint(ABC):
         # The same for request/response streams, which user pushes cannot reach.
         self._icache: dict[tuple[Any, int], Stream] = {}
         self._req_lock = lock()
+        # Held by the thread reading the socket, one datagram (or a drain) at a time.
+        self._rx_lock = lock()
         # Guards the batch state: the batcher's check, its deadline heap, and
         # each take with the sends of its datagrams (taken once per batch,
         # never per message).
@@ -144,6 +184,14 @@ class Endpoint(ABC):
         Raises:
             TransportError: the OS refused one (only with ``raise_errors``).
         """
+
+    @abstractmethod
+    def _send_to(self, data: bytes, addr: Address) -> None:
+        """Send one datagram (a control datagram or a retransmission); a refusal is counted, not raised."""
+
+    @abstractmethod
+    def _wait_room(self, s: Stream, deadline: float) -> bool:
+        """Wait until reliable stream ``s``'s send buffer has room or ``deadline`` passes; whether it has."""
 
     @abstractmethod
     def _deadline_armed(self, deadline: float) -> None:
@@ -251,7 +299,7 @@ class Endpoint(ABC):
                 return
             frames.append(payload)
             if len(frames) >= s.check_at:
-                after(s)
+                after(s, payload)
 
         def forget() -> None:
             nonlocal last_dest, last_mailbox
@@ -290,7 +338,7 @@ class Endpoint(ABC):
                 return
             append(payload)
             if len(frames) >= s.check_at:
-                after(s)
+                after(s, payload)
 
         return send
 
@@ -313,7 +361,12 @@ class Endpoint(ABC):
             _check_mailbox(mailbox)
         host, port = parse_address(dest)
         addr = resolve(host, port, self._family)
-        s = self._batcher.stream(addr, mailbox)
+        reliable = self._reliable and not _is_multicast(addr)
+        s = self._batcher.stream(addr, mailbox, reliable=reliable)
+        if reliable and s.rel is None:
+            with self._timer_lock:
+                if s.rel is None:
+                    self._rel.attach(s, ordered=self._ordered)
         try:
             cache[(dest, mailbox)] = s
         except TypeError:
@@ -354,34 +407,49 @@ class Endpoint(ABC):
         else:
             s.frames.append(payload)
             if len(s.frames) >= s.check_at:
-                self._after_append(s)
+                self._after_append(s, payload)
         return s
 
-    def _after_append(self, s: Stream) -> None:
+    def _after_append(self, s: Stream, payload: Any = None) -> None:
         """The slow half of push: the batch reached ``check_at`` (see :mod:`cmq.wire.batcher`).
 
         Raises:
             Closed: the queue was closed (what was appended is dropped).
+            WouldBlock: ``payload``'s reliable stream has a full send buffer
+                and stayed full (``on_full``); ``payload`` was taken back.
             TransportError: as :meth:`push`.
         """
         if self._closed:
             s.frames.clear()
             raise Closed("queue is closed")
+        st = s.rel
+        if st is not None and st.nbytes >= self._ack_poll_at:
+            # Much is unacknowledged: read the acknowledgements here rather
+            # than wait for another thread to get the interpreter.
+            self._poll_acks()
+            if st.nbytes >= self._send_buffer:
+                self._backpressure(s, payload)
         batcher = self._batcher
         with self._timer_lock:
-            if s.armed != s.gen:
+            if s.armed != s.gen and (st is None or not st.waiting):
                 # A batch is opening: to an idle destination, one message
-                # leaves at once (the latency path, kept short).
+                # leaves at once (the latency path, kept short). A reliable
+                # stream whose datagrams wait for credit is not idle.
                 now = self._now()
                 datagram = batcher.take_idle(s, now)
                 if datagram is not None:
-                    self._transmit(s, [datagram])
+                    self._emit(s, [datagram], now)
                     return
             r = batcher.check(s)
             if r == QUEUED:
                 return
             now = self._now()
             if r == OPENED:
+                if st is not None and st.waiting:
+                    # Earlier datagrams wait for credit: this batch grows
+                    # until it fills, or the credit comes, or its deadline.
+                    self._deadline_armed(batcher.arm(s, now))
+                    return
                 deadline = batcher.opened(s, now)
                 if deadline is not None:
                     self._deadline_armed(deadline)
@@ -390,14 +458,76 @@ class Endpoint(ABC):
                 batcher.filled(s, now)
             datagrams = batcher.take(s, now)
             if datagrams:
-                self._transmit(s, datagrams)
+                self._emit(s, datagrams, now)
 
-    def _send_stream(self, s: Stream, now: float, *, raise_errors: bool = True) -> None:
-        """Take ``s``'s batch and send its datagrams."""
+    def _send_stream(self, s: Stream, now: float, *, raise_errors: bool = True, force: bool = True) -> None:
+        """Take ``s``'s batch and send its datagrams.
+
+        Unless ``force``, a reliable stream's batch stays open while earlier
+        datagrams wait for credit: it grows until it fills, or until the
+        credit comes (:meth:`_on_controls` takes it then).
+        """
         with self._timer_lock:
+            if not force and s.rel is not None and s.rel.waiting:
+                return
             datagrams = self._batcher.take(s, now)
             if datagrams:
-                self._transmit(s, datagrams, raise_errors=raise_errors)
+                self._emit(s, datagrams, now, raise_errors=raise_errors)
+
+    def _emit(
+        self, s: Stream, datagrams: list[bytes], now: float, *, raise_errors: bool = True, whole: bytes | None = None
+    ) -> None:
+        """Send a stream's new datagrams (batch lock held): all of a best-effort
+        stream's, and what the credit allows of a reliable one's (the rest wait
+        in its buffer)."""
+        st = s.rel
+        if st is not None:
+            rel = self._rel
+            armed = st.pto_at
+            datagrams = rel.outgoing(st, datagrams, now, whole)
+            if st.nbytes >= self._send_buffer:
+                s.check_at = 0  # the next push reaches _after_append's backpressure
+            if armed is None and st.pto_at is not None:
+                self._deadline_armed(st.pto_at)
+            if not datagrams:
+                # Held for want of credit: the destination is busy, not idle,
+                # so the next messages batch rather than leave one by one.
+                s.last_send = now
+                return
+        self._transmit(s, datagrams, raise_errors=raise_errors)
+
+    def _backpressure(self, s: Stream, payload: Any) -> None:
+        """``s``'s send buffer is full: wait for room (``on_full="block"``) or raise.
+
+        Raises:
+            WouldBlock: no room (at once, or after ``push_timeout``); the
+                message is taken back out of the batch, not sent.
+        """
+        cfg = self.config
+        if cfg.on_full == "block" and self._can_block():
+            if self._wait_room(s, self._now() + cfg.push_timeout):
+                return
+            why = f"no room within push_timeout={cfg.push_timeout} s"
+        else:
+            why = "on_full='raise'" if cfg.on_full == "raise" else "an event loop must not block"
+        frames = s.frames
+        for i in range(len(frames) - 1, -1, -1):
+            if frames[i] is payload:
+                del frames[i]
+                break
+        st = s.rel
+        raise WouldBlock(
+            f"send buffer to {s.addr[0]}:{s.addr[1]} mailbox {s.mailbox & ~ENVELOPE_BIT} is full "
+            f"({st.nbytes if st else 0} of {self._send_buffer} bytes unacknowledged; {why}): "
+            "the message was not queued"
+        )
+
+    def _poll_acks(self) -> None:  # noqa: B027 - a hook: only the threaded driver reads here
+        """Read what the socket holds now, if no other thread is reading (the threaded driver)."""
+
+    def _can_block(self) -> bool:
+        """Whether push may wait (the threaded driver: yes; asyncio: never)."""
+        return True
 
     def _large_payload(self, s: Stream, payload: bytes) -> None:
         """A payload too large for one datagram: refused, or sent as fragments after the batch."""
@@ -407,8 +537,11 @@ class Endpoint(ABC):
             raise MessageTooLarge(f"message of {len(payload)} bytes is over max_message={self._max_message}")
         # Under the batch lock like any take: the stream's sequence numbers
         # and the order of its datagrams must not interleave with a flush.
+        if s.rel is not None and s.rel.nbytes >= self._send_buffer:
+            self._backpressure(s, None)
         with self._timer_lock:
-            self._transmit(s, self._batcher.fragments(s, payload, self._now()))
+            now = self._now()
+            self._emit(s, self._batcher.fragments(s, payload, now), now, whole=payload)
 
     def resolve(self, dest: Any) -> Address:
         """The socket address ``dest`` resolves to, checking it as ``push`` would.
@@ -638,9 +771,103 @@ class Endpoint(ABC):
             except Exception as exc:  # noqa: BLE001
                 fut.set_exception(exc)
 
+    # -- reliable delivery ---------------------------------------------------
+
+    def _after_read(self, now: float) -> None:
+        """After reading datagrams (receive lock held): resolve replies, apply
+        STATUS records to our reliable streams, send the STATUS we owe."""
+        r = self._receiver
+        if r.replies:
+            self._resolve_replies()
+        if r.controls:
+            self._on_controls(now)
+        if r.status_urgent:
+            for data, addr in r.take_status(now):
+                self._send_to(data, addr)
+        if r.new_due:
+            r.new_due = False
+            due = r.next_deadline()
+            if due is not None:
+                self._deadline_armed(due)
+
+    def _on_controls(self, now: float) -> None:
+        controls = self._receiver.controls
+        rel = self._rel
+        room = False
+        with self._timer_lock:
+            while controls:
+                rec, _addr = controls.popleft()
+                st, datagrams = rel.on_status(rec, now)
+                if st is None:
+                    continue
+                s = st.stream
+                if datagrams:
+                    for d in datagrams:
+                        self._send_to(d, st.addr)
+                    s.last_send = self._now()
+                if s.frames and not st.waiting and s.armed == s.gen:
+                    # A batch held open while credit was closed: it may go now.
+                    batch = self._batcher.take(s, now)
+                    if batch:
+                        self._emit(s, batch, now, raise_errors=False)
+                if st.nbytes < self._send_buffer:
+                    room = True
+                if st.pto_at is not None:
+                    self._deadline_armed(st.pto_at)
+        if rel.failures:
+            self._report_failures()
+        if room:
+            self._room_made()
+
+    def _room_made(self) -> None:  # noqa: B027 - a hook: drivers with waiters override it
+        """A reliable stream's send buffer drained below its limit (wake blocked pushes)."""
+
+    def _fire_reliable(self, now: float) -> None:
+        """Probe timeouts, and the STATUS owed by now (called by the driver's timer)."""
+        rel = self._rel
+        with self._timer_lock:
+            probes = rel.on_timer(now) if rel.streams else []
+            for data, addr in probes:
+                self._send_to(data, addr)
+        if rel.failures:
+            self._report_failures()
+            self._room_made()
+        r = self._receiver
+        if r.owed or r.status_urgent:
+            for data, addr in r.take_status(now):
+                self._send_to(data, addr)
+
+    def _settle_owed(self) -> None:
+        """Closing: send every STATUS this endpoint owes its senders, so that
+        what it received is acknowledged rather than sent again to nobody."""
+        for data, addr in self._receiver.take_status(self._now(), all_owed=True):
+            self._send_to(data, addr)
+
+    def _report_failures(self) -> None:
+        failures = self._rel.failures
+        callback = self.config.on_failure
+        while failures:
+            f = failures.popleft()
+            self._failures.append(f)
+            if callback is not None:
+                try:
+                    callback(f)
+                except Exception:  # noqa: BLE001 - a user's callback must not stop the I/O
+                    self._send_drops["callback_failed"] = self._send_drops.get("callback_failed", 0) + 1
+
+    def failures(self) -> list[DeliveryFailure]:
+        """The latest delivery failures (up to 1024), oldest first: reliable
+        messages whose delivery is in doubt, with the reason (see
+        :class:`cmq.DeliveryFailure`)."""
+        return list(self._failures)
+
+    def unacknowledged(self) -> int:
+        """Reliable datagrams sent (or waiting for credit) and not yet acknowledged."""
+        return self._rel.unacked
+
     def _next_deadline(self) -> float | None:
         with self._timer_lock:
-            candidates = [self._batcher.next_deadline(), self._receiver.next_deadline()]
+            candidates = [self._batcher.next_deadline(), self._receiver.next_deadline(), self._rel.next_deadline()]
         with self._req_lock:
             candidates.append(self._pending.next_deadline())
         due = [d for d in candidates if d is not None]
@@ -650,10 +877,24 @@ class Endpoint(ABC):
 
     def stats(self) -> Stats:
         """A frozen snapshot of this endpoint's counters."""
-        b, r = self._batcher, self._receiver
+        b, r, rel = self._batcher, self._receiver, self._rel
         dropped = dict(r.dropped)
         dropped.update(self._send_drops)
         return Stats(
+            delivery=self.config.delivery,
+            unacked=rel.unacked,
+            send_buffered=rel.buffered_bytes,
+            retransmits=rel.retransmits,
+            probes=rel.probes,
+            in_doubt=rel.in_doubt,
+            dead_streams=rel.dead_streams,
+            epoch_resets=rel.epoch_resets + r.epoch_resets,
+            status_sent=r.status_sent,
+            status_received=rel.status_received,
+            duplicates=r.duplicates,
+            overruns=r.overruns,
+            srtt=rel.srtt,
+            held_bytes=r.held_bytes(),
             messages_sent=b.messages_sent,
             messages_received=r.messages_received,
             datagrams_sent=b.datagrams_sent,

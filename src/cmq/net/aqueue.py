@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, ClassVar, Final
 
 from cmq._config import QueueConfig
-from cmq._errors import Closed, Timeout, TransportError
+from cmq._errors import Closed, Timeout, TransportError, WouldBlock
 from cmq._types import Address, Message
 from cmq.net._base import Endpoint, message_of, send_error
 from cmq.wire.batcher import Stream
@@ -69,6 +69,8 @@ class AsyncQueue(Endpoint):
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = float("inf")
         self._waiters: dict[int, list[asyncio.Future[None]]] = {}
+        # Coroutines waiting for room in a send buffer, or for acknowledgements.
+        self._room_waiters: list[asyncio.Future[None]] = []
         self._backlog = max(self.config.max_queued // 2, 1)
         self._loop.add_reader(self._sock.fileno(), self._on_readable)
 
@@ -119,6 +121,79 @@ class AsyncQueue(Endpoint):
         if error is not None and raise_errors:
             raise send_error(error, addr) from error
 
+    def _send_to(self, data: bytes, addr: Address) -> None:
+        if self._outbox:
+            self._outbox.append((data, addr))
+            return
+        try:
+            self._sock.sendto(data, addr)
+        except BlockingIOError:
+            self._outbox.append((data, addr))
+            self._loop.add_writer(self._sock.fileno(), self._on_writable)
+        except OSError as exc:
+            self._count_send_failure(exc)
+
+    def _can_block(self) -> bool:
+        return False  # push never blocks the loop: it raises WouldBlock; await send() waits
+
+    def _wait_room(self, s: Stream, deadline: float) -> bool:  # pragma: no cover - _can_block is False
+        return False
+
+    def _room_made(self) -> None:
+        waiters, self._room_waiters = self._room_waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    async def _wait_progress(self, done: Callable[[], bool], deadline: float | None) -> bool:
+        while not done():
+            if self._closed:
+                raise Closed("queue is closed")
+            remaining = None if deadline is None else deadline - self._loop.time()
+            if remaining is not None and remaining <= 0:
+                return False
+            fut: asyncio.Future[None] = self._loop.create_future()
+            self._room_waiters.append(fut)
+            try:
+                await asyncio.wait_for(fut, remaining)
+            except TimeoutError:
+                return done()
+        return True
+
+    async def send(self, dest: Any, msg: Any, mailbox: int = 0, timeout: float | None = None) -> None:
+        """``push``, waiting (without blocking the loop) while the destination's send buffer is full.
+
+        Raises:
+            WouldBlock: still no room after ``timeout`` seconds (None: wait for ever);
+                the message was not queued.
+            ConfigError, TypeError, MessageTooLarge, TransportError, Closed: as ``push``.
+        """
+        deadline = None if timeout is None else self._loop.time() + timeout
+        while True:
+            try:
+                self.push(dest, msg, mailbox)
+                return
+            except WouldBlock:
+                s = self._cache.get((dest, mailbox)) if isinstance(dest, tuple | str) else None
+                st = s.rel if s is not None else None
+
+                def room(st: Any = st) -> bool:
+                    return st is None or st.nbytes < self._send_buffer
+
+                if not await self._wait_progress(room, deadline):
+                    raise
+
+    async def drain(self, timeout: float | None = None) -> bool:
+        """Send everything batched and wait until every reliable message is
+        acknowledged (or reported failed); False if ``timeout`` passed first.
+
+        Raises:
+            Closed: the queue was closed.
+        """
+        self.flush()
+        deadline = None if timeout is None else self._loop.time() + timeout
+        return await self._wait_progress(lambda: not self._rel.unacked, deadline)
+
     def _on_writable(self) -> None:
         while self._outbox:
             d, addr = self._outbox[0]
@@ -151,10 +226,11 @@ class AsyncQueue(Endpoint):
         with self._timer_lock:
             due = self._batcher.due(now)
         for s in due:
-            self._send_stream(s, now, raise_errors=False)
+            self._send_stream(s, now, raise_errors=False, force=False)
         if self._receiver.partials:
             self._receiver.expire(now)
         self._expire_requests(now)
+        self._fire_reliable(now)
         self._rearm(self._next_deadline())
 
     def _poll(self) -> None:
@@ -197,8 +273,9 @@ class AsyncQueue(Endpoint):
             if self._waiters or self._receiver.replies:
                 # Input someone waited for: what they push next is not batched.
                 self._batcher.waited_at = now
-            if self._receiver.replies:
-                self._resolve_replies()
+            r = self._receiver
+            if r.replies or r.controls or r.status_urgent or r.new_due:
+                self._after_read(now)
             self._wake_waiters()
             if self._receiver.partials:
                 self._deadline_armed(self._receiver.next_deadline() or now)
@@ -306,6 +383,7 @@ class AsyncQueue(Endpoint):
             self.flush()
         except TransportError:
             pass
+        self._settle_owed()
         self._closed = True
         self._cache.clear()
         self._icache.clear()
@@ -336,13 +414,22 @@ class AsyncQueue(Endpoint):
                 if not fut.done():
                     fut.set_result(None)
         self._waiters.clear()
+        self._rel.close()
+        self._report_failures()
+        self._room_made()
 
     async def aclose(self) -> None:
-        """Close (see :meth:`close`); for ``async with``."""
+        """Wait up to ``linger`` for reliable messages to be acknowledged, then
+        close (see :meth:`close`, which does not wait); for ``async with``."""
+        if not self._closed and self._rel.unacked and self.config.linger > 0:
+            try:
+                await self.drain(self.config.linger)
+            except Exception:  # noqa: BLE001 - closing goes on; the rest is reported in doubt
+                pass
         self.close()
 
     async def __aenter__(self) -> AsyncQueue:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        self.close()
+        await self.aclose()

@@ -69,6 +69,8 @@ _BIG_DATAGRAM: Final = 8192
 _RECV_SIZE: Final = 65536
 #: Waits shorter than this use select, not SO_RCVTIMEO (which rounds up to a timer tick).
 _SHORT_WAIT: Final = 0.02
+#: Longest single wait of a push blocked for room, or of drain (between checks).
+_ROOM_POLL: Final = 0.005
 _monotonic = time.monotonic
 
 
@@ -97,7 +99,8 @@ class Queue(Endpoint):
         **options: Any,
     ) -> None:
         super().__init__(port, host, config, multicast_interface, options, lock=threading.Lock)
-        self._rx_lock = threading.Lock()
+        # Notified when a reliable stream's send buffer gets room (blocked pushes, drain).
+        self._room_cv = threading.Condition(threading.Lock())
         self._rcvtimeo = 0.0  # what SO_RCVTIMEO is set to (0: forever, the default)
         # The finite waits that setting serves (see _set_rcvtimeo).
         self._rcv_lo, self._rcv_hi = float("inf"), float("-inf")
@@ -147,6 +150,69 @@ class Queue(Endpoint):
             # The idle gap counts from when the link took the last
             # datagram, not from when we started sending it.
             s.last_send = _monotonic()
+
+    def _send_to(self, data: bytes, addr: Address) -> None:
+        try:
+            self._sock.sendto(data, addr)
+        except OSError as exc:
+            self._count_send_failure(exc)
+
+    def _poll_acks(self) -> None:
+        if self._closed or not self._rx_lock.acquire(False):
+            return
+        try:
+            self._drain(_DRAIN_BATCH)
+        finally:
+            self._rx_lock.release()
+
+    def _room_made(self) -> None:
+        with self._room_cv:
+            self._room_cv.notify_all()
+
+    def _wait_room(self, s: Stream, deadline: float) -> bool:
+        st = s.rel
+        return self._wait_until(lambda: st.nbytes < self._send_buffer, deadline)
+
+    def _wait_until(self, done: Callable[[], bool], deadline: float | None) -> bool:
+        """Wait until ``done()`` or ``deadline`` (None: forever); whether ``done()``.
+
+        The STATUS records that make progress come through the socket: this
+        thread reads it when nobody else does, else waits to be told.
+        """
+        while not done():
+            if self._closed:
+                raise Closed("queue is closed")
+            remaining = _ROOM_POLL if deadline is None else min(deadline - _monotonic(), _ROOM_POLL)
+            if remaining <= 0:
+                return done()
+            if self._rx_lock.acquire(False):
+                try:
+                    try:
+                        data, addr = self._recv_within(remaining)
+                    except OSError:
+                        addr = None
+                    if addr is not None:
+                        now = _monotonic()
+                        self._receiver.datagram_received(data, addr, now)
+                        self._after_read(now)
+                finally:
+                    self._rx_lock.release()
+            else:
+                with self._room_cv:
+                    self._room_cv.wait(remaining)
+        return True
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Send everything batched and wait until every reliable message is
+        acknowledged (or reported failed); returns False if ``timeout``
+        seconds passed first.
+
+        Raises:
+            Closed: the queue was closed.
+        """
+        self.flush()
+        deadline = None if timeout is None else _monotonic() + timeout
+        return self._wait_until(lambda: not self._rel.unacked, deadline)
 
     def _send_all(self, datagrams: list[bytes], addr: Address, *, raise_errors: bool) -> None:
         sendto = self._sock.sendto
@@ -249,9 +315,10 @@ class Queue(Endpoint):
                 addr = None  # timed out, closed, or an ICMP error: the general path decides
             if addr is not None:
                 now = self._app_read_at = self._batcher.waited_at = _monotonic()
-                item = self._receiver.receive_one(data, addr, now, mailbox)
-                if self._receiver.replies:
-                    self._resolve_replies()
+                r = self._receiver
+                item = r.receive_one(data, addr, now, mailbox)
+                if r.replies or r.controls or r.status_urgent or r.new_due:
+                    self._after_read(now)
                 if item is not None:
                     return item, timeout
         finally:
@@ -343,8 +410,9 @@ class Queue(Endpoint):
             count += 1
             if backlog is not None and self._receiver.queued() >= backlog:
                 break
-        if self._receiver.replies:
-            self._resolve_replies()
+        r = self._receiver
+        if r.replies or r.controls or r.status_urgent or r.new_due:
+            self._after_read(_monotonic())
         return count
 
     def _read_blocking(
@@ -385,12 +453,13 @@ class Queue(Endpoint):
                 return None  # shut down by close()
             item = None
             now = self._app_read_at = self._batcher.waited_at = _monotonic()
+            r = self._receiver
             if fut is None and predicate is None:
-                item = self._receiver.receive_one(data, addr, now, mailbox)
+                item = r.receive_one(data, addr, now, mailbox)
             else:
-                self._receiver.datagram_received(data, addr, now)
-            if self._receiver.replies:
-                self._resolve_replies()
+                r.datagram_received(data, addr, now)
+            if r.replies or r.controls or r.status_urgent or r.new_due:
+                self._after_read(now)
             return item
         finally:
             self._rx_lock.release()
@@ -553,13 +622,14 @@ class Queue(Endpoint):
             due = self._batcher.due(now)
         for s in due:
             try:
-                self._send_stream(s, now, raise_errors=False)
+                self._send_stream(s, now, raise_errors=False, force=False)
             except Closed:
                 return
         if self._receiver.partials:
             with self._rx_lock:
                 self._receiver.expire(now)
         self._expire_requests(now)
+        self._fire_reliable(now)
 
     # -- lifecycle and statistics ------------------------------------------
 
@@ -574,6 +644,14 @@ class Queue(Endpoint):
             self.flush()
         except TransportError:
             pass  # counted in stats(); closing goes on
+        if self._rel.unacked and self.config.linger > 0:
+            try:
+                self.drain(self.config.linger)
+            except Exception:  # noqa: BLE001 - closing goes on; what is left is reported below
+                pass
+        # Not under the receive lock: a reader may hold it, blocked in recv
+        # until close wakes it (take_status is safe beside a reader).
+        self._settle_owed()
         self._closed = True
         self._cache.clear()
         self._icache.clear()
@@ -602,6 +680,9 @@ class Queue(Endpoint):
             if not attempt.future.done():
                 attempt.future.set_exception(Closed("queue closed before the reply came"))
         self._send_drops["closed"] += sum(len(s.frames) for s in self._batcher.pending_streams())
+        self._rel.close()
+        self._report_failures()
+        self._room_made()
 
     def _wake_reader(self) -> None:
         # A thread blocked in recvfrom is not woken by close(); shutdown() is

@@ -39,7 +39,8 @@ by the driver (one lock, taken per batch, never per message); appending
 needs no lock.
 
 The idle rule (ØMQ v0.1's latency mode): a destination whose last datagram
-left at least ``idle_gap`` seconds ago is idle, and a message pushed to an
+left at least ``idle_gap`` seconds ago is idle (for a reliable stream: and
+none of its datagrams is unacknowledged), and a message pushed to an
 idle destination is sent at once. So is one whose last datagram left before
 the application last got a datagram it was waiting for (the driver records
 when, in :attr:`Batcher.waited_at`): a reply, or the next request of a
@@ -79,13 +80,15 @@ import heapq
 import itertools
 from bisect import bisect_right
 from itertools import accumulate
-from typing import Final
+from typing import Any, Final
 
 from cmq._config import QueueConfig
 from cmq.wire.frames import (
     FLAG_MSGPACK,
     PREFIX,
     SEQ,
+    VERSION,
+    VERSION_2,
     encode_fragment,
     encode_frame,
     encode_frames,
@@ -125,12 +128,14 @@ class Stream:
         "armed",
         "check_at",
         "counted",
+        "ext",
         "frames",
         "gen",
         "head",
         "last_send",
         "limit",
         "mailbox",
+        "rel",
         "seq",
         "size",
         "sizes",
@@ -141,6 +146,11 @@ class Stream:
         self.mailbox = mailbox
         # The header before the sequence number (frames.stream_head).
         self.head = head
+        # The v2 data extension (epoch, rflags) of a reliable stream, written
+        # after the seq; empty for best-effort (v1) streams.
+        self.ext = b""
+        # The reliable stream's state (cmq.wire.reliable.SendStream), or None.
+        self.rel: Any = None
         self.frames: list[bytes] = []
         # The current batch size limit (bytes).
         self.limit = qthresh
@@ -194,7 +204,7 @@ class Batcher:
         self._streams: dict[tuple[Address, int], Stream] = {}
         # Header bytes before the sequence number, by mailbox (the same for
         # every destination): made once, not per stream.
-        self._heads: dict[int, bytes] = {}
+        self._heads: dict[tuple[int, int], bytes] = {}
         #: The deadline heap. Drivers may test it for emptiness (no batch is
         #: open) without a call; only the batcher changes it.
         self.heap: list[tuple[float, int, Stream, int]] = []
@@ -208,14 +218,19 @@ class Batcher:
 
     # -- streams -----------------------------------------------------------
 
-    def stream(self, addr: Address, mailbox: int) -> Stream:
-        """The stream for ``(addr, mailbox)``, created on first use."""
+    def stream(self, addr: Address, mailbox: int, *, reliable: bool = False) -> Stream:
+        """The stream for ``(addr, mailbox)``, created on first use.
+
+        A new ``reliable`` stream writes version 2 headers; the caller
+        attaches its reliability state (``Stream.rel``, ``Stream.ext``).
+        """
         key = (addr, mailbox)
         s = self._streams.get(key)
         if s is None:
-            head = self._heads.get(mailbox)
+            version = VERSION_2 if reliable else VERSION
+            head = self._heads.get((mailbox, version))
             if head is None:
-                head = self._heads[mailbox] = stream_head(self._flags, self.sender, mailbox)
+                head = self._heads[(mailbox, version)] = stream_head(self._flags, self.sender, mailbox, version)
             s = self._streams.setdefault(key, Stream(addr, mailbox, self._qthresh, head))
         return s
 
@@ -302,7 +317,12 @@ class Batcher:
         """
         if self._never_idle:
             return False
-        return now - s.last_send >= self._idle_gap or s.last_send <= self.waited_at
+        if s.last_send <= self.waited_at:
+            return True
+        # A reliable stream with datagrams unacknowledged is streaming, not
+        # idle, however long the last push took (a busy sender's pushes are
+        # not evenly spaced; sending each alone would only slow it down).
+        return now - s.last_send >= self._idle_gap and not (s.rel is not None and s.rel.buf)
 
     def arm(self, s: Stream, now: float) -> float:
         """Schedule ``s``'s open batch to leave by ``now + timeout``; returns that deadline."""
@@ -337,7 +357,10 @@ class Batcher:
             len(frames) != 1
             or s.armed == s.gen
             or self._never_idle
-            or (now - s.last_send < self._idle_gap and s.last_send > self.waited_at)
+            or (
+                s.last_send > self.waited_at
+                and (now - s.last_send < self._idle_gap or (s.rel is not None and s.rel.buf))
+            )
         ):
             return None
         if now - s.last_send >= self._timeout:
@@ -353,9 +376,9 @@ class Batcher:
         s.seq = (seq + 1) & 0xFFFFFFFF
         if self._key is None:
             # encode_frame, with the stream's constant header bytes.
-            data = b"".join((s.head, _pack_seq(seq), PREFIX[len(payload)], payload))
+            data = b"".join((s.head, _pack_seq(seq), s.ext, PREFIX[len(payload)], payload))
         else:
-            data = encode_frame(payload, self._flags, self.sender, s.mailbox, seq, self._key)
+            data = encode_frame(payload, self._flags, self.sender, s.mailbox, seq, self._key, s.ext)
         self.messages_sent += 1
         self.datagrams_sent += 1
         self.bytes_sent += len(data)
@@ -422,7 +445,7 @@ class Batcher:
         return out
 
     def _encode(self, s: Stream, payloads: list[bytes], sizes: list[int]) -> bytes:
-        data = encode_frames(payloads, self._flags, self.sender, s.mailbox, s.seq, self._key, sizes)
+        data = encode_frames(payloads, self._flags, self.sender, s.mailbox, s.seq, self._key, sizes, s.ext)
         s.seq = (s.seq + 1) & 0xFFFFFFFF
         self.datagrams_sent += 1
         self.bytes_sent += len(data)
@@ -450,6 +473,7 @@ class Batcher:
                 mailbox=s.mailbox,
                 seq=s.seq,
                 key=self._key,
+                ext=s.ext,
             )
             s.seq = (s.seq + 1) & 0xFFFFFFFF
             out.append(data)

@@ -1,4 +1,4 @@
-"""Wire format v1: encoding and decoding of datagrams, without any I/O.
+"""Wire formats v1 and v2: encoding and decoding of datagrams, without any I/O.
 
 Theory of operation
 -------------------
@@ -23,6 +23,13 @@ A fragment body (``FLAG_FRAGMENT``) is ``message_id`` (4), ``index`` (2),
 With ``FLAG_TAG`` the last 16 bytes are keyed BLAKE2b (digest size 16) over
 header and body.
 
+Version 2 (reliable and unordered delivery) keeps the header and adds, right
+after it, an 8-byte *data extension* (``epoch`` (4), ``rflags`` (1: ``R_SYN``,
+``R_ORDERED``), 3 reserved zero bytes) before the body. A v2 datagram with
+``FLAG_CONTROL`` carries control *records* instead of frames (see
+:class:`Status` and :class:`Probe`). v1 stays what best-effort endpoints emit;
+every endpoint accepts both. ``docs/wire-format.md`` has the byte tables.
+
 Decoding either returns what was in the datagram or raises
 :class:`~cmq.ProtocolError`; nothing else escapes (see the fuzz test).
 """
@@ -32,6 +39,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import chain
@@ -40,6 +48,7 @@ from typing import Final
 from cmq._errors import ProtocolError
 
 __all__ = [
+    "EXT_SIZE",
     "FLAG_ACK",
     "FLAG_CONTROL",
     "FLAG_FRAGMENT",
@@ -49,15 +58,25 @@ __all__ = [
     "HEADER_SIZE",
     "MAGIC",
     "MAX_FRAGMENTS",
+    "MAX_RANGES",
+    "R_ORDERED",
+    "R_SYN",
     "TAG_SIZE",
     "VERSION",
+    "VERSION_2",
     "BadTag",
     "Fragment",
     "Header",
+    "Probe",
+    "Status",
+    "body_start",
     "decode",
+    "decode_control",
+    "encode_control",
     "encode_fragment",
     "encode_frame",
     "encode_frames",
+    "extension",
     "frame_size",
     "parse_header",
     "split_frames",
@@ -65,7 +84,24 @@ __all__ = [
 
 MAGIC: Final = b"\xc3\x51"
 VERSION: Final = 1
+#: The version of reliable data (with the extension) and of control datagrams.
+VERSION_2: Final = 2
 HEADER_SIZE: Final = 16
+#: Bytes of the v2 data extension (epoch, rflags, reserved).
+EXT_SIZE: Final = 8
+#: rflags of the data extension: the sender has not heard from the receiver
+#: in this epoch yet (a receiver that does not know the stream accepts it
+#: as new rather than answering RESET).
+R_SYN: Final = 0x01
+#: rflags: deliver this stream's messages in sequence order.
+R_ORDERED: Final = 0x02
+#: Control record types.
+REC_STATUS: Final = 1
+REC_PROBE: Final = 2
+#: STATUS flag: the receiver does not know the stream (it restarted or forgot).
+S_RESET: Final = 0x01
+#: Most missing ranges one STATUS carries.
+MAX_RANGES: Final = 32
 TAG_SIZE: Final = 16
 FRAGMENT_HEADER_SIZE: Final = 8
 #: A fragmented message has at most this many pieces (the 2-byte count).
@@ -80,6 +116,13 @@ _KNOWN_FLAGS: Final = FLAG_MSGPACK | FLAG_FRAGMENT | FLAG_TAG | FLAG_ACK | FLAG_
 
 _HEADER = struct.Struct(">2sBBIII")
 _FRAGMENT = struct.Struct(">IHH")
+_EXT = struct.Struct(">IB3x")
+# STATUS: type, flags, ack delay (us), stream sender, mailbox, epoch,
+# next expected, credit limit, largest seen, number of ranges.
+_STATUS = struct.Struct(">BBHIIIIIIB")
+_RANGE = struct.Struct(">IH")
+# PROBE: type, flags (rflags), reserved, mailbox, epoch, next seq.
+_PROBE = struct.Struct(">BB2xIII")
 _LONG_LEN = struct.Struct(">Q")
 # Length prefixes for short frames, precomputed: building them is the hot part
 # of encoding a batch of small messages.
@@ -103,12 +146,17 @@ PREFIX: Final[dict[int, bytes]] = _PREFIX
 SEQ: Final = struct.Struct(">I")
 
 
-def stream_head(flags: int, sender: int, mailbox: int) -> bytes:
+def stream_head(flags: int, sender: int, mailbox: int, version: int = VERSION) -> bytes:
     """The header's bytes before the sequence number, the same for every
     unauthenticated datagram of one stream: ``stream_head(...) +
-    SEQ.pack(seq)`` is the header :func:`encode_frames` writes.
+    SEQ.pack(seq) + ext`` is the header (and v2 extension) :func:`encode_frames` writes.
     """
-    return _HEADER.pack(MAGIC, VERSION, flags, sender, mailbox, 0)[:-4]
+    return _HEADER.pack(MAGIC, version, flags, sender, mailbox, 0)[:-4]
+
+
+def extension(epoch: int, rflags: int) -> bytes:
+    """The 8-byte v2 data extension."""
+    return _EXT.pack(epoch & 0xFFFFFFFF, rflags)
 #: Frames per cached struct format when splitting equal-size frames.
 _SPLIT_BLOCK: Final = 64
 
@@ -131,6 +179,46 @@ class Header:
     sender: int
     mailbox: int
     seq: int
+    version: int = VERSION
+    #: v2 data only: the stream's epoch and the extension's rflags.
+    epoch: int = 0
+    rflags: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Status:
+    """A receiver's report on one stream (v2 control record, receiver to sender).
+
+    Every seq before ``next_expected`` arrived; ``missing`` lists ``(start,
+    length)`` ranges after it that did not (up to ``largest_seen``); the
+    sender may send up to, not including, ``credit_limit``. ``ack_delay``
+    is how long (µs) the receiver held the datagram ``largest_seen`` before
+    this report. With ``reset`` the receiver does not know the stream.
+    """
+
+    stream_sender: int
+    mailbox: int
+    epoch: int
+    next_expected: int
+    credit_limit: int
+    largest_seen: int
+    missing: tuple[tuple[int, int], ...] = ()
+    ack_delay: int = 0
+    reset: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Probe:
+    """A sender's request for a STATUS now (v2 control record, sender to receiver).
+
+    ``next_seq`` is the stream's next sequence number: everything before it
+    was sent, so a receiver learns of a lost tail.
+    """
+
+    mailbox: int
+    epoch: int
+    next_seq: int
+    rflags: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -152,7 +240,9 @@ def _tag(key: bytes, data: bytes) -> bytes:
     return hashlib.blake2b(data, key=key, digest_size=TAG_SIZE).digest()
 
 
-def _header(flags: int, sender: int, mailbox: int, seq: int) -> bytes:
+def _header(flags: int, sender: int, mailbox: int, seq: int, ext: bytes = b"") -> bytes:
+    if ext:
+        return _HEADER.pack(MAGIC, VERSION_2, flags, sender, mailbox, seq & 0xFFFFFFFF) + ext
     return _HEADER.pack(MAGIC, VERSION, flags, sender, mailbox, seq & 0xFFFFFFFF)
 
 
@@ -164,17 +254,19 @@ def encode_frames(
     seq: int,
     key: bytes | None = None,
     sizes: list[int] | None = None,
+    ext: bytes = b"",
 ) -> bytes:
     """Encode one datagram carrying ``payloads`` as frames.
 
     The caller is responsible for the size: every payload is framed, none is
     split. ``flags`` must not contain ``FLAG_FRAGMENT`` or ``FLAG_TAG``; the
     tag flag is set here when ``key`` is given. ``sizes``, the payloads'
-    lengths, saves computing them again when the caller has them.
+    lengths, saves computing them again when the caller has them. With
+    ``ext`` (see :func:`extension`) the datagram is version 2.
     """
     if key is not None:
         flags |= FLAG_TAG
-    header = _header(flags, sender, mailbox, seq)
+    header = _header(flags, sender, mailbox, seq, ext)
     if sizes is None:
         sizes = list(map(len, payloads))
     if not sizes:
@@ -200,10 +292,11 @@ def encode_frame(
     mailbox: int,
     seq: int,
     key: bytes | None = None,
+    ext: bytes = b"",
 ) -> bytes:
     """Encode one datagram carrying the single message ``payload`` (as :func:`encode_frames`)."""
-    if key is not None:
-        return encode_frames([payload], flags, sender, mailbox, seq, key)
+    if key is not None or ext:
+        return encode_frames([payload], flags, sender, mailbox, seq, key, ext=ext)
     n = len(payload)
     return b"".join(
         (
@@ -225,6 +318,7 @@ def encode_fragment(
     mailbox: int,
     seq: int,
     key: bytes | None = None,
+    ext: bytes = b"",
 ) -> bytes:
     """Encode one fragment datagram (``index`` of ``count``) of a large message."""
     flags |= FLAG_FRAGMENT
@@ -232,7 +326,7 @@ def encode_fragment(
         flags |= FLAG_TAG
     data = b"".join(
         (
-            _header(flags, sender, mailbox, seq),
+            _header(flags, sender, mailbox, seq, ext),
             _FRAGMENT.pack(message_id & 0xFFFFFFFF, index, count),
             chunk,
         )
@@ -243,7 +337,7 @@ def encode_fragment(
 
 
 def parse_header(data: bytes) -> Header:
-    """Parse and check the header of ``data``.
+    """Parse and check the header of ``data`` (and a v2 data extension).
 
     Raises:
         ProtocolError: too short, wrong magic or version, or unknown flags.
@@ -253,11 +347,23 @@ def parse_header(data: bytes) -> Header:
     magic, version, flags, sender, mailbox, seq = _HEADER.unpack_from(data)
     if magic != MAGIC:
         raise ProtocolError("wrong magic")
-    if version != VERSION:
+    if version != VERSION and version != VERSION_2:
         raise ProtocolError(f"unsupported version {version}")
     if flags & ~_KNOWN_FLAGS:
         raise ProtocolError(f"unknown flags 0x{flags:02x}")
-    return Header(flags=flags, sender=sender, mailbox=mailbox, seq=seq)
+    if version == VERSION_2 and not flags & FLAG_CONTROL:
+        if len(data) < HEADER_SIZE + EXT_SIZE:
+            raise ProtocolError("v2 data extension runs past the end")
+        epoch, rflags = _EXT.unpack_from(data, HEADER_SIZE)
+        if rflags & ~(R_SYN | R_ORDERED):
+            raise ProtocolError(f"unknown rflags 0x{rflags:02x}")
+        return Header(flags=flags, sender=sender, mailbox=mailbox, seq=seq, version=version, epoch=epoch, rflags=rflags)
+    return Header(flags=flags, sender=sender, mailbox=mailbox, seq=seq, version=version)
+
+
+def body_start(header: Header) -> int:
+    """Where the body of a datagram with ``header`` starts."""
+    return HEADER_SIZE + EXT_SIZE if header.version == VERSION_2 and not header.flags & FLAG_CONTROL else HEADER_SIZE
 
 
 def split_frames(data: bytes, start: int, end: int) -> list[bytes]:
@@ -322,14 +428,19 @@ def _split_equal(data: bytes, start: int, n: int, prefix: int, count: int) -> li
     return out
 
 
-def decode(data: bytes, key: bytes | None = None) -> tuple[Header, list[bytes] | Fragment]:
-    """Decode a whole datagram: its header and either its frames or its fragment.
+def decode(
+    data: bytes, key: bytes | None = None
+) -> tuple[Header, list[bytes] | Fragment | list[Status | Probe]]:
+    """Decode a whole datagram: its header and its frames, its fragment or its control records.
 
-    With ``key``, the datagram must carry a valid tag; without, a tag that is
-    present is skipped unchecked.
+    This is the one parser of the wire format: the receiver's fast paths
+    handle a subset of datagrams (plain, untagged v1 and v2 data) and must
+    agree with it. With ``key``, the datagram must carry a valid tag;
+    without, a tag that is present is skipped unchecked.
 
     Raises:
-        ProtocolError: anything that is not a valid v1 datagram.
+        ProtocolError: anything that is not a valid v1 or v2 datagram
+            (:class:`BadTag` for a tag that is missing or does not verify).
     """
     header = parse_header(data)
     end = len(data)
@@ -341,16 +452,102 @@ def decode(data: bytes, key: bytes | None = None) -> tuple[Header, list[bytes] |
             raise BadTag("tag does not verify")
     elif key is not None:
         raise BadTag("datagram has no tag")
+    start = body_start(header)
+    if end < start:
+        raise ProtocolError("tag overlaps the header")
+    if header.flags & FLAG_CONTROL:
+        if header.version != VERSION_2:
+            return header, []  # v1 defined no control records
+        if header.flags & (FLAG_FRAGMENT | FLAG_MSGPACK):
+            raise ProtocolError("control datagram with data flags")
+        return header, decode_control(data, start, end)
     if header.flags & FLAG_FRAGMENT:
-        if end - HEADER_SIZE < FRAGMENT_HEADER_SIZE:
+        if end - start < FRAGMENT_HEADER_SIZE:
             raise ProtocolError("fragment header runs past the end")
-        message_id, index, count = _FRAGMENT.unpack_from(data, HEADER_SIZE)
+        message_id, index, count = _FRAGMENT.unpack_from(data, start)
         if count == 0 or index >= count:
             raise ProtocolError(f"fragment index {index} of {count}")
         return header, Fragment(
             message_id=message_id,
             index=index,
             count=count,
-            data=data[HEADER_SIZE + FRAGMENT_HEADER_SIZE : end],
+            data=data[start + FRAGMENT_HEADER_SIZE : end],
         )
-    return header, split_frames(data, HEADER_SIZE, end)
+    return header, split_frames(data, start, end)
+
+
+def encode_control(records: Sequence[Status | Probe], sender: int, key: bytes | None = None) -> bytes:
+    """One v2 control datagram carrying ``records`` (from endpoint ``sender``).
+
+    The caller keeps it under a datagram: a STATUS takes 29 bytes plus 6 per
+    missing range, a PROBE 16.
+    """
+    flags = FLAG_CONTROL | (FLAG_TAG if key is not None else 0)
+    parts = [_HEADER.pack(MAGIC, VERSION_2, flags, sender, 0, 0)]
+    for r in records:
+        if isinstance(r, Status):
+            ranges = r.missing[:MAX_RANGES]
+            parts.append(
+                _STATUS.pack(
+                    REC_STATUS,
+                    S_RESET if r.reset else 0,
+                    min(max(r.ack_delay, 0), 0xFFFF),
+                    r.stream_sender,
+                    r.mailbox,
+                    r.epoch,
+                    r.next_expected & 0xFFFFFFFF,
+                    r.credit_limit & 0xFFFFFFFF,
+                    r.largest_seen & 0xFFFFFFFF,
+                    len(ranges),
+                )
+            )
+            parts.extend(_RANGE.pack(a & 0xFFFFFFFF, min(n, 0xFFFF)) for a, n in ranges)
+        else:
+            parts.append(_PROBE.pack(REC_PROBE, r.rflags, r.mailbox, r.epoch, r.next_seq & 0xFFFFFFFF))
+    data = b"".join(parts)
+    if key is not None:
+        data += _tag(key, data)
+    return data
+
+
+def decode_control(data: bytes, start: int, end: int) -> list[Status | Probe]:
+    """The control records in ``data[start:end]``.
+
+    Raises:
+        ProtocolError: an unknown record type or a record that runs past the end.
+    """
+    out: list[Status | Probe] = []
+    i = start
+    while i < end:
+        kind = data[i]
+        if kind == REC_STATUS:
+            if i + _STATUS.size > end:
+                raise ProtocolError("STATUS record runs past the end")
+            _, flags, delay, ssender, mailbox, epoch, nxt, credit, largest, n = _STATUS.unpack_from(data, i)
+            i += _STATUS.size
+            if i + n * _RANGE.size > end:
+                raise ProtocolError("STATUS ranges run past the end")
+            missing = tuple(_RANGE.unpack_from(data, i + k * _RANGE.size) for k in range(n))
+            i += n * _RANGE.size
+            out.append(
+                Status(
+                    stream_sender=ssender,
+                    mailbox=mailbox,
+                    epoch=epoch,
+                    next_expected=nxt,
+                    credit_limit=credit,
+                    largest_seen=largest,
+                    missing=missing,
+                    ack_delay=delay,
+                    reset=bool(flags & S_RESET),
+                )
+            )
+        elif kind == REC_PROBE:
+            if i + _PROBE.size > end:
+                raise ProtocolError("PROBE record runs past the end")
+            _, rflags, mailbox, epoch, nxt = _PROBE.unpack_from(data, i)
+            i += _PROBE.size
+            out.append(Probe(mailbox=mailbox, epoch=epoch, next_seq=nxt, rflags=rflags))
+        else:
+            raise ProtocolError(f"unknown control record type {kind}")
+    return out

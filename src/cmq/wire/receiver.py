@@ -26,10 +26,24 @@ Fragments are reassembled per (address, sender, mailbox, message id), in
 bounded memory (``max_reassembly`` bytes) and for at most
 ``reassembly_timeout`` seconds (:meth:`Receiver.expire`).
 
-Per stream (address, sender, mailbox) the receiver remembers the next
-expected sequence number, to count datagrams that never arrived
+Per best-effort stream (address, sender, mailbox) the receiver remembers
+the next expected sequence number, to count datagrams that never arrived
 (``datagrams_missing``) and those that arrived late (``datagrams_late``).
 The table is bounded; the oldest streams are forgotten first.
+
+Version 2 data datagrams belong to reliable or unordered streams, whose
+state (:class:`cmq.wire.reliable.RecvStream`) decides what is delivered,
+held, or dropped as a duplicate or an overrun, and what the receiver owes
+the sender: STATUS records, which :meth:`Receiver.take_status` encodes as
+control datagrams (``status_urgent`` tells the driver to call it at the end
+of its receive batch; otherwise :meth:`Receiver.next_deadline` says when).
+STATUS records from *our* receivers, for the endpoint's sending side, are
+appended to :attr:`Receiver.controls`.
+
+The endpoint holds at most ``max_buffered_bytes`` of received, unconsumed
+data: best-effort data over it is dropped (``buffer_full``), reliable data
+is not acknowledged (an ``overrun``, repaired later), and reliable senders
+get credit only for what fits.
 """
 
 from __future__ import annotations
@@ -46,16 +60,34 @@ import msgpack
 from cmq._config import QueueConfig
 from cmq._errors import ProtocolError
 from cmq.wire.frames import (
+    FLAG_ACK,
     FLAG_CONTROL,
     FLAG_FRAGMENT,
     FLAG_MSGPACK,
     FLAG_TAG,
     HEADER_SIZE,
     MAGIC,
+    MAX_RANGES,
+    R_ORDERED,
+    R_SYN,
     VERSION,
+    VERSION_2,
     BadTag,
+    Fragment,
+    Header,
+    Probe,
+    Status,
     decode,
+    encode_control,
     split_frames,
+)
+from cmq.wire.reliable import (
+    DATAGRAM_OVERHEAD,
+    MAX_ACK_DELAY,
+    RENAK_INTERVAL,
+    STATUS_BYTES,
+    RecvStream,
+    seq_diff,
 )
 
 __all__ = [
@@ -92,6 +124,11 @@ _MVF_RAW: Final = int.from_bytes(MAGIC + bytes((VERSION, 0)), "big")
 _MVF_MSGPACK: Final = int.from_bytes(MAGIC + bytes((VERSION, FLAG_MSGPACK)), "big")
 _MVF_PLAIN: Final = frozenset((_MVF_RAW, _MVF_MSGPACK))
 _SLOW_FLAGS: Final = FLAG_FRAGMENT | FLAG_TAG | FLAG_CONTROL
+# A v2 data datagram's header and extension: magic, flags, sender, mailbox,
+# seq, epoch, rflags (the version byte skipped: tested before).
+_V2 = struct.Struct(">2sxBIIIIB3x")
+_V2_SIZE: Final = _V2.size
+_V2_SLOW: Final = FLAG_FRAGMENT | FLAG_TAG | FLAG_CONTROL | FLAG_ACK
 
 # (addr, sender id, mailbox, datagram seq, correlation id or None)
 Meta = tuple[Any, int, int, int, int | None]
@@ -104,9 +141,17 @@ DROP_REASONS: Final = (
     "too_many_mailboxes",
     "fragment_expired",  # incomplete message older than reassembly_timeout
     "reassembly_full",  # no room in max_reassembly
-    "control",  # control datagrams (none defined yet) are not delivered
+    "control",  # control datagrams of an unknown kind (v1 defined none)
     "bad_envelope",  # request/response message without a valid envelope
+    "buffer_full",  # best-effort data over max_buffered_bytes
 )
+#: Reliable streams remembered at once; the least recently active go first.
+MAX_RELIABLE_STREAMS: Final = 65_536
+#: Least time between two RESETs for one unknown stream.
+_RESET_GAP: Final = 0.01
+#: A stream is active (shares the receive budget) this long after its last datagram.
+_ACTIVE_FOR: Final = 1.0
+_STATUS_SIZE: Final = 29 + 6 * MAX_RANGES
 
 
 def _unpack(data: bytes) -> Any:
@@ -141,12 +186,19 @@ class Mailbox:
     corrects when it matters).
     """
 
-    __slots__ = ("chunks", "consumed", "delivered")
+    __slots__ = ("chunks", "consumed", "delivered", "nbytes")
 
     def __init__(self) -> None:
         self.chunks: deque[Chunk] = deque()
         self.delivered = 0
         self.consumed = 0
+        self.nbytes = 0  # bytes of datagrams delivered here, ever (for the budget's estimate)
+
+    def queued_bytes(self) -> int:
+        """Bytes waiting (an estimate: messages waiting times their average size)."""
+        if not self.delivered:
+            return 0
+        return (self.delivered - self.consumed) * self.nbytes // self.delivered
 
     def __bool__(self) -> bool:
         return self.available()
@@ -274,10 +326,37 @@ class _Partial:
 class Receiver:
     """Decodes datagrams and delivers their messages to mailboxes."""
 
-    def __init__(self, config: QueueConfig) -> None:
+    def __init__(self, config: QueueConfig, sender_id: int = 0) -> None:
         self.config = config
+        self.sender_id = sender_id
         self._key = config.key
         self._max_queued = config.max_queued
+        # Reliable streams, and those owing their sender a STATUS.
+        self._rstreams: dict[tuple[Any, int, int], RecvStream] = {}
+        self._owed: dict[tuple[Any, int, int], RecvStream] = {}
+        self._resets: dict[tuple[Any, int, int, int], float] = {}  # (addr, sender, mailbox, epoch) -> last RESET
+        self._pending_resets: list[tuple[Any, Status]] = []
+        #: A STATUS should leave at the end of this receive batch.
+        self.status_urgent = False
+        #: A STATUS became due later (the driver's timer must know).
+        self.new_due = False
+        #: STATUS records for this endpoint's sending side: (record, addr).
+        self.controls: deque[tuple[Status, Any]] = deque()
+        # The memory budget: min(max_buffered_bytes, what the kernel buffer
+        # holds); the driver sets kernel_budget once the socket is open.
+        self.budget = config.max_buffered_bytes
+        self._free = self.budget  # free bytes when last computed
+        self._unchecked = 0  # bytes delivered since
+        self._held_rel = 0  # bytes held in ordered streams' reorder buffers
+        self._wmax = config.window
+        self._active_at = float("-inf")
+        self._active_n = 1
+        self.duplicates = 0
+        self.overruns = 0
+        self.status_sent = 0
+        self.probes_received = 0
+        self.unknown_streams = 0
+        self.epoch_resets = 0
         self.mailboxes: dict[int, Mailbox] = {}
         #: Replies to requests: (correlation id, payload, addr).
         self.replies: deque[tuple[int, Any, Any]] = deque()
@@ -307,6 +386,38 @@ class Receiver:
         """Messages waiting in all mailboxes (an estimate, see :class:`Mailbox`)."""
         return sum(v.queued() for v in list(self.mailboxes.values()))
 
+    def set_kernel_budget(self, nbytes: int) -> None:
+        """What the socket's kernel buffer holds: the budget is at most that."""
+        self.budget = max(min(self.config.max_buffered_bytes, nbytes), 1)
+        self._free = self.budget
+
+    def held_bytes(self) -> int:
+        """Bytes of received, unconsumed data: mailboxes (an estimate), reorder and reassembly buffers."""
+        return (
+            sum(v.queued_bytes() for v in list(self.mailboxes.values()))
+            + self._held_rel
+            + self._reassembly_bytes
+        )
+
+    def _full(self, nbytes: int) -> bool:
+        """Whether ``nbytes`` more would exceed the budget (exact only near it)."""
+        self._unchecked += nbytes
+        if self._unchecked <= self._free:
+            return False
+        self._free = self.budget - self.held_bytes()
+        self._unchecked = nbytes
+        if nbytes <= self._free:
+            return False
+        self._unchecked = 0
+        return True
+
+    def _fits(self, mb: Mailbox, n: int) -> bool:
+        """Whether a reliable datagram of ``n`` messages may enter ``mb``: it
+        must fit, or find the mailbox empty (a datagram is taken whole or not
+        at all, so one larger than ``max_queued`` must still get in)."""
+        waiting = mb.exact()
+        return waiting == 0 or waiting + n <= self._max_queued
+
     def _room(self, mb: Mailbox, n: int) -> int:
         """How many of ``n`` messages fit in ``mb``; counts the rest as dropped."""
         if mb.delivered - mb.consumed + n <= self._max_queued:
@@ -323,37 +434,98 @@ class Receiver:
         """Handle one datagram; returns the number of messages delivered. Never raises."""
         self.datagrams_received += 1
         self.bytes_received += len(data)
-        # Fast path: a plain, untagged datagram of raw messages for an
-        # application mailbox, the bulk of traffic, handled inline.
-        # Everything else goes through the general decoder.
+        # Fast path: a plain, untagged v1 datagram of raw messages for an
+        # application mailbox, the bulk of best-effort traffic, handled
+        # inline. Everything else goes through the one parser, frames.decode
+        # (this path accepts exactly what it accepts, no more, no less).
         if self._key is None and len(data) >= HEADER_SIZE and not data[3] & _SLOW_FLAGS:
             magic, version, flags, sender, mailbox, seq = _HEAD.unpack_from(data)
-            if magic != MAGIC or version != VERSION or flags & ~FLAG_MSGPACK:
-                self.dropped["malformed"] += 1
-                return 0
-            try:
-                payloads: list[Any] = split_frames(data, HEADER_SIZE, len(data))
-            except ProtocolError:
-                self.dropped["malformed"] += 1
-                return 0
+            if magic == MAGIC and version == VERSION and not flags & ~FLAG_MSGPACK:
+                try:
+                    payloads: list[Any] = split_frames(data, HEADER_SIZE, len(data))
+                except ProtocolError:
+                    self.dropped["malformed"] += 1
+                    return 0
+                key = (addr, sender, mailbox)
+                table = self._expected
+                if table.get(key) == seq:
+                    table[key] = (seq + 1) & 0xFFFFFFFF
+                else:
+                    self._sequence(addr, sender, mailbox, seq)
+                u = self._unchecked + len(data)
+                self._unchecked = u
+                if u > self._free:
+                    self._unchecked -= len(data)
+                    if self._full(len(data)):
+                        self.dropped["buffer_full"] += len(payloads)
+                        return 0
+                if flags or mailbox & ENVELOPE_BIT:
+                    return self._deliver(payloads, flags, addr, sender, mailbox, seq, len(data))
+                mb = self.mailboxes.get(mailbox)
+                if mb is None:
+                    mb = self.mailbox(mailbox)
+                n = len(payloads)
+                if mb.delivered - mb.consumed + n > self._max_queued:
+                    return self._deliver(payloads, flags, addr, sender, mailbox, seq, len(data))
+                mb.chunks.append(Chunk(payloads, (addr, sender, mailbox, seq, None)))
+                mb.delivered += n
+                mb.nbytes += len(data)
+                self.messages_received += n
+                return n
+        elif self._key is None and len(data) >= _V2_SIZE and data[2] == VERSION_2 and not data[3] & _V2_SLOW:
+            # Fast path of reliable streams: the next datagram of a known
+            # stream with nothing held, delivered inline (else the general path).
+            magic, flags, sender, mailbox, seq, epoch, rflags = _V2.unpack_from(data)
             key = (addr, sender, mailbox)
-            table = self._expected
-            if table.get(key) == seq:
-                table[key] = (seq + 1) & 0xFFFFFFFF
-            else:
-                self._sequence(addr, sender, mailbox, seq)
-            if flags or mailbox & ENVELOPE_BIT:
-                return self._deliver(payloads, flags, addr, sender, mailbox, seq)
-            mb = self.mailboxes.get(mailbox)
-            if mb is None:
-                mb = self.mailbox(mailbox)
-            n = len(payloads)
-            if mb.delivered - mb.consumed + n > self._max_queued:
-                return self._deliver(payloads, flags, addr, sender, mailbox, seq)
-            mb.chunks.append(Chunk(payloads, (addr, sender, mailbox, seq, None)))
-            mb.delivered += n
-            self.messages_received += n
-            return n
+            rs = self._rstreams.get(key)
+            if (
+                magic == MAGIC
+                and rs is not None
+                and rs.epoch == epoch
+                and rs.next == seq
+                and not rs.held
+                and not rs.seen
+                and not rflags & ~(R_SYN | R_ORDERED)
+                and seq_diff(rs.credit, seq) > 0
+                and not mailbox & ENVELOPE_BIT
+            ):
+                try:
+                    payloads = split_frames(data, _V2_SIZE, len(data))
+                except ProtocolError:
+                    self.dropped["malformed"] += 1
+                    return 0
+                mb = self.mailboxes.get(mailbox)
+                if mb is None:
+                    mb = self.mailbox(mailbox)
+                n = len(payloads)
+                if mb.delivered - mb.consumed + n > self._max_queued and not self._fits(mb, n):
+                    self.overruns += 1
+                    self._owe(rs, now, urgent=True)
+                    return 0
+                if flags:
+                    payloads = self._decode_all(payloads)
+                    n = len(payloads)
+                mb.chunks.append(Chunk(payloads, (addr, sender, mailbox, seq, None)))
+                mb.delivered += n
+                mb.nbytes += len(data)
+                self.messages_received += n
+                self._unchecked += len(data)
+                rs.next = (seq + 1) & 0xFFFFFFFF
+                rs.largest = seq
+                rs.largest_at = now
+                rs.last_active = now
+                rs.avg_size += (len(data) - rs.avg_size) * 0.125
+                # _owe, inlined for the common case
+                rs.since_status += 1
+                rs.bytes_since += len(data)
+                if rs.bytes_since >= STATUS_BYTES or rs.since_status >= max(seq_diff(rs.credit, rs.next) // 4, 1):
+                    rs.urgent = True
+                    self.status_urgent = True
+                elif rs.due is None:
+                    rs.due = now + MAX_ACK_DELAY
+                    self.new_due = True
+                self._owed[key] = rs
+                return n
         try:
             header, body = decode(data, self._key)
         except BadTag:
@@ -362,17 +534,264 @@ class Receiver:
         except ProtocolError:
             self.dropped["malformed"] += 1
             return 0
+        if header.flags & FLAG_CONTROL:
+            if header.version != VERSION_2:
+                self.dropped["control"] += 1
+                return 0
+            self._control(body, addr, header.sender, now)  # type: ignore[arg-type]
+            return 0
+        if header.version == VERSION_2:
+            return self._reliable(data, header, body, addr, now)  # type: ignore[arg-type]
         flags, sender, mailbox, seq = header.flags, header.sender, header.mailbox, header.seq
         self._sequence(addr, sender, mailbox, seq)
-        if flags & FLAG_CONTROL:
-            self.dropped["control"] += 1
+        if self._full(len(data)):
+            self.dropped["buffer_full"] += len(body) if isinstance(body, list) else 1
             return 0
         if isinstance(body, list):
-            return self._deliver(body, flags, addr, sender, mailbox, seq)
+            return self._deliver(body, flags, addr, sender, mailbox, seq, len(data))
+        assert isinstance(body, Fragment)
         whole = self._reassemble(addr, sender, mailbox, seq, body.message_id, body.index, body.count, body.data, now)
         if whole is None:
             return 0
-        return self._deliver([whole], flags, addr, sender, mailbox, seq)
+        return self._deliver([whole], flags, addr, sender, mailbox, seq, len(whole))
+
+    # -- reliable streams (wire format v2) ---------------------------------
+
+    def _reliable(self, data: bytes, header: Header, body: list[bytes] | Fragment, addr: Any, now: float) -> int:
+        """A v2 data datagram: deliver, hold or drop it, and note the STATUS owed."""
+        sender, mailbox, seq, epoch = header.sender, header.mailbox, header.seq, header.epoch
+        key = (addr, sender, mailbox)
+        rs = self._rstreams.get(key)
+        if rs is None or rs.epoch != epoch:
+            if not header.rflags & R_SYN:
+                # Not the start of a stream, and not one we know: we lost its
+                # state (a restart). The sender must hear so and start anew.
+                self.unknown_streams += 1
+                self._reset(key, epoch, now)
+                return 0
+            rs = self._new_stream(key, epoch, bool(header.rflags & R_ORDERED), now)
+        rs.last_active = now
+        off = seq_diff(seq, rs.next)
+        if off < 0 or seq in rs.held or seq in rs.seen:
+            # Our STATUS may have been lost: answer soon.
+            self.duplicates += 1
+            self._owe(rs, now, urgent=True)
+            return 0
+        if seq_diff(rs.credit, seq) <= 0 or off >= 2 * self._wmax:
+            self.overruns += 1
+            self._owe(rs, now, urgent=True)
+            return 0
+        new_gap = False
+        if seq_diff(seq, rs.largest) > 0:
+            new_gap = seq_diff(seq, rs.largest) > 1 and seq_diff(rs.largest, rs.next) >= -1 and off > 0
+            rs.largest = seq
+            rs.largest_at = now
+        rs.avg_size += (len(data) - rs.avg_size) * 0.125
+        rs.bytes_since += len(data)
+        if off and rs.ordered:
+            rs.held[seq] = data
+            rs.held_bytes += len(data)
+            self._held_rel += len(data)
+            self._owe(rs, now, urgent=new_gap)
+            return 0
+        n = self._accept(data, header, body, addr, now)
+        if n < 0:
+            self.overruns += 1
+            self._owe(rs, now, urgent=True)
+            return 0
+        if off:
+            rs.seen.add(seq)
+        else:
+            nxt = (seq + 1) & 0xFFFFFFFF
+            if rs.ordered:
+                held = rs.held
+                while held:
+                    d = held.get(nxt)
+                    if d is None:
+                        break
+                    h, b = decode(d)
+                    got = self._accept(d, h, b, addr, now)  # type: ignore[arg-type]
+                    del held[nxt]
+                    rs.held_bytes -= len(d)
+                    self._held_rel -= len(d)
+                    if got < 0:
+                        # No room: dropped unacknowledged, an overrun the
+                        # sender repairs (kept held at rs.next, nothing
+                        # would ever deliver it, and its copies are duplicates).
+                        self.overruns += 1
+                        break
+                    n += got
+                    nxt = (nxt + 1) & 0xFFFFFFFF
+            else:
+                seen = rs.seen
+                while nxt in seen:
+                    seen.discard(nxt)
+                    nxt = (nxt + 1) & 0xFFFFFFFF
+            rs.next = nxt
+        self._owe(rs, now, urgent=new_gap)
+        return n
+
+    def _accept(self, data: bytes, header: Header, body: list[bytes] | Fragment, addr: Any, now: float) -> int:
+        """Deliver a reliable datagram whole, or nothing (-1: no room, it is not acknowledged)."""
+        sender, mailbox, seq, flags = header.sender, header.mailbox, header.seq, header.flags
+        if isinstance(body, Fragment):
+            if self._reassembly_bytes + len(body.data) > self.config.max_reassembly:
+                return -1
+            whole = self._reassemble(
+                addr, sender, mailbox, seq, body.message_id, body.index, body.count, body.data, now, reliable=True
+            )
+            if whole is None:
+                return 0
+            return self._deliver([whole], flags, addr, sender, mailbox, seq, len(whole), whole=True)
+        target = mailbox & ~ENVELOPE_BIT
+        mb = self.mailboxes.get(target)
+        n = len(body)
+        if mb is not None and mb.delivered - mb.consumed + n > self._max_queued and not self._fits(mb, n):
+            return -1
+        # No budget check: the credit this stream was given bounds it, and a
+        # datagram refused here could be the one a full reorder buffer waits for.
+        self._unchecked += len(data)
+        return self._deliver(body, flags, addr, sender, mailbox, seq, len(data), whole=True)
+
+    def _new_stream(self, key: tuple[Any, int, int], epoch: int, ordered: bool, now: float) -> RecvStream:
+        old = self._rstreams.pop(key, None)
+        if old is not None:
+            self.epoch_resets += 1
+            self._held_rel -= old.held_bytes
+            self._owed.pop(key, None)
+        elif len(self._rstreams) >= MAX_RELIABLE_STREAMS:
+            oldest = min(self._rstreams.values(), key=lambda r: r.last_active)
+            k = (oldest.addr, oldest.sender, oldest.mailbox)
+            del self._rstreams[k]
+            self._owed.pop(k, None)
+            self._held_rel -= oldest.held_bytes
+        rs = RecvStream(key[0], key[1], key[2], epoch, ordered, now)
+        self._rstreams[key] = rs
+        return rs
+
+    def _owe(self, rs: RecvStream, now: float, *, urgent: bool) -> None:
+        """``rs`` owes its sender a STATUS: now (urgent), or within max_ack_delay."""
+        rs.since_status += 1
+        if urgent or rs.since_status >= max(seq_diff(rs.credit, rs.next) // 4, 1) or rs.bytes_since >= STATUS_BYTES:
+            rs.urgent = True
+            self.status_urgent = True
+        elif rs.due is None:
+            rs.due = now + MAX_ACK_DELAY
+            self.new_due = True
+        self._owed[(rs.addr, rs.sender, rs.mailbox)] = rs
+
+    def _reset(self, key: tuple[Any, int, int], epoch: int, now: float) -> None:
+        rkey = (*key, epoch)
+        last = self._resets.get(rkey)
+        if last is not None and now - last < _RESET_GAP:
+            return
+        if len(self._resets) >= MAX_RELIABLE_STREAMS:
+            self._resets.clear()
+        self._resets[rkey] = now
+        addr, sender, mailbox = key
+        self._pending_resets.append(
+            (
+                addr,
+                Status(
+                    stream_sender=sender,
+                    mailbox=mailbox,
+                    epoch=epoch,
+                    next_expected=0,
+                    credit_limit=0,
+                    largest_seen=0,
+                    reset=True,
+                ),
+            )
+        )
+        self.status_urgent = True
+
+    def _control(self, records: list[Status | Probe], addr: Any, sender: int, now: float) -> None:
+        for rec in records:
+            if isinstance(rec, Status):
+                self.controls.append((rec, addr))
+                continue
+            self.probes_received += 1
+            key = (addr, sender, rec.mailbox)
+            rs = self._rstreams.get(key)
+            if rs is None or rs.epoch != rec.epoch:
+                if not rec.rflags & R_SYN:
+                    self.unknown_streams += 1
+                    self._reset(key, rec.epoch, now)
+                    continue
+                rs = self._new_stream(key, rec.epoch, bool(rec.rflags & R_ORDERED), now)
+            rs.last_active = now
+            last = (rec.next_seq - 1) & 0xFFFFFFFF
+            if seq_diff(last, rs.largest) > 0 and seq_diff(last, rs.next) >= 0:
+                rs.largest = last  # a lost tail shows as missing
+                rs.largest_at = now
+            self._owe(rs, now, urgent=True)
+
+    def _grant(self, rs: RecvStream, now: float) -> None:
+        """Raise ``rs``'s credit to what the budget allows (never lower it)."""
+        if now - self._active_at > 0.01:
+            since = now - _ACTIVE_FOR
+            self._active_n = max(sum(1 for r in self._rstreams.values() if r.last_active >= since), 1)
+            self._active_at = now
+        free = self.budget - self.held_bytes()
+        self._free = free
+        self._unchecked = 0
+        w = int(max(free, 0) // self._active_n // (rs.avg_size + DATAGRAM_OVERHEAD))
+        w = min(w, self._wmax)
+        limit = (rs.next + w) & 0xFFFFFFFF
+        if seq_diff(limit, rs.credit) > 0:
+            rs.credit = limit
+
+    def take_status(self, now: float, *, all_owed: bool = False) -> list[tuple[bytes, Any]]:
+        """The STATUS datagrams due at ``now`` (every one owed with ``all_owed``), with their addresses.
+
+        The driver's timer may call it while another thread delivers
+        datagrams: it works on copies, and a race only delays a STATUS
+        (to the next datagram, or the sender's probe).
+        """
+        self.status_urgent = False
+        by_addr: dict[Any, list[Status]] = {}
+        resets, self._pending_resets = self._pending_resets, []
+        for addr, rec in resets:
+            by_addr.setdefault(addr, []).append(rec)
+        for key, rs in list(self._owed.items()):
+            if not (rs.urgent or all_owed or (rs.due is not None and rs.due <= now)):
+                continue
+            before = rs.credit
+            self._grant(rs, now)
+            # Low credit that consuming can raise: something is held (an
+            # empty endpoint already granted all its budget allows; polling
+            # it again would wake the driver every 2 ms for ever).
+            starved = seq_diff(rs.credit, rs.next) < max(self._wmax // 4, 1) and self._free < self.budget
+            gap = bool(rs.held or rs.seen or seq_diff(rs.largest, rs.next) >= 0)
+            # With a gap open, every due STATUS goes, new or not: the repeat
+            # is what repairs a lost retransmission before the sender's PTO.
+            if rs.urgent or rs.since_status or rs.credit != before or all_owed or gap:
+                by_addr.setdefault(rs.addr, []).append(rs.status(now))
+                rs.urgent = False
+                rs.since_status = rs.bytes_since = 0
+                rs.last_status = now
+            if gap:
+                rs.due = now + RENAK_INTERVAL  # a gap is open: repeat until repaired
+            elif starved:
+                rs.due = now + MAX_ACK_DELAY  # re-check the credit as the application consumes
+            else:
+                rs.due = None
+                if self._owed.get(key) is rs and not rs.urgent:
+                    del self._owed[key]
+                continue
+            self.new_due = True
+        out: list[tuple[bytes, Any]] = []
+        per = max((self.config.max_datagram - HEADER_SIZE - 16) // _STATUS_SIZE, 1)
+        for addr, recs in by_addr.items():
+            for i in range(0, len(recs), per):
+                out.append((encode_control(recs[i : i + per], self.sender_id, self._key), addr))
+                self.status_sent += len(recs[i : i + per])
+        return out
+
+    @property
+    def owed(self) -> int:
+        """Reliable streams owing their sender a STATUS (now or later)."""
+        return len(self._owed)
 
     def receive_one(self, data: bytes, addr: Any, now: float, mailbox: int) -> tuple[Any, Meta] | None:
         """:meth:`datagram_received` for a reader waiting on ``mailbox``, which holds nothing.
@@ -429,19 +848,32 @@ class Receiver:
                     return
         table[key] = (seq + 1) & 0xFFFFFFFF
 
-    def _deliver(self, payloads: list[Any], flags: int, addr: Any, sender: int, mailbox: int, seq: int) -> int:
+    def _deliver(
+        self,
+        payloads: list[Any],
+        flags: int,
+        addr: Any,
+        sender: int,
+        mailbox: int,
+        seq: int,
+        nbytes: int = 0,
+        whole: bool = False,
+    ) -> int:
+        """Append a datagram's messages to their mailbox, cut to its room
+        (counted) unless ``whole`` (a reliable datagram, checked by :meth:`_fits`)."""
         if mailbox & ENVELOPE_BIT:
             return self._deliver_enveloped(payloads, flags, addr, sender, mailbox, seq)
         if flags & FLAG_MSGPACK:
             payloads = self._decode_all(payloads)
         mb = self.mailbox(mailbox)
-        n = self._room(mb, len(payloads))
+        n = len(payloads) if whole else self._room(mb, len(payloads))
         if n <= 0:
             return 0
         if n < len(payloads):
             payloads = payloads[:n]
         mb.chunks.append(Chunk(payloads, (addr, sender, mailbox, seq, None)))
         mb.delivered += n
+        mb.nbytes += nbytes
         self.messages_received += n
         return n
 
@@ -502,12 +934,15 @@ class Receiver:
         count: int,
         data: bytes,
         now: float,
+        reliable: bool = False,
     ) -> bytes | None:
         key = (addr, sender, mailbox, message_id)
         partial = self._partials.get(key)
         if partial is None:
             self.expire(now)
-            partial = _Partial(count, now + self.config.reassembly_timeout, (addr, sender, mailbox, seq, None))
+            # A reliable stream's pieces all come, however late: no expiry.
+            deadline = float("inf") if reliable else now + self.config.reassembly_timeout
+            partial = _Partial(count, deadline, (addr, sender, mailbox, seq, None))
             self._partials[key] = partial
         elif partial.count != count:
             self._drop_partial(key, "malformed")
@@ -541,10 +976,13 @@ class Receiver:
         return len(old)
 
     def next_deadline(self) -> float | None:
-        """When the oldest partial message expires, or None."""
-        if not self._partials:
-            return None
-        return min(p.deadline for p in self._partials.values())
+        """When a partial message expires or a STATUS is due, whichever is first; or None."""
+        due = [rs.due for rs in self._owed.values() if rs.due is not None]
+        if self._partials:
+            expiry = min(p.deadline for p in self._partials.values())
+            if expiry != float("inf"):
+                due.append(expiry)
+        return min(due) if due else None
 
     @property
     def reassembly_bytes(self) -> int:

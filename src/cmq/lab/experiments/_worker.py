@@ -48,12 +48,19 @@ def _destinations(params: dict[str, Any]) -> None:
     _emit("RESULT", {})
 
 
+def _options(params: dict[str, Any]) -> dict[str, Any]:
+    """QueueConfig options of a run: the papers' best-effort delivery unless it says otherwise."""
+    from cmq.lab.systems.cmq import PAPER_DELIVERY
+
+    return {"delivery": PAPER_DELIVERY, **params.get("options", {})}
+
+
 def _poll_echo(params: dict[str, Any]) -> None:
     import cmq
 
     clock = time.monotonic_ns
     idle = int(float(params["idle"]) * 1e9)
-    with cmq.Queue(port=0, host=params.get("bind", "127.0.0.1"), **params.get("options", {})) as q:
+    with cmq.Queue(port=0, host=params.get("bind", "127.0.0.1"), **_options(params)) as q:
         host, port = q.address
         _emit("READY", {"host": host, "port": port})
         last = clock() + int(float(params["startup"]) * 1e9) - idle
@@ -87,7 +94,7 @@ def _poll_pingpong(params: dict[str, Any]) -> None:
     send_ns: list[int] = []
     recv_ns: list[int] = []
     stale = 0
-    with cmq.Queue(port=0, host=local, **params.get("options", {})) as q:
+    with cmq.Queue(port=0, host=local, **_options(params)) as q:
         for seq in range(int(params["count"])):
             # The sequence number leads the payload: a late reply to an
             # earlier round trip is never taken for this one's.

@@ -1,0 +1,583 @@
+"""Reliable and unordered delivery (wire format v2), without sockets or clocks.
+
+Theory of operation
+-------------------
+A reliable stream is a batcher stream (destination, mailbox) whose datagrams
+carry the v2 data extension: a random ``epoch`` per incarnation of the
+stream, and ``R_SYN`` until the first STATUS of the receiver arrives. Its
+sequence numbers start at 0 in each epoch. The unit of everything below is
+the datagram: a retransmission resends the identical bytes with the same seq.
+
+The sender (:class:`ReliableSender`, one per endpoint) keeps every datagram
+of a stream in a buffer until the receiver's cumulative acknowledgement
+passes it:
+
+- it sends a datagram only below the stream's *credit limit*, which the
+  receiver raises as its application consumes (flow control: a sender never
+  overruns the receiver's mailboxes or its kernel buffer); above it,
+  datagrams wait in the buffer, and the driver applies backpressure to
+  ``push`` once the buffer holds ``send_buffer`` bytes;
+- a STATUS (receiver to sender) acknowledges everything before
+  ``next_expected``, lists up to 32 missing ranges after it, and raises the
+  credit. Each missing datagram not sent within the last ``9/8 srtt`` is
+  retransmitted at once (many gaps per report, not one per round trip);
+- RTT is estimated as RFC 9002 §5.3 does (the receiver's ack delay
+  subtracted, samples only from datagrams sent once: Karn's rule);
+- a probe timeout (RFC 9002's PTO, ``srtt + max(4 rttvar, 1 ms) +
+  max_ack_delay``, doubling per expiry) sends a PROBE record carrying the
+  next seq, so the receiver learns of a lost tail and answers at once. It
+  runs while anything is unacknowledged or waits for credit;
+- after ``max_probes`` probes without an answer the peer is *dead*: every
+  message still in the buffer is reported in doubt (:class:`DeliveryFailure`)
+  and the stream starts a new epoch. A STATUS with ``reset`` (the receiver
+  restarted and does not know the stream) does the same at once.
+
+The receiver side (:class:`RecvStream`, kept by :class:`cmq.wire.receiver.Receiver`)
+accepts seqs in ``[next_expected, credit_limit)``; ordered streams deliver
+the contiguous prefix and hold what comes after a gap, unordered streams
+deliver at once and remember what they saw. Duplicates are dropped and
+counted. A STATUS goes out at the end of a receive batch when a new gap
+appeared, a PROBE came, or a quarter of the window arrived since the last
+one; otherwise ``max_ack_delay`` after the first unreported datagram; and
+every ``renak_interval`` while a gap stays open.
+
+Every method here must be called with the driver's batch lock held (the
+same lock that serialises a stream's takes), since a new epoch resets the
+stream's sequence numbers.
+"""
+
+from __future__ import annotations
+
+import heapq
+import secrets
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Final
+
+import msgpack
+
+from cmq._errors import ProtocolError
+from cmq.wire.frames import (
+    FLAG_MSGPACK,
+    R_ORDERED,
+    R_SYN,
+    Fragment,
+    Probe,
+    Status,
+    decode,
+    encode_control,
+    extension,
+)
+
+__all__ = [
+    "INITIAL_CREDIT",
+    "STATUS_BYTES",
+    "DeliveryFailure",
+    "RecvStream",
+    "ReliableSender",
+    "SendStream",
+    "seq_diff",
+]
+
+MASK: Final = 0xFFFFFFFF
+_HALF: Final = 0x8000_0000
+
+#: RTT assumed before the first sample. RFC 9002 says 333 ms for the
+#: Internet; cmq runs on LANs and loopback (round trips of 10-100 us), and a
+#: large first guess only slows the first repairs.
+INITIAL_RTT: Final = 0.010
+#: Timer granularity (RFC 9002's kGranularity): the least rttvar term of a PTO.
+GRANULARITY: Final = 0.001
+#: How long a receiver may hold an acknowledgement (RFC 9002's max_ack_delay
+#: is 25 ms; ours is short because our PTO, and so tail-loss repair, adds it).
+MAX_ACK_DELAY: Final = 0.002
+#: Longest probe timeout, however many expired in a row.
+MAX_PTO: Final = 1.0
+#: Datagrams a sender may send in a new epoch before the first STATUS
+#: gives it real credit (one round trip's worth on a LAN).
+INITIAL_CREDIT: Final = 16
+#: How often a receiver repeats a STATUS while a gap stays open.
+RENAK_INTERVAL: Final = 0.003
+#: A receiver reports at least once per this many bytes received (Aeron's
+#: "a quarter of the window", for the window a sender's 8 MiB buffer allows
+#: in flight): fewer reports and the sender waits for acknowledgements.
+STATUS_BYTES: Final = 1 << 20
+#: Kernel bookkeeping per queued datagram (its sk_buff): a window of small
+#: datagrams is bounded by this, not by their bytes.
+DATAGRAM_OVERHEAD: Final = 512
+
+
+def seq_diff(a: int, b: int) -> int:
+    """``a - b`` in 32-bit serial-number arithmetic (RFC 1982): negative when ``a`` is before ``b``."""
+    return ((a - b + _HALF) & MASK) - _HALF
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeliveryFailure:
+    """Messages that were pushed reliably but whose delivery is in doubt.
+
+    ``reason`` is ``"peer_dead"`` (no answer to ``max_probes`` probes),
+    ``"peer_reset"`` (the receiver restarted and lost what it had not
+    handed to its application) or ``"closed"`` (the endpoint closed before
+    they were acknowledged). Each message may or may not have been
+    delivered; none will be sent again.
+    """
+
+    dest: Any
+    mailbox: int
+    reason: str
+    messages: tuple[Any, ...]
+
+
+class SendStream:
+    """The reliability state of one outgoing stream (see the module doc)."""
+
+    __slots__ = (
+        "addr",
+        "behind_since",
+        "buf",
+        "credit",
+        "epoch",
+        "mailbox",
+        "nbytes",
+        "ordered",
+        "pto_at",
+        "pto_count",
+        "sampled",
+        "sent_upto",
+        "stream",
+        "syn",
+        "una",
+        "unanswered",
+        "wholes",
+    )
+
+    def __init__(self, stream: Any, epoch: int, ordered: bool) -> None:
+        self.stream = stream  # the batcher's Stream: its seq and ext are ours to reset
+        self.addr = stream.addr
+        self.mailbox = stream.mailbox
+        self.epoch = epoch
+        self.ordered = ordered
+        self.syn = True
+        self.una = 0  # lowest seq not yet acknowledged
+        self.sent_upto = 0  # seqs before this were sent at least once
+        self.credit = INITIAL_CREDIT  # may send seqs before this
+        # seq -> [datagram, last sent at (None: waits for credit), times sent]
+        self.buf: dict[int, list[Any]] = {}
+        self.nbytes = 0
+        self.pto_count = 0  # probe timeouts since data was last acknowledged (the backoff)
+        self.unanswered = 0  # probe timeouts since the last STATUS (the peer is dead past max_probes)
+        self.pto_at: float | None = None
+        # Since when every STATUS asks for what was acknowledged before (None: the last did not).
+        self.behind_since: float | None = None
+        self.sampled = MASK  # the largest seq an RTT sample was taken from ("before 0")
+        # message id -> the whole payload of a fragmented message in the buffer
+        self.wholes: dict[int, bytes] = {}
+
+    def ext(self) -> bytes:
+        return extension(self.epoch, (R_SYN if self.syn else 0) | (R_ORDERED if self.ordered else 0))
+
+    @property
+    def unacked(self) -> int:
+        """Datagrams in the buffer (sent or waiting for credit)."""
+        return len(self.buf)
+
+    @property
+    def waiting(self) -> int:
+        """Datagrams waiting for credit."""
+        return len(self.buf) - (seq_diff(self.sent_upto, self.una) if self.buf else 0)
+
+
+class ReliableSender:
+    """The sending half of reliable delivery for one endpoint (see the module doc)."""
+
+    def __init__(
+        self,
+        sender_id: int,
+        *,
+        codec_msgpack: bool,
+        key: bytes | None,
+        max_probes: int,
+        max_datagram: int,
+    ) -> None:
+        self.sender_id = sender_id
+        self._msgpack = codec_msgpack
+        self._key = key
+        self._max_probes = max_probes
+        self._max_datagram = max_datagram
+        self.streams: dict[int, SendStream] = {}  # by epoch
+        self._timers: list[tuple[float, int, int]] = []  # (pto_at, tiebreak, epoch)
+        self._tick = 0
+        self.srtt = INITIAL_RTT
+        self.rttvar = INITIAL_RTT / 2
+        self.min_rtt = float("inf")
+        self.latest_rtt = 0.0
+        self._sampled = False
+        #: What was given up on, for the driver to report.
+        self.failures: deque[DeliveryFailure] = deque()
+        # Counters.
+        self.retransmits = 0
+        self.probes = 0
+        self.status_received = 0
+        self.in_doubt = 0
+        self.dead_streams = 0
+        self.epoch_resets = 0
+        self.stale_status = 0
+
+    # -- streams -----------------------------------------------------------
+
+    def _new_epoch(self) -> int:
+        while True:
+            epoch = secrets.randbits(32)
+            if epoch and epoch not in self.streams:
+                return epoch
+
+    def attach(self, stream: Any, *, ordered: bool) -> SendStream:
+        """Make batcher stream ``stream`` reliable: a new epoch, seqs from 0."""
+        st = SendStream(stream, self._new_epoch(), ordered)
+        self.streams[st.epoch] = st
+        stream.rel = st
+        stream.seq = 0
+        stream.ext = st.ext()
+        return st
+
+    def _restart(self, st: SendStream, reason: str, now: float) -> None:
+        """Give up on ``st``'s buffer (reported in doubt) and start a new epoch."""
+        self._report(st, reason)
+        del self.streams[st.epoch]
+        st.epoch = self._new_epoch()
+        self.streams[st.epoch] = st
+        st.syn = True
+        st.una = st.sent_upto = 0
+        st.credit = INITIAL_CREDIT
+        st.buf.clear()
+        st.wholes.clear()
+        st.nbytes = 0
+        st.pto_count = st.unanswered = 0
+        st.pto_at = st.behind_since = None
+        st.sampled = MASK
+        st.stream.seq = 0
+        st.stream.ext = st.ext()
+        self.epoch_resets += 1
+
+    def _report(self, st: SendStream, reason: str) -> None:
+        if not st.buf:
+            return
+        messages = self._messages(st)
+        self.in_doubt += len(messages)
+        self.failures.append(DeliveryFailure(dest=st.addr, mailbox=st.mailbox, reason=reason, messages=tuple(messages)))
+
+    def _messages(self, st: SendStream) -> list[Any]:
+        """The messages in ``st``'s buffer, in order, as the application pushed them."""
+        out: list[Any] = []
+        seen_ids: set[int] = set()
+        for seq in sorted(st.buf, key=lambda q: seq_diff(q, st.una)):
+            data = st.buf[seq][0]
+            try:
+                header, body = decode(data)
+            except ProtocolError:  # pragma: no cover - we encoded it
+                continue
+            if isinstance(body, Fragment):
+                if body.message_id in seen_ids:
+                    continue
+                seen_ids.add(body.message_id)
+                whole = st.wholes.get(body.message_id)
+                if whole is None:
+                    continue
+                payloads: list[Any] = [whole]
+            else:
+                payloads = list(body)
+            if header.flags & FLAG_MSGPACK:
+                payloads = [msgpack.unpackb(p, raw=False, strict_map_key=False) for p in payloads]
+            out.extend(payloads)
+        return out
+
+    # -- sending -----------------------------------------------------------
+
+    def outgoing(self, st: SendStream, datagrams: list[bytes], now: float, whole: bytes | None = None) -> list[bytes]:
+        """Buffer the stream's new ``datagrams`` (just encoded, consecutive seqs
+        ending before ``stream.seq``); returns those the credit lets go now.
+
+        ``whole`` is the payload of a fragmented message whose fragments these are.
+        """
+        n = len(datagrams)
+        first = (st.stream.seq - n) & MASK
+        buf = st.buf
+        if whole is not None:
+            # Kept until acknowledged, to name the message if it is in doubt
+            # (the last datagram is one of its fragments).
+            body = decode(datagrams[-1])[1]
+            if isinstance(body, Fragment):
+                st.wholes[body.message_id] = whole
+        if first == st.sent_upto and seq_diff(st.credit, (first + n) & MASK) >= 0:
+            # All within credit, nothing waiting before them (the common case).
+            seq = first
+            for d in datagrams:
+                buf[seq] = [d, now, 1]
+                st.nbytes += len(d)
+                seq = (seq + 1) & MASK
+            st.sent_upto = seq
+            self._arm(st, now)
+            return datagrams
+        seq = first
+        for d in datagrams:
+            buf[seq] = [d, None, 0]
+            st.nbytes += len(d)
+            seq = (seq + 1) & MASK
+        return self._release(st, now)
+
+    def _release(self, st: SendStream, now: float) -> list[bytes]:
+        """Datagrams waiting for credit that the credit now lets go."""
+        out: list[bytes] = []
+        seq = st.sent_upto
+        buf = st.buf
+        while seq_diff(st.credit, seq) > 0:
+            e = buf.get(seq)
+            if e is None:
+                break
+            e[1] = now
+            e[2] = 1
+            out.append(e[0])
+            seq = (seq + 1) & MASK
+        st.sent_upto = seq
+        if out or st.buf:
+            self._arm(st, now)
+        return out
+
+    def pto(self) -> float:
+        """The base probe timeout (RFC 9002 §6.2.1)."""
+        return self.srtt + max(4 * self.rttvar, GRANULARITY) + MAX_ACK_DELAY
+
+    def _arm(self, st: SendStream, now: float) -> None:
+        if st.pto_at is None:
+            st.pto_at = now + min(self.pto() * (1 << min(st.pto_count, 16)), MAX_PTO)
+            self._tick += 1
+            heapq.heappush(self._timers, (st.pto_at, self._tick, st.epoch))
+
+    # -- receiving STATUS --------------------------------------------------
+
+    def on_status(self, rec: Status, now: float) -> tuple[SendStream | None, list[bytes]]:
+        """Apply a STATUS; returns its stream (None if stale) and the datagrams to send now."""
+        self.status_received += 1
+        st = self.streams.get(rec.epoch)
+        if st is None or rec.stream_sender != self.sender_id or rec.mailbox != st.mailbox:
+            self.stale_status += 1
+            return None, []
+        if rec.reset:
+            self._restart(st, "peer_reset", now)
+            return st, []
+        if seq_diff(rec.next_expected, st.una) < 0 and st.buf:
+            # The receiver asks for what it acknowledged before. Either this
+            # STATUS was overtaken by a later one (reordered or duplicated on
+            # the way: ignore it), or the receiver lost the stream (a restart
+            # that saw only our SYN datagrams), which it then keeps saying at
+            # every repeat and probe. A STATUS carries no serial to tell them
+            # apart: a restart once it has said so for longer than any
+            # reordering lasts (MAX_PTO; the case is rare, its cost a stall).
+            if st.behind_since is None:
+                st.behind_since = now
+            elif now - st.behind_since >= max(self.pto(), MAX_PTO):
+                self._restart(st, "peer_reset", now)
+            return st, []
+        st.behind_since = None
+        # An answer, even one that acknowledges nothing new: a receiver whose
+        # application is slow (no credit, or a full mailbox) is alive.
+        st.unanswered = 0
+        if st.syn:
+            st.syn = False
+            st.stream.ext = st.ext()
+        buf = st.buf
+        # RTT sample from the largest seq seen, if it was sent once (Karn)
+        # and is newly reported (RFC 9002 5.1): a repeated STATUS, or the
+        # answer to a probe, reports it again long after it arrived, with
+        # an ack delay that saturates at 65 ms.
+        e = buf.get(rec.largest_seen)
+        if e is not None and e[2] == 1 and e[1] is not None and seq_diff(rec.largest_seen, st.sampled) > 0:
+            st.sampled = rec.largest_seen
+            self._sample(now - e[1], rec.ack_delay * 1e-6)
+        # Cumulative acknowledgement.
+        acked = seq_diff(rec.next_expected, st.una)
+        if acked > 0:
+            if seq_diff(rec.next_expected, st.sent_upto) > 0:
+                acked = seq_diff(st.sent_upto, st.una)  # never past what was sent
+            seq = st.una
+            for _ in range(acked):
+                e = buf.pop(seq, None)
+                if e is not None:
+                    st.nbytes -= len(e[0])
+                seq = (seq + 1) & MASK
+            st.una = seq
+            if st.wholes and not buf:
+                st.wholes.clear()
+            st.pto_count = 0
+        if seq_diff(rec.credit_limit, st.credit) > 0:
+            st.credit = rec.credit_limit
+        out: list[bytes] = []
+        # Repairs.
+        if rec.missing:
+            # A datagram sent less than an RTT ago may still be on its way.
+            fresh = now - self.srtt * 1.125
+            for start, length in rec.missing:
+                seq = start
+                for _ in range(length):
+                    e = buf.get(seq)
+                    if e is not None and e[1] is not None and e[1] <= fresh and seq_diff(seq, st.sent_upto) < 0:
+                        e[1] = now
+                        e[2] += 1
+                        out.append(e[0])
+                        self.retransmits += 1
+                    seq = (seq + 1) & MASK
+        out.extend(self._release(st, now))
+        st.pto_at = None
+        if st.buf:
+            self._arm(st, now)
+        return st, out
+
+    def _sample(self, rtt: float, ack_delay: float) -> None:
+        if rtt <= 0:
+            return
+        self.latest_rtt = rtt
+        self.min_rtt = min(self.min_rtt, rtt)
+        if not self._sampled:
+            self._sampled = True
+            self.srtt = rtt
+            self.rttvar = rtt / 2
+            return
+        adjusted = rtt - ack_delay if rtt - ack_delay >= self.min_rtt else rtt
+        self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - adjusted)
+        self.srtt = 0.875 * self.srtt + 0.125 * adjusted
+
+    # -- timers ------------------------------------------------------------
+
+    def next_deadline(self) -> float | None:
+        """When the earliest probe timeout expires, or None."""
+        timers = self._timers
+        while timers:
+            at, _, epoch = timers[0]
+            st = self.streams.get(epoch)
+            if st is not None and st.pto_at == at:
+                return at
+            heapq.heappop(timers)
+        return None
+
+    def on_timer(self, now: float) -> list[tuple[bytes, Any]]:
+        """Fire expired probe timeouts; returns control datagrams (PROBEs) to send, with their addresses."""
+        timers = self._timers
+        out: list[tuple[bytes, Any]] = []
+        while timers and timers[0][0] <= now:
+            at, _, epoch = heapq.heappop(timers)
+            st = self.streams.get(epoch)
+            if st is None or st.pto_at != at:
+                continue
+            st.pto_at = None
+            if not st.buf:
+                continue
+            st.pto_count += 1
+            st.unanswered += 1
+            if st.unanswered > self._max_probes:
+                self.dead_streams += 1
+                self._restart(st, "peer_dead", now)
+                continue
+            self.probes += 1
+            rflags = (R_SYN if st.syn else 0) | (R_ORDERED if st.ordered else 0)
+            probe = Probe(mailbox=st.mailbox, epoch=st.epoch, next_seq=st.sent_upto, rflags=rflags)
+            out.append((encode_control([probe], self.sender_id, self._key), st.addr))
+            self._arm(st, now)
+        return out
+
+    def close(self) -> None:
+        """Report everything still unacknowledged as in doubt (the endpoint closes)."""
+        for st in list(self.streams.values()):
+            self._report(st, "closed")
+            st.buf.clear()
+            st.nbytes = 0
+
+    # -- introspection -----------------------------------------------------
+
+    @property
+    def unacked(self) -> int:
+        """Datagrams not yet acknowledged, in all streams."""
+        return sum(len(st.buf) for st in self.streams.values())
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes held for retransmission or waiting for credit, in all streams."""
+        return sum(st.nbytes for st in self.streams.values())
+
+
+class RecvStream:
+    """The receiving state of one reliable stream (addr, sender id, mailbox)."""
+
+    __slots__ = (
+        "addr",
+        "avg_size",
+        "bytes_since",
+        "credit",
+        "due",
+        "epoch",
+        "held",
+        "held_bytes",
+        "largest",
+        "largest_at",
+        "last_active",
+        "last_status",
+        "mailbox",
+        "next",
+        "ordered",
+        "seen",
+        "sender",
+        "since_status",
+        "urgent",
+    )
+
+    def __init__(self, addr: Any, sender: int, mailbox: int, epoch: int, ordered: bool, now: float) -> None:
+        self.addr = addr
+        self.sender = sender
+        self.mailbox = mailbox
+        self.epoch = epoch
+        self.ordered = ordered
+        self.next = 0
+        self.largest = MASK  # "before 0": nothing seen
+        self.largest_at = now
+        self.held: dict[int, bytes] = {}  # ordered: datagrams after a gap
+        self.held_bytes = 0
+        self.seen: set[int] = set()  # unordered: seqs delivered after a gap
+        self.credit = INITIAL_CREDIT
+        self.avg_size = 1024.0
+        self.since_status = 0  # datagrams since the last STATUS
+        self.bytes_since = 0  # and their bytes
+        self.urgent = False
+        self.due: float | None = None  # when a delayed STATUS is due
+        self.last_status = float("-inf")
+        self.last_active = now
+
+    def gaps(self) -> tuple[tuple[int, int], ...]:
+        """Missing ranges between ``next`` and ``largest`` (at most 32)."""
+        if seq_diff(self.largest, self.next) < 0:
+            return ()
+        got = sorted(seq_diff(q, self.next) for q in (self.held if self.ordered else self.seen))
+        out: list[tuple[int, int]] = []
+        pos = 0  # offset from next
+        for off in got:
+            if off > pos:
+                out.append(((self.next + pos) & MASK, min(off - pos, 0xFFFF)))
+                if len(out) == 32:
+                    break
+            pos = off + 1
+        last = seq_diff(self.largest, self.next)
+        if len(out) < 32 and pos <= last:
+            out.append(((self.next + pos) & MASK, min(last - pos + 1, 0xFFFF)))
+        return tuple(out)
+
+    def status(self, now: float, *, reset: bool = False) -> Status:
+        return Status(
+            stream_sender=self.sender,
+            mailbox=self.mailbox,
+            epoch=self.epoch,
+            next_expected=self.next,
+            credit_limit=self.credit,
+            largest_seen=self.largest,
+            missing=() if reset else self.gaps(),
+            ack_delay=int((now - self.largest_at) * 1e6),
+            reset=reset,
+        )
