@@ -144,6 +144,10 @@ class Endpoint(ABC):
             max_datagram=cfg.max_datagram,
         )
         self._send_buffer = cfg.send_buffer
+        # The earliest reliability timer (probe timeout or STATUS due), as
+        # far as the threads that set them know: a thread reading the socket
+        # bounds its wait by it and fires what is due itself.
+        self._rel_at = float("inf")
         self._ack_poll_at = cfg.send_buffer // 4
         self._failures: deque[DeliveryFailure] = deque(maxlen=_KEEP_FAILURES)
         self._mailboxes = self._receiver.mailboxes
@@ -488,7 +492,7 @@ class Endpoint(ABC):
             if st.nbytes >= self._send_buffer:
                 s.check_at = 0  # the next push reaches _after_append's backpressure
             if armed is None and st.pto_at is not None:
-                self._deadline_armed(st.pto_at)
+                self._rel_timer(st.pto_at)
             if not datagrams:
                 # Held for want of credit: the destination is busy, not idle,
                 # so the next messages batch rather than leave one by one.
@@ -788,7 +792,9 @@ class Endpoint(ABC):
             r.new_due = False
             due = r.next_deadline()
             if due is not None:
-                self._deadline_armed(due)
+                self._rel_timer(due)
+        if now >= self._rel_at:
+            self._fire_reliable(now)
 
     def _on_controls(self, now: float) -> None:
         controls = self._receiver.controls
@@ -813,22 +819,30 @@ class Endpoint(ABC):
                 if st.nbytes < self._send_buffer:
                     room = True
                 if st.pto_at is not None:
-                    self._deadline_armed(st.pto_at)
+                    self._rel_timer(st.pto_at)
         if rel.failures:
             self._report_failures()
         if room:
             self._room_made()
 
+    def _rel_timer(self, deadline: float) -> None:
+        """A reliability timer (a probe timeout, a STATUS due) was set for ``deadline``."""
+        if deadline < self._rel_at:
+            self._rel_at = deadline
+        self._deadline_armed(deadline)
+
     def _room_made(self) -> None:  # noqa: B027 - a hook: drivers with waiters override it
         """A reliable stream's send buffer drained below its limit (wake blocked pushes)."""
 
     def _fire_reliable(self, now: float) -> None:
-        """Probe timeouts, and the STATUS owed by now (called by the driver's timer)."""
+        """Probe timeouts, and the STATUS owed by now (called by the driver's
+        timer, or by a thread reading the socket once ``_rel_at`` passed)."""
         rel = self._rel
         with self._timer_lock:
             probes = rel.on_timer(now) if rel.streams else []
             for data, addr in probes:
                 self._send_to(data, addr)
+            pto = rel.next_deadline()
         if rel.failures:
             self._report_failures()
             self._room_made()
@@ -836,6 +850,9 @@ class Endpoint(ABC):
         if r.owed or r.status_urgent:
             for data, addr in r.take_status(now):
                 self._send_to(data, addr)
+            r.new_due = False
+        due = [d for d in (pto, r.next_deadline()) if d is not None]
+        self._rel_at = min(due) if due else float("inf")
 
     def _settle_owed(self) -> None:
         """Closing: send every STATUS this endpoint owes its senders, so that
@@ -865,9 +882,15 @@ class Endpoint(ABC):
         """Reliable datagrams sent (or waiting for credit) and not yet acknowledged."""
         return self._rel.unacked
 
-    def _next_deadline(self) -> float | None:
+    def _next_deadline(self, *, reliable: bool = True) -> float | None:
+        """The earliest deadline of any timer; without ``reliable``, leaving out
+        probe timeouts and STATUS dues (which a reading thread fires)."""
         with self._timer_lock:
-            candidates = [self._batcher.next_deadline(), self._receiver.next_deadline(), self._rel.next_deadline()]
+            candidates = [self._batcher.next_deadline(), self._receiver.next_deadline() if reliable else None]
+            if reliable:
+                candidates.append(self._rel.next_deadline())
+            elif self._receiver.partials:
+                candidates.append(self._receiver.next_deadline())
         with self._req_lock:
             candidates.append(self._pending.next_deadline())
         due = [d for d in candidates if d is not None]

@@ -69,6 +69,10 @@ _BIG_DATAGRAM: Final = 8192
 _RECV_SIZE: Final = 65536
 #: Waits shorter than this use select, not SO_RCVTIMEO (which rounds up to a timer tick).
 _SHORT_WAIT: Final = 0.02
+_FOREVER: Final = float("inf")
+#: The least wait a reliability timer imposes on a blocking read (it fires
+#: up to a kernel tick late anyway).
+_TIMER_SLACK: Final = 0.001
 #: Longest single wait of a push blocked for room, or of drain (between checks).
 _ROOM_POLL: Final = 0.005
 _monotonic = time.monotonic
@@ -132,6 +136,15 @@ class Queue(Endpoint):
     def _deadline_armed(self, deadline: float) -> None:
         self._arms += 1
         if deadline < self._io_sleep_until:
+            self._wake_io()
+
+    def _rel_timer(self, deadline: float) -> None:
+        # While the application reads the socket, its reads fire the
+        # reliability timers (bounded by _rel_at); waking the I/O thread
+        # for each would cost the application a GIL hand-off a round trip.
+        if deadline < self._rel_at:
+            self._rel_at = deadline
+        if deadline < self._io_sleep_until and _monotonic() - self._app_read_at >= _APP_READING:
             self._wake_io()
 
     def _transmit(self, s: Stream, datagrams: list[bytes], *, raise_errors: bool = True) -> None:
@@ -296,17 +309,26 @@ class Queue(Endpoint):
             mb = self._mailboxes.get(mailbox)  # again: another reader may have filled it
             if self._closed or (mb is not None and mb.chunks and mb.available()):
                 return None, timeout
+            # A reliability timer due first bounds the wait: this thread
+            # fires it (the I/O thread stays off while the application reads).
+            # A timer a tick late is fine: this bound takes the one-call
+            # blocking read below (SO_RCVTIMEO), not select's two calls.
+            wait = timeout
+            short = wait is not None and wait < _SHORT_WAIT
+            left = self._rel_at - start
+            if left < _FOREVER and (wait is None or left < wait):
+                wait = max(left, _TIMER_SLACK)
             try:
-                if self._big_reads or (timeout is not None and timeout < _SHORT_WAIT):
-                    data, addr = self._recv_within(timeout)
+                if self._big_reads or short:
+                    data, addr = self._recv_within(wait)
                 else:
                     # _recv_within's common case, inline: a blocking read
                     # into the reused buffer.
-                    if timeout is None:
+                    if wait is None:
                         if self._rcvtimeo:
                             self._set_rcvtimeo(None)
-                    elif not self._rcv_lo <= timeout <= self._rcv_hi:
-                        self._set_rcvtimeo(timeout)
+                    elif not self._rcv_lo <= wait <= self._rcv_hi:
+                        self._set_rcvtimeo(wait)
                     n, addr = self._sock.recvfrom_into(self._buf)
                     if n >= _BIG_DATAGRAM:
                         self._big_reads = True
@@ -317,10 +339,12 @@ class Queue(Endpoint):
                 now = self._app_read_at = self._batcher.waited_at = _monotonic()
                 r = self._receiver
                 item = r.receive_one(data, addr, now, mailbox)
-                if r.replies or r.controls or r.status_urgent or r.new_due:
+                if r.replies or r.controls or r.status_urgent or r.new_due or now >= self._rel_at:
                     self._after_read(now)
                 if item is not None:
                     return item, timeout
+            elif _monotonic() >= self._rel_at:
+                self._fire_reliable(_monotonic())
         finally:
             self._rx_lock.release()
         if timeout is not None:
@@ -411,8 +435,9 @@ class Queue(Endpoint):
             if backlog is not None and self._receiver.queued() >= backlog:
                 break
         r = self._receiver
-        if r.replies or r.controls or r.status_urgent or r.new_due:
-            self._after_read(_monotonic())
+        now = _monotonic()
+        if r.replies or r.controls or r.status_urgent or r.new_due or now >= self._rel_at:
+            self._after_read(now)
         return count
 
     def _read_blocking(
@@ -445,10 +470,17 @@ class Queue(Endpoint):
                     return None
             elif self._take_ready(mailbox, predicate):
                 return None
+            wait = remaining
+            left = self._rel_at - _monotonic()
+            if left < _FOREVER and (wait is None or left < wait):
+                wait = max(left, 0.0)  # a reliability timer first: fired here (see _read_direct)
             try:
-                data, addr = self._recv_within(remaining)
+                data, addr = self._recv_within(wait)
             except OSError:
-                return None  # timed out (EAGAIN), closed under us, or an ICMP error: the caller decides
+                # Timed out (EAGAIN), closed under us, or an ICMP error: the caller decides.
+                if _monotonic() >= self._rel_at and not self._closed:
+                    self._fire_reliable(_monotonic())
+                return None
             if addr is None:
                 return None  # shut down by close()
             item = None
@@ -458,7 +490,7 @@ class Queue(Endpoint):
                 item = r.receive_one(data, addr, now, mailbox)
             else:
                 r.datagram_received(data, addr, now)
-            if r.replies or r.controls or r.status_urgent or r.new_due:
+            if r.replies or r.controls or r.status_urgent or r.new_due or now >= self._rel_at:
                 self._after_read(now)
             return item
         finally:
@@ -562,7 +594,13 @@ class Queue(Endpoint):
             # push that arms one meanwhile sees it must wake us.
             self._io_sleep_until = float("inf")
             now = _monotonic()
-            deadline = self._next_deadline()
+            # Off the socket while the application reads it itself: a wake
+            # for a timer must not turn into a wake on the application's next
+            # datagram (a GIL hand-off for it); the reliability timers are
+            # then the reading application's to fire.
+            back_at = max(yield_until, self._app_read_at + _APP_READING)
+            reading = now >= back_at
+            deadline = self._next_deadline(reliable=reading)
             if deadline is None and self._arms != seen_arms:
                 # Batches are being opened: wake again within one timeout
                 # rather than sleep for good, so that the next batch's
@@ -571,9 +609,8 @@ class Queue(Endpoint):
                 # without a new batch, sleep until woken.
                 seen_arms = self._arms
                 deadline = now + heartbeat
-            reading = now >= yield_until
             if not reading:
-                deadline = yield_until if deadline is None else min(deadline, yield_until)
+                deadline = back_at if deadline is None else min(deadline, back_at)
             timeout = None if deadline is None else max(deadline - now, 0.0)
             self._io_sleep_until = float("inf") if deadline is None else deadline
             fds = [sock, wake] if reading else [wake]

@@ -123,6 +123,12 @@ _ONE_SIZE: Final = _ONE.size
 _MVF_RAW: Final = int.from_bytes(MAGIC + bytes((VERSION, 0)), "big")
 _MVF_MSGPACK: Final = int.from_bytes(MAGIC + bytes((VERSION, FLAG_MSGPACK)), "big")
 _MVF_PLAIN: Final = frozenset((_MVF_RAW, _MVF_MSGPACK))
+# The same for a v2 datagram: header, extension (epoch, rflags), prefix.
+_ONE2 = struct.Struct(">IIIIIB3xB")
+_ONE2_SIZE: Final = _ONE2.size
+_MVF2_RAW: Final = int.from_bytes(MAGIC + bytes((VERSION_2, 0)), "big")
+_MVF2_MSGPACK: Final = int.from_bytes(MAGIC + bytes((VERSION_2, FLAG_MSGPACK)), "big")
+_MVF_V2_PLAIN: Final = frozenset((_MVF2_RAW, _MVF2_MSGPACK))
 _SLOW_FLAGS: Final = FLAG_FRAGMENT | FLAG_TAG | FLAG_CONTROL
 # A v2 data datagram's header and extension: magic, flags, sender, mailbox,
 # seq, epoch, rflags (the version byte skipped: tested before).
@@ -472,7 +478,7 @@ class Receiver:
                 mb.nbytes += len(data)
                 self.messages_received += n
                 return n
-        elif self._key is None and len(data) >= _V2_SIZE and data[2] == VERSION_2 and not data[3] & _V2_SLOW:
+        if self._key is None and len(data) >= _V2_SIZE and data[2] == VERSION_2 and not data[3] & _V2_SLOW:
             # Fast path of reliable streams: the next datagram of a known
             # stream with nothing held, delivered inline (else the general path).
             magic, flags, sender, mailbox, seq, epoch, rflags = _V2.unpack_from(data)
@@ -826,8 +832,61 @@ class Receiver:
                 self.bytes_received += len(data)
                 self.messages_received += 1
                 return payload, (addr, sender, mb, seq, None)
+            if mvf in _MVF_V2_PLAIN and len(data) > _ONE2_SIZE:
+                return self._receive_one_v2(data, addr, now, mailbox)
         self.datagram_received(data, addr, now)
         return None
+
+    def _receive_one_v2(self, data: bytes, addr: Any, now: float, mailbox: int) -> tuple[Any, Meta] | None:
+        """:meth:`receive_one` of a plain v2 datagram: the next of its reliable
+        stream, one message for ``mailbox``, nothing held: straight back."""
+        mvf, sender, mb, seq, epoch, rflags, n = _ONE2.unpack_from(data)
+        size = len(data) - _ONE2_SIZE
+        key = (addr, sender, mb)
+        rs = self._rstreams.get(key)
+        if n == size and n < 255:
+            start = _ONE2_SIZE
+        elif n == 255 and size >= 8 and _LONG_LEN.unpack_from(data, _ONE2_SIZE)[0] == size - 8:
+            start = _ONE2_SIZE + 8
+        else:
+            start = 0
+        if (
+            not start
+            or mb != mailbox
+            or rs is None
+            or rs.epoch != epoch
+            or rs.next != seq
+            or rs.held
+            or rs.seen
+            or rflags & ~(R_SYN | R_ORDERED)
+            or seq_diff(rs.credit, seq) <= 0
+        ):
+            self.datagram_received(data, addr, now)
+            return None
+        payload: Any = data[start:]
+        if mvf == _MVF2_MSGPACK:
+            try:
+                payload = _unpack(payload)
+            except Exception:  # noqa: BLE001 - counted by the general path
+                self.datagram_received(data, addr, now)
+                return None
+        self.datagrams_received += 1
+        self.bytes_received += len(data)
+        self.messages_received += 1
+        rs.next = (seq + 1) & 0xFFFFFFFF
+        rs.largest = seq
+        rs.largest_at = rs.last_active = now
+        rs.avg_size += (len(data) - rs.avg_size) * 0.125
+        rs.since_status += 1
+        rs.bytes_since += len(data)
+        if rs.bytes_since >= STATUS_BYTES or rs.since_status >= max(seq_diff(rs.credit, rs.next) // 4, 1):
+            rs.urgent = True
+            self.status_urgent = True
+        elif rs.due is None:
+            rs.due = now + MAX_ACK_DELAY
+            self.new_due = True
+        self._owed[key] = rs
+        return payload, (addr, sender, mb, seq, None)
 
     def _sequence(self, addr: Any, sender: int, mailbox: int, seq: int) -> None:
         key = (addr, sender, mailbox)
