@@ -153,6 +153,8 @@ DROP_REASONS: Final = (
 )
 #: Reliable streams remembered at once; the least recently active go first.
 MAX_RELIABLE_STREAMS: Final = 65_536
+#: Credit a stream always gets while the application has nothing to take.
+_LIVE_WINDOW: Final = 4
 #: Least time between two RESETs for one unknown stream.
 _RESET_GAP: Final = 0.01
 #: A stream is active (shares the receive budget) this long after its last datagram.
@@ -738,11 +740,17 @@ class Receiver:
             since = now - _ACTIVE_FOR
             self._active_n = max(sum(1 for r in self._rstreams.values() if r.last_active >= since), 1)
             self._active_at = now
-        free = self.budget - self.held_bytes()
+        consumable = sum(v.queued_bytes() for v in list(self.mailboxes.values()))
+        free = self.budget - consumable - self._held_rel - self._reassembly_bytes
         self._free = free
         self._unchecked = 0
         w = int(max(free, 0) // self._active_n // (rs.avg_size + DATAGRAM_OVERHEAD))
         w = min(w, self._wmax)
+        if w < _LIVE_WINDOW and not consumable and not rs.held:
+            # Nothing the application could take is here: what fills the
+            # budget is a message being reassembled, which only more data
+            # completes (it is bounded by max_reassembly, not by the budget).
+            w = _LIVE_WINDOW
         limit = (rs.next + w) & 0xFFFFFFFF
         if seq_diff(limit, rs.credit) > 0:
             rs.credit = limit

@@ -1,0 +1,506 @@
+"""Reliable and unordered delivery between two endpoints, on the simulated network.
+
+Each test pairs real endpoints (batcher, receiver, reliable sender) on a
+:class:`~tests.net.harness.SimNetwork` in virtual time, breaks the link in one
+way, and checks what the application gets: every message once (in push
+order for "reliable"), or an honest report of what is in doubt.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from cmq import WouldBlock
+from cmq.wire.frames import Status, encode_control
+
+from .harness import Datagram, SimEndpoint, SimNetwork
+
+MODES = ["reliable", "unordered"]
+#: Small datagrams, so that a few hundred messages make many of them.
+SMALL: dict[str, Any] = {"max_datagram": 600}
+
+
+@pytest.fixture
+def net() -> Iterator[SimNetwork]:
+    with SimNetwork(seed=1) as n:
+        yield n
+
+
+def messages(n: int, size: int = 100, start: int = 0) -> list[bytes]:
+    """``n`` distinct payloads of ``size`` bytes, numbered from ``start``."""
+    return [b"%06d" % i + b"." * (size - 6) for i in range(start, start + n)]
+
+
+def push_all(a: SimEndpoint, b: SimEndpoint, msgs: list[Any], gap: float = 0.0) -> None:
+    """``a`` pushes ``msgs`` to ``b``, all at once or one every ``gap`` seconds."""
+    for m in msgs:
+        a.push(b.addr, m)
+        if gap:
+            a.net.run_for(gap)
+
+
+def every(k: int, match: Callable[[Datagram], bool]) -> Callable[[Datagram], bool]:
+    """Matches every ``k``-th datagram that ``match`` matches."""
+    n = itertools.count(1)
+    return lambda d: match(d) and next(n) % k == 0
+
+
+def carries(payload: bytes) -> Callable[[Datagram], bool]:
+    return lambda d: payload in d.payloads
+
+
+def got_all(b: SimEndpoint, msgs: list[bytes]) -> Callable[[], bool]:
+    return lambda: len(b.received) >= len(msgs)
+
+
+def check_delivered(b: SimEndpoint, msgs: list[bytes], delivery: str) -> None:
+    """Everything once; in push order for "reliable"."""
+    if delivery == "reliable":
+        assert b.received == msgs
+    else:
+        assert sorted(b.received) == sorted(msgs)
+        assert len(set(b.received)) == len(b.received)
+
+
+def settle(net: SimNetwork, *eps: SimEndpoint) -> None:
+    """Run until nothing is left to do; then nothing is unacknowledged and no timer armed."""
+    assert net.run(limit=30.0), "the network never went quiet"
+    for ep in eps:
+        assert ep.unacknowledged() == 0
+        assert ep._next_deadline() is None
+        assert not ep.failures()
+
+
+# -- a clean link -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("delivery", MODES)
+def test_lossless_link_delivers_each_message_once_in_order(net: SimNetwork, delivery: str) -> None:
+    a, b = net.add(delivery=delivery, **SMALL), net.add(**SMALL)
+    msgs = messages(300)
+    push_all(a, b, msgs)
+    assert net.run(until=got_all(b, msgs))
+    assert b.received == msgs  # no loss, no reordering: in order even if unordered
+    settle(net, a, b)
+    sa, sb = a.stats(), b.stats()
+    assert sa.status_received > 0 and sb.status_sent > 0  # acknowledgements flowed
+    assert sa.retransmits == sa.probes == sa.in_doubt == 0
+    assert sb.duplicates == sb.overruns == 0
+    assert sa.send_buffered == 0
+
+
+def test_spaced_pushes_are_acknowledged_and_the_link_goes_quiet(net: SimNetwork) -> None:
+    a, b = net.add(**SMALL), net.add(**SMALL)
+    msgs = messages(50)
+    push_all(a, b, msgs, gap=0.01)  # each alone: the destination is idle every time
+    settle(net, a, b)
+    assert b.received == msgs
+    assert a.stats().retransmits == 0
+
+
+# -- data loss ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("delivery", MODES)
+def test_every_third_data_datagram_lost_is_repaired(net: SimNetwork, delivery: str) -> None:
+    a, b = net.add(delivery=delivery, **SMALL), net.add(**SMALL)
+    net.drop(every(3, lambda d: d.is_data))
+    msgs = messages(300)
+    push_all(a, b, msgs)
+    assert net.run(until=got_all(b, msgs))
+    check_delivered(b, msgs, delivery)
+    settle(net, a, b)
+    assert a.stats().retransmits > 0
+
+
+@pytest.mark.parametrize("delivery", MODES)
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_random_data_loss_is_repaired(delivery: str, seed: int) -> None:
+    with SimNetwork(seed=seed) as net:
+        a, b = net.add(delivery=delivery, **SMALL), net.add(**SMALL)
+        net.link(a, b, loss=0.25, jitter=2e-4)
+        msgs = messages(400)
+        push_all(a, b, msgs, gap=1e-4)
+        assert net.run(until=got_all(b, msgs))
+        check_delivered(b, msgs, delivery)
+        settle(net, a, b)
+        assert b.stats().duplicates >= 0 and a.stats().retransmits > 0
+
+
+@pytest.mark.parametrize("delivery", MODES)
+def test_a_gap_blocks_only_ordered_delivery(net: SimNetwork, delivery: str) -> None:
+    """Unordered: the message after a lost one is handed over before the
+    repair (no head-of-line blocking). Reliable: it waits for it."""
+    a, b = net.add(delivery=delivery, **SMALL), net.add(**SMALL)
+    msgs = messages(10)
+    lost, after = msgs[5], msgs[6]
+    net.drop(carries(lost), count=1)
+    push_all(a, b, msgs, gap=1e-3)  # one datagram each
+    assert net.run(until=got_all(b, msgs))
+    check_delivered(b, msgs, delivery)
+    at = dict(zip(b.received, b.received_at, strict=True))
+    if delivery == "unordered":
+        assert at[after] < at[lost]
+        assert b.received.index(after) < b.received.index(lost)
+    else:
+        assert at[after] == at[lost]  # released together by the repair
+    assert a.stats().retransmits == 1
+
+
+def test_tail_loss_is_repaired_by_the_probe_timeout(net: SimNetwork) -> None:
+    a, b = net.add(**SMALL), net.add(**SMALL)
+    msgs = messages(20)
+    net.drop(carries(msgs[-1]), count=1)
+    push_all(a, b, msgs, gap=1e-3)
+    last_push = net.now - 1e-3
+    assert net.run(until=got_all(b, msgs))
+    assert b.received == msgs
+    stats = a.stats()
+    assert stats.probes >= 1 and stats.retransmits == 1
+    # Within a few probe timeouts of virtual time (not a lucky later datagram).
+    assert net.now - last_push <= 3 * a._rel.pto()
+    settle(net, a, b)
+
+
+# -- control loss, duplication, reordering -----------------------------------------
+
+
+@pytest.mark.parametrize("delivery", MODES)
+def test_lost_status_records_cost_nothing_but_time(net: SimNetwork, delivery: str) -> None:
+    a, b = net.add(delivery=delivery, **SMALL), net.add(**SMALL)
+    net.link(b, a, loss=0.5)  # every control datagram goes this way
+    msgs = messages(300)
+    push_all(a, b, msgs, gap=5e-5)
+    assert net.run(until=got_all(b, msgs))
+    check_delivered(b, msgs, delivery)
+    settle(net, a, b)
+
+
+def test_the_first_status_records_lost_in_a_row(net: SimNetwork) -> None:
+    a, b = net.add(**SMALL), net.add(**SMALL)
+    rule = net.drop(lambda d: d.is_status, count=8)
+    msgs = messages(100)
+    push_all(a, b, msgs)
+    assert net.run(until=got_all(b, msgs))
+    assert b.received == msgs
+    settle(net, a, b)
+    assert rule.dropped == 8
+    assert a.stats().probes >= 1  # the sender had to ask
+
+
+@pytest.mark.parametrize("delivery", MODES)
+def test_duplicated_datagrams_are_delivered_once(net: SimNetwork, delivery: str) -> None:
+    net.default = net.default.__class__(duplicate=0.5)
+    a, b = net.add(delivery=delivery, **SMALL), net.add(**SMALL)
+    msgs = messages(300)
+    push_all(a, b, msgs, gap=5e-5)
+    assert net.run(until=got_all(b, msgs))
+    check_delivered(b, msgs, delivery)
+    settle(net, a, b)
+    assert net.counts["duplicated"] > 0 and b.stats().duplicates > 0
+
+
+@pytest.mark.parametrize("delivery", MODES)
+def test_reordered_datagrams(net: SimNetwork, delivery: str) -> None:
+    a, b = net.add(delivery=delivery, **SMALL), net.add(**SMALL)
+    net.link(a, b, delay=1e-4, jitter=3e-3)
+    msgs = messages(300)
+    push_all(a, b, msgs, gap=5e-5)
+    assert net.run(until=got_all(b, msgs))
+    check_delivered(b, msgs, delivery)
+    settle(net, a, b)
+    seqs = [d.seq for _, d in net.trace if d.is_data and d.dst == b.addr]
+    assert seqs != sorted(seqs)  # the link did reorder
+    if delivery == "unordered":
+        assert b.received != msgs  # and unordered delivery showed it
+
+
+# -- flow control -----------------------------------------------------------------
+
+
+def test_a_receiver_that_does_not_consume_gets_no_more_than_its_budget(net: SimNetwork) -> None:
+    budget = 20_000
+    b = net.add(consume_every=None, max_buffered_bytes=budget, **SMALL)
+    a = net.add(send_buffer=12_000, on_full="raise", **SMALL)
+    pushed: list[bytes] = []
+    refused = None
+    for m in messages(10_000):
+        try:
+            a.push(b.addr, m)
+        except WouldBlock:
+            refused = m
+            break
+        pushed.append(m)
+        net.run_for(1e-4)
+    assert refused is not None, "the send buffer never filled"
+    net.run_for(10.0)  # the application sleeps for a long time
+    held = b.stats().held_bytes
+    assert 0 < held <= budget
+    assert b.stats().queued * 100 <= budget  # the messages' own bytes too
+    assert b.stats().overruns == 0  # the credit kept the sender within it
+    with pytest.raises(WouldBlock):
+        a.push(b.addr, refused)  # still full: nothing was acknowledged past the budget
+    assert not a.failures()  # a slow consumer is not a dead peer
+    b.consume_every = 0  # the application wakes up
+    b.consume()
+    assert net.run(until=got_all(b, pushed))
+    assert b.received == pushed  # the refused message was never queued
+    settle(net, a, b)
+
+
+def test_a_paced_consumer_gets_everything_once(net: SimNetwork) -> None:
+    b = net.add(consume_every=0.01, consume_batch=7, max_buffered_bytes=8_000, **SMALL)
+    a = net.add(**SMALL)
+    msgs = messages(300)
+    push_all(a, b, msgs)
+    assert net.run(until=got_all(b, msgs))
+    assert b.received == msgs
+    settle(net, a, b)
+
+
+def test_a_full_mailbox_is_repaired_once_the_application_consumes() -> None:
+    """Datagrams a full mailbox (max_queued) refuses, in order or from the
+    reorder buffer, are overruns the sender repairs; the RTT estimate stays
+    sane while the gap stays open."""
+    for seed in range(4):
+        with SimNetwork(seed=seed) as net:
+            b = net.add(consume_every=None, max_queued=12, **SMALL)
+            a = net.add(**SMALL)
+            net.link(a, b, jitter=2e-3, loss=0.1)
+            msgs = messages(100)
+            push_all(a, b, msgs, gap=1e-4)
+            net.run_for(2.0)
+            assert b.stats().queued <= 12 and b.stats().overruns > 0
+            assert a.stats().srtt < 0.01  # repeated STATUS do not inflate it
+            b.consume_every = 0
+            b.consume()
+            assert net.run(until=got_all(b, msgs), limit=5.0)
+            assert b.received == msgs
+            settle(net, a, b)
+
+
+# -- failures: restart, dead peer ------------------------------------------------
+
+
+def test_receiver_restart_reports_exactly_the_unacknowledged_messages(net: SimNetwork) -> None:
+    reported: list[Any] = []
+    a = net.add(on_failure=reported.append, **SMALL)
+    b = net.add(**SMALL)
+    first = messages(10)
+    push_all(a, b, first)
+    assert net.run(until=lambda: a.unacknowledged() == 0)  # acknowledged: no SYN any more
+    mute = net.drop(lambda d: d.src == b.addr)  # b's acknowledgements are lost ...
+    unacked = messages(20, start=10)
+    push_all(a, b, unacked, gap=1e-4)
+    net.run_for(1e-3)
+    assert b.received == first + unacked  # ... though b got everything
+    b.crash()  # ... and b restarts, knowing nothing
+    net.heal(mute)
+    b2 = net.add(addr=b.addr, **SMALL)
+    assert net.run(until=lambda: bool(a.failures()))
+    (failure,) = a.failures()
+    assert failure.reason == "peer_reset"
+    assert failure.messages == tuple(unacked)  # in doubt: delivered or not, no one knows
+    assert reported == [failure]
+    assert a.stats().in_doubt == len(unacked) and a.unacknowledged() == 0
+    later = messages(10, start=30)
+    push_all(a, b2, later)
+    assert net.run(until=got_all(b2, later))
+    net.run(limit=5.0)
+    assert b2.received == later  # nothing of the old epoch delivered again
+    assert len(a.failures()) == 1
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_receiver_restart_mid_stream_loses_nothing_unreported(seed: int) -> None:
+    with SimNetwork(seed=seed, loss=0.1) as net:
+        a, b = net.add(**SMALL), net.add(**SMALL)
+        msgs = messages(200)
+        for i, m in enumerate(msgs):
+            a.push(b.addr, m)
+            net.run_for(2e-4)
+            if i == 100:
+                b.crash()
+                b = b2 = net.add(addr=b.addr, **SMALL)
+        assert net.run(limit=30.0)
+        first = net._all[1]
+        in_doubt = [m for f in a.failures() for m in f.messages]
+        assert {f.reason for f in a.failures()} == {"peer_reset"}
+        assert a.stats().in_doubt == len(in_doubt) > 0
+        assert len(set(b2.received)) == len(b2.received)  # once to the new incarnation
+        assert not set(b2.received) & set(first.received)
+        assert not set(b2.received) & set(in_doubt)
+        assert set(first.received) | set(in_doubt) | set(b2.received) == set(msgs)
+        assert b2.received == sorted(b2.received)  # in order
+        assert b2.received[-1] == msgs[-1]
+        assert a.unacknowledged() == 0
+
+
+def test_a_dead_peer_is_reported_after_max_probes(net: SimNetwork) -> None:
+    a = net.add(codec="msgpack", max_probes=4, **SMALL)
+    b = net.add(codec="msgpack", **SMALL)
+    push_all(a, b, list(range(10)))
+    assert net.run(until=lambda: a.unacknowledged() == 0)
+    cut = net.partition(a, b)
+    push_all(a, b, [{"n": i} for i in range(10, 20)])
+    assert net.run(until=lambda: bool(a.failures()), limit=60.0)
+    (failure,) = a.failures()
+    assert failure.reason == "peer_dead" and failure.dest == b.addr
+    assert failure.messages == tuple({"n": i} for i in range(10, 20))
+    stats = a.stats()
+    assert stats.dead_streams == 1 and stats.in_doubt == 10 and stats.probes == 4
+    assert a.unacknowledged() == 0 and a._next_deadline() is None
+    net.heal(cut)
+    push_all(a, b, [20, 21])  # a new epoch: the peer is tried afresh
+    assert net.run(until=lambda: len(b.received) == 12)
+    assert b.received == [*range(10), 20, 21]
+
+
+# -- keys, versions, fragments ---------------------------------------------------
+
+
+def test_a_forged_status_is_dropped_and_acknowledges_nothing(net: SimNetwork) -> None:
+    key = b"k" * 32
+    a, b = net.add(key=key, **SMALL), net.add(key=key, **SMALL)
+    mute = net.drop(lambda d: d.src == b.addr)
+    msgs = messages(40)
+    push_all(a, b, msgs)
+    net.run_for(5e-3)
+    unacked = a.unacknowledged()
+    assert unacked > 0
+    (epoch,) = a._rel.streams
+    forged = Status(
+        stream_sender=a.sender_id, mailbox=0, epoch=epoch,
+        next_expected=1000, credit_limit=100_000, largest_seen=999,
+    )  # fmt: skip
+    for k in (None, b"x" * 32):  # no tag, and a tag under the wrong key
+        net.inject(Datagram(b.addr, a.addr, encode_control([forged], b.sender_id, k)), 1e-4)
+    net.run_for(1e-3)
+    assert a.stats().dropped["bad_tag"] == 2
+    assert a.unacknowledged() >= unacked
+    assert a.stats().status_received == 0
+    net.heal(mute)
+    assert net.run(until=got_all(b, msgs))
+    assert b.received == msgs
+    settle(net, a, b)
+
+
+def test_a_best_effort_sender_reaches_a_reliable_receiver(net: SimNetwork) -> None:
+    a, b = net.add(delivery="best-effort", **SMALL), net.add(delivery="reliable", **SMALL)
+    msgs = messages(100)
+    push_all(a, b, msgs)
+    assert net.run(until=got_all(b, msgs))
+    assert b.received == msgs
+    assert all(d.data[2] == 1 for _, d in net.trace)  # v1 only, no control records
+    assert b.stats().status_sent == 0
+    settle(net, a, b)
+
+
+@pytest.mark.parametrize("delivery", MODES)
+def test_a_reliable_sender_reaches_a_best_effort_receiver(net: SimNetwork, delivery: str) -> None:
+    a, b = net.add(delivery=delivery, **SMALL), net.add(delivery="best-effort", **SMALL)
+    net.link(a, b, loss=0.2)
+    msgs = messages(100)
+    push_all(a, b, msgs)
+    assert net.run(until=got_all(b, msgs))
+    check_delivered(b, msgs, delivery)
+    assert b.stats().status_sent > 0  # v2 data is acknowledged whatever b sends itself
+    settle(net, a, b)
+
+
+@pytest.mark.parametrize("delivery", MODES)
+def test_fragmented_messages_arrive_whole_and_once_under_loss(
+    net: SimNetwork, delivery: str
+) -> None:
+    rng = random.Random(7)
+    a, b = net.add(delivery=delivery, **SMALL), net.add(**SMALL)
+    net.link(a, b, loss=0.15, jitter=5e-4)
+    msgs = [
+        m + bytes(rng.randrange(256) for _ in range(rng.randrange(500, 4000)))
+        for m in messages(40, 6)
+    ]
+    push_all(a, b, msgs, gap=2e-4)
+    assert net.run(until=got_all(b, msgs))
+    check_delivered(b, msgs, delivery)
+    assert a.stats().fragments_sent > len(msgs)
+    settle(net, a, b)
+    assert b._receiver.partials == 0
+
+
+# -- regressions: a STATUS that is old news, repeats, a restart seen through SYN ----
+
+
+def test_a_status_overtaken_by_a_later_one_is_ignored(net: SimNetwork) -> None:
+    a, b = net.add(**SMALL), net.add(**SMALL)
+    first = messages(10)
+    push_all(a, b, first, gap=1e-3)
+    assert net.run(until=lambda: a.unacknowledged() == 0)
+    old = next(
+        d for _, d in net.trace if d.is_status
+    )  # the first: acknowledges less than later ones
+    (rec,) = old.records
+    assert isinstance(rec, Status) and rec.next_expected < len(first)
+    mute = net.drop(lambda d: d.src == b.addr)
+    more = messages(10, start=10)
+    push_all(a, b, more)
+    for delay in (1e-3, 50e-3):  # arrives late, twice, while more is unacknowledged
+        net.inject(old, delay)
+    net.run_for(0.1)
+    net.heal(mute)
+    assert net.run(until=lambda: a.unacknowledged() == 0)
+    assert not a.failures()
+    assert b.received == first + more
+    settle(net, a, b)
+
+
+def test_a_lost_retransmission_is_repaired_by_the_repeated_status(net: SimNetwork) -> None:
+    a, b = net.add(**SMALL), net.add(**SMALL)
+    msgs = messages(5)
+    # The datagram and its first retransmission; nothing new arrives after
+    # them to prompt another STATUS.
+    net.drop(carries(msgs[3]), count=2)
+    push_all(a, b, msgs, gap=1e-3)
+    assert net.run(until=got_all(b, msgs))
+    assert b.received == msgs
+    assert a.stats().retransmits == 2 and a.stats().probes == 0
+
+
+def test_a_restart_that_took_a_late_syn_datagram_is_detected(net: SimNetwork) -> None:
+    """The restarted receiver accepts a stale SYN datagram as a new stream
+    and keeps asking for what the old one acknowledged: the sender restarts."""
+    a, b = net.add(**SMALL), net.add(**SMALL)
+    first = messages(10)
+    push_all(a, b, first, gap=1e-4)  # all leave with SYN, before the first STATUS
+    assert net.run(until=lambda: a.unacknowledged() == 0)
+    syn = next(d for _, d in net.trace if d.is_data and d.seq == 1)
+    mute = net.drop(lambda d: d.src == b.addr)
+    unacked = messages(10, start=10)
+    push_all(a, b, unacked, gap=1e-4)
+    net.run_for(1e-3)
+    b.crash()
+    net.heal(mute)
+    b2 = net.add(addr=b.addr, **SMALL)
+    net.inject(syn, 1e-4)  # a copy that wandered
+    assert net.run(until=lambda: bool(a.failures()), limit=10.0)
+    (failure,) = a.failures()
+    assert failure.reason == "peer_reset" and failure.messages == tuple(unacked)
+    later = messages(5, start=20)
+    push_all(a, b2, later)
+    assert net.run(until=got_all(b2, later))
+    assert b2.received == later
+
+
+def test_a_message_larger_than_the_receivers_budget_is_delivered(net: SimNetwork) -> None:
+    """Its fragments fill the budget, but a stream whose application has
+    nothing to take always gets some credit: only more data completes it."""
+    b = net.add(max_buffered_bytes=20_000, **SMALL)
+    a = net.add(**SMALL)
+    a.push(b.addr, b"x" * 50_000)
+    assert net.run(until=lambda: bool(b.received or a.failures()), limit=20.0)
+    assert b.received == [b"x" * 50_000]
+    assert not a.failures()
