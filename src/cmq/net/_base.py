@@ -43,6 +43,8 @@ __all__ = ["Endpoint", "OnTimeout", "message_of", "send_error"]
 
 _ENVELOPE = struct.Struct(">BQ")
 _MAX_MAILBOX: Final = ENVELOPE_BIT - 1
+#: Unacknowledged bytes past which a pushing thread reads acknowledgements itself.
+_ACK_POLL_BYTES: Final = 256 * 1024
 #: Delivery failures kept for :meth:`Endpoint.failures`.
 _KEEP_FAILURES: Final = 1024
 
@@ -148,7 +150,11 @@ class Endpoint(ABC):
         # far as the threads that set them know: a thread reading the socket
         # bounds its wait by it and fires what is due itself.
         self._rel_at = float("inf")
-        self._ack_poll_at = cfg.send_buffer // 4
+        # Past this much unacknowledged, a pushing thread reads the
+        # acknowledgements itself (one non-blocking read a batch): waiting for
+        # the I/O thread to get the interpreter delays repairs, and a
+        # receiver holds everything after a gap until its repair arrives.
+        self._ack_poll_at = min(cfg.send_buffer // 4, _ACK_POLL_BYTES)
         self._failures: deque[DeliveryFailure] = deque(maxlen=_KEEP_FAILURES)
         self._mailboxes = self._receiver.mailboxes
         self._raw = cfg.codec == "raw"

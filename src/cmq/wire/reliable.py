@@ -112,6 +112,11 @@ def seq_diff(a: int, b: int) -> int:
     return ((a - b + _HALF) & MASK) - _HALF
 
 
+def _in_ranges(seq: int, ranges: tuple[tuple[int, int], ...]) -> bool:
+    """Whether ``seq`` falls in one of the ``(start, length)`` ranges."""
+    return any(0 <= seq_diff(seq, start) < length for start, length in ranges)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DeliveryFailure:
     """Messages that were pushed reliably but whose delivery is in doubt.
@@ -391,8 +396,16 @@ class ReliableSender:
         # and is newly reported (RFC 9002 5.1): a repeated STATUS, or the
         # answer to a probe, reports it again long after it arrived, with
         # an ack delay that saturates at 65 ms.
+        # Not when the largest is itself missing: a PROBE's answer reports
+        # the tail the probe announced, which never arrived.
         e = buf.get(rec.largest_seen)
-        if e is not None and e[2] == 1 and e[1] is not None and seq_diff(rec.largest_seen, st.sampled) > 0:
+        if (
+            e is not None
+            and e[2] == 1
+            and e[1] is not None
+            and seq_diff(rec.largest_seen, st.sampled) > 0
+            and not _in_ranges(rec.largest_seen, rec.missing)
+        ):
             st.sampled = rec.largest_seen
             self._sample(now - e[1], rec.ack_delay * 1e-6)
         # Cumulative acknowledgement.
