@@ -1,0 +1,67 @@
+"""Reliable delivery under packet loss: delivered, throughput and round trips per delivery mode.
+
+cmq's delivery targets, measured on the lab's lossy
+network namespaces: at loss p = 0, 1, 1.4, 3 and 10 % on both hosts, for
+``delivery`` = reliable, unordered and best-effort,
+
+1. throughput: a sender streams 512 B messages to a receiver; delivered,
+   duplicates, order violations and msgs/s (:mod:`.measure`, with the two
+   programs of :mod:`._peer`);
+2. round trips: 512 B ping-pong, p50 and p99, beside TCP and ZeroMQ on the
+   same rig (NATS's broker is out of the namespaces' reach: skipped, with
+   Figure 6's reason).
+
+The folder holds the whole experiment: :mod:`.measure` runs it and writes
+records, :mod:`.claims` holds the targets and the rules that judge them,
+:mod:`.section` draws the report's section. Importing the package
+registers it with the lab (``cmq lab --only reliability``) and with the
+report.
+
+Needs root, ``ip`` and ``iptables``; without them it is skipped with one
+line saying so (:func:`cmq.lab.netns.unavailable`).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from cmq.lab import netns
+from cmq.lab.experiments import Context, LabExperiment, register
+from cmq.lab.experiments.reliability import measure
+from cmq.lab.experiments.reliability.claims import CLAIMS, EXPERIMENT_ID
+from cmq.lab.experiments.reliability.section import render
+from cmq.pipeline import report
+
+__all__ = ["EXPERIMENT", "REPORT", "unavailable"]
+
+
+def unavailable(_ctx: Context) -> str | None:
+    """One line when the lossy namespaces cannot be made here, else None."""
+    why = netns.unavailable(loss=True)
+    return None if why is None else f"{why}; the lossy experiment {EXPERIMENT_ID} is skipped"
+
+
+EXPERIMENT: Final = register(
+    LabExperiment(
+        id=EXPERIMENT_ID,
+        title="Delivery modes under 0-10 % loss: delivered, throughput, round trips",
+        aliases=("delivery",),
+        order=25,
+        run=measure.run,
+        steps=measure.steps,
+        unavailable=unavailable,
+        multi_system=False,
+    )
+)
+
+REPORT: Final = report.register(
+    report.Experiment(
+        id=EXPERIMENT_ID,
+        title="Reliable delivery under 0-10 % packet loss, by delivery mode",
+        paper="cmq's own delivery targets, stated before the measurement",
+        order=25,
+        claims=CLAIMS,
+        render=render,
+    ),
+    replace=True,
+)

@@ -1,0 +1,381 @@
+"""The reliability experiment: its rules on hand-made rows, its records, its skip line,
+and one short real run in lossy namespaces (root and iptables only).
+
+Everything but the last test runs without root, sockets or Spark: the
+claims and the section read :class:`ReportData` rows shaped like the
+pipeline's, built here with the numbers each rule turns on.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cmq import ConfigError
+from cmq.lab import netns
+from cmq.lab.experiments import PROFILES, Context, get
+from cmq.lab.experiments.reliability import EXPERIMENT, REPORT, measure
+from cmq.lab.experiments.reliability import claims as C
+from cmq.lab.experiments.reliability.section import render
+from cmq.lab.records import read_table
+from cmq.pipeline.report import ReportData, render_html
+
+MS = 1e6
+
+
+def row(
+    scenario: str,
+    mode: str,
+    loss: float,
+    *,
+    system: str = "cmq",
+    messages: int = 20_000,
+    lost: int = 0,
+    duplicates: int = 0,
+    ooo: int = 0,
+    rate: float | None = 50_000.0,
+    runs: int = 3,
+    p50: float = 0.1 * MS,
+    p99: float = 0.5 * MS,
+    max_ns: float = 1 * MS,
+) -> dict[str, Any]:
+    """One pipeline summary row (the keys the claims and the section read)."""
+    p: dict[str, Any] = {"loss": loss}
+    if system == "cmq":
+        p["delivery"] = mode
+    delivered = messages - lost
+    return {
+        "experiment": C.EXPERIMENT_ID, "scenario": scenario, "system": system, "size": 512,
+        "params": json.dumps(p), "p": p, "runs": runs, "messages": messages,
+        "delivered": delivered, "lost": lost, "loss_rate": lost / messages,
+        "duplicates": duplicates, "dup_rate": duplicates / max(delivered, 1),
+        "out_of_order": ooo, "ooo_rate": ooo / max(delivered, 1),
+        "round_trip": scenario == "pingpong", "mean_ns": p50, "stddev_ns": p50 / 10,
+        "p50_ns": p50, "p99_ns": p99, "min_ns": p50 / 2, "max_ns": max_ns,
+        "msgs_per_s": rate, "mb_per_s": None if rate is None else rate * 512 / 1e6,
+        "rate_source": "records",
+    }  # fmt: skip
+
+
+def passing() -> list[dict[str, Any]]:
+    """Every cell of every claim, each just inside its rule."""
+    rows = []
+    for mode in C.MODES:
+        for p in C.LOSSES:
+            share = C.THROUGHPUT_TARGETS.get(p, 1.0)
+            rows.append(row("throughput", mode, p, rate=50_000.0 * share))
+        rows.append(row("pingpong", mode, 0.0, messages=1000))
+        rows.append(row("pingpong", mode, C.LATENCY_LOSS, messages=1000, p50=0.11 * MS,
+                        p99=C.P99_BOUND_NS.get(mode, 1e9), max_ns=40 * MS))  # fmt: skip
+    return rows
+
+
+def verdicts(rows: list[dict[str, Any]], runs: list[dict[str, Any]] | None = None) -> list[str]:
+    data = ReportData(summary=rows, runs=runs or [])
+    return [c.judge(data).status for c in C.CLAIMS]
+
+
+def replace(rows: list[dict[str, Any]], new: dict[str, Any]) -> list[dict[str, Any]]:
+    """``rows`` with the row of the same (scenario, system, params) swapped for ``new``."""
+    key = (new["scenario"], new["system"], new["params"])
+    return [new if (r["scenario"], r["system"], r["params"]) == key else r for r in rows]
+
+
+# -- the rules -----------------------------------------------------------------
+
+
+def test_every_claim_passes_at_the_edge_of_its_rule() -> None:
+    assert verdicts(passing()) == ["pass"] * 5
+
+
+def test_nothing_measured_is_inconclusive_never_pass_or_fail() -> None:
+    assert verdicts([]) == ["inconclusive"] * 5
+
+
+def test_without_delivery_modes_every_claim_says_why() -> None:
+    rows = [r for r in passing() if r["p"]["delivery"] == "best-effort"]
+    runs = [{"experiment": C.EXPERIMENT_ID, "system": "cmq", "p": {"delivery_modes": False}}]
+    data = ReportData(summary=rows, runs=runs)
+    for claim in C.CLAIMS:
+        v = claim.judge(data)
+        assert v.status == "inconclusive" and "no delivery modes" in v.result
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        # One lost, duplicated or (reliable only) late message fails delivery.
+        ({"lost": 1}, ["fail", "pass"]),
+        ({"duplicates": 1}, ["fail", "pass"]),
+        ({"ooo": 1}, ["fail", "pass"]),
+        # Too few messages to say: never a pass.
+        ({"messages": C.MIN_DELIVERY_MESSAGES - 1}, ["inconclusive", "pass"]),
+    ],
+)
+def test_delivery_rules(change: dict[str, Any], expected: list[str]) -> None:
+    rows = replace(passing(), row("throughput", "reliable", 0.03, rate=40_000.0, **change))
+    assert verdicts(rows)[:2] == expected
+    # Unordered may deliver out of order, nothing else.
+    rows = replace(passing(), row("throughput", "unordered", 0.03, rate=40_000.0, **change))
+    assert verdicts(rows)[1] == ("pass" if "ooo" in change else expected[0])
+
+
+def test_delivery_at_a_loss_not_measured_is_inconclusive() -> None:
+    rows = [r for r in passing() if not (r["scenario"] == "throughput" and r["p"]["loss"] == 0.1)]
+    v = C.CLAIMS[0].judge(ReportData(summary=rows))
+    assert v.status == "inconclusive" and "10%: not measured" in v.result
+
+
+@pytest.mark.parametrize(
+    ("loss", "rate", "runs", "messages", "expected"),
+    [
+        (0.01, 45_000.0, 3, 60_000, "pass"),  # exactly 90 %
+        (0.01, 44_999.0, 3, 60_000, "fail"),
+        (0.03, 40_000.0, 3, 60_000, "pass"),  # exactly 80 %
+        (0.03, 39_999.0, 3, 60_000, "fail"),
+        (0.03, 39_999.0, C.MIN_TP_RUNS - 1, 60_000, "inconclusive"),
+        (0.03, 39_999.0, 3, C.MIN_TP_MESSAGES - 1, "inconclusive"),
+    ],
+)
+def test_throughput_rule(loss: float, rate: float, runs: int, messages: int, expected: str) -> None:
+    rows = replace(passing(), row("throughput", "unordered", loss, rate=rate, runs=runs,
+                                  messages=messages))  # fmt: skip
+    v = C.judge_throughput(ReportData(summary=rows))
+    assert v.status == expected, v.result
+
+
+def test_a_failure_outweighs_a_cell_with_too_few_samples() -> None:
+    rows = replace(passing(), row("throughput", "unordered", 0.03, rate=1.0))
+    rows = replace(rows, row("throughput", "reliable", 0.01, rate=50_000.0, runs=1))
+    assert C.judge_throughput(ReportData(summary=rows)).status == "fail"
+
+
+@pytest.mark.parametrize(
+    ("p50", "lost", "max_ns", "messages", "expected"),
+    [
+        (0.09 * MS, 0, 1 * MS, 1000, "pass"),  # -10 %
+        (0.0899 * MS, 0, 1 * MS, 1000, "fail"),
+        (0.1101 * MS, 0, 1 * MS, 1000, "fail"),
+        (0.1 * MS, 0, 1 * MS, C.MIN_P50_ROUND_TRIPS - 1, "inconclusive"),
+        # Lost round trips count as infinitely slow: the p50 is then only
+        # bracketed by the completed ones' p50 and their maximum.
+        (0.1 * MS, 3, 0.105 * MS, 1000, "pass"),
+        (0.1 * MS, 3, 5 * MS, 1000, "inconclusive"),
+        (0.1 * MS, 600, 5 * MS, 1000, "fail"),  # more than half lost
+    ],
+)
+def test_p50_rule(p50: float, lost: int, max_ns: float, messages: int, expected: str) -> None:
+    rows = replace(passing(), row("pingpong", "reliable", C.LATENCY_LOSS, p50=p50, lost=lost,
+                                  max_ns=max_ns, messages=messages))  # fmt: skip
+    v = C.judge_p50(ReportData(summary=rows))
+    assert v.status == expected, v.result
+
+
+@pytest.mark.parametrize(
+    ("mode", "p99", "lost", "max_ns", "messages", "expected"),
+    [
+        ("reliable", 15 * MS, 0, 40 * MS, 1000, "pass"),
+        ("reliable", 15.001 * MS, 0, 40 * MS, 1000, "fail"),
+        ("unordered", 10.001 * MS, 0, 40 * MS, 1000, "fail"),
+        ("unordered", 1 * MS, 0, 2 * MS, C.MIN_P99_ROUND_TRIPS - 1, "inconclusive"),
+        ("unordered", 1 * MS, 5, 9 * MS, 1000, "pass"),  # all completed ones under the bound
+        ("unordered", 1 * MS, 5, 90 * MS, 1000, "inconclusive"),  # losses leave it open
+        ("unordered", 1 * MS, 11, 9 * MS, 1000, "fail"),  # over 1 % lost: p99 is a loss
+    ],
+)
+def test_p99_rule(
+    mode: str, p99: float, lost: int, max_ns: float, messages: int, expected: str
+) -> None:
+    rows = replace(passing(), row("pingpong", mode, C.LATENCY_LOSS, p99=p99, lost=lost,
+                                  max_ns=max_ns, messages=messages))  # fmt: skip
+    v = C.judge_p99(ReportData(summary=rows))
+    assert v.status == expected, v.result
+
+
+def test_p99_names_the_peers_beside() -> None:
+    rows = [*passing(), row("pingpong", "", C.LATENCY_LOSS, system="tcp", p99=207 * MS)]
+    assert "tcp 207.00 ms" in C.judge_p99(ReportData(summary=rows)).result
+
+
+def test_quantile_bounds() -> None:
+    r = row("pingpong", "reliable", 0.014, messages=1000, p99=2 * MS, max_ns=9 * MS)
+    assert C.quantile_bounds(r, 0.99) == (2 * MS, 2 * MS)
+    assert C.quantile_bounds({**r, "lost": 10}, 0.99) == (2 * MS, 9 * MS)
+    assert C.quantile_bounds({**r, "lost": 11}, 0.99) == (math.inf, math.inf)
+    with pytest.raises(ValueError, match=r"0\.5 and 0\.99"):
+        C.quantile_bounds(r, 0.9)
+
+
+def test_combine() -> None:
+    assert C.combine([("pass", "a"), ("inconclusive", "b")], "x").status == "inconclusive"
+    assert C.combine([("inconclusive", "a"), ("fail", "b")], "x").status == "fail"
+    assert C.combine([], "x").status == "inconclusive"
+    assert C.combine([("pass", "a"), ("pass", "b")], "x").result == "a; b."
+
+
+# -- the section and the registration ---------------------------------------------
+
+
+def test_the_section_draws_both_figures_and_tables() -> None:
+    rows = [*passing(), row("pingpong", "", 0.0, system="tcp"),
+            row("pingpong", "", C.LATENCY_LOSS, system="tcp", p99=207 * MS)]  # fmt: skip
+    samples = [
+        {"experiment": C.EXPERIMENT_ID, "scenario": "throughput", "system": "cmq",
+         "params": "", "p": {"delivery": "reliable", "loss": 0.03}, "metric": metric,
+         "x": 0.03, "n": 3, "mean": value, "stddev": 0.0, "min": value, "max": value}
+        for metric, value in (("sender_retransmits", 600.0), ("receiver_status_sent", 40.0),
+                              ("sender_datagrams_sent", 10_000.0), ("link_drop_rate", 0.029))
+    ]  # fmt: skip
+    data = ReportData(summary=rows, samples=samples)
+    section = render(data, C.EXPERIMENT_ID)
+    assert len(section.figures) == 2 and all(f.startswith("<svg") for f in section.figures)
+    tp, rt = section.tables
+    reliable_3 = next(r for r in tp.rows if r[0] == "reliable" and r[1] == "3%")
+    assert reliable_3[9] == "80%" and reliable_3[10] == "600" and reliable_3[12] == "0.4%"
+    assert reliable_3[15] == "2.90%"
+    assert any(r[0] == "tcp" and r[2] == "1.4%" for r in rt.rows)
+    page = render_html(data)
+    assert f'<section id="{C.EXPERIMENT_ID}">' in page and not re.search(r"<script", page)
+
+
+def test_registered_with_the_lab_and_the_report_under_one_id() -> None:
+    assert get("reliability") is EXPERIMENT and get("delivery") is EXPERIMENT
+    assert REPORT.id == EXPERIMENT.id and len(REPORT.claims) == 5
+
+
+def test_without_root_it_is_skipped_with_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(netns, "unavailable", lambda loss=False: "network namespaces need root")
+    ctx = Context(out=Path("/nonexistent"), profile=PROFILES["quick"], systems=("cmq",))
+    why = EXPERIMENT.unavailable(ctx)
+    assert why == "network namespaces need root; the lossy experiment reliability is skipped"
+
+
+# -- scale, options, records --------------------------------------------------------
+
+
+def test_scales() -> None:
+    quick = measure.SCALES["quick"]
+    assert quick.losses == C.LOSSES and quick.size == 512
+    assert quick.repeats(0.0, "reliable") == quick.repeats(0.03, "unordered") == C.MIN_TP_RUNS
+    assert quick.repeats(0.1, "reliable") == quick.repeats(0.0, "best-effort") == 1
+    assert quick.tp_count * C.MIN_TP_RUNS >= C.MIN_TP_MESSAGES
+    assert quick.rt_count >= C.MIN_P99_ROUND_TRIPS
+    assert measure.scale_for(PROFILES["full"]).name == "full"
+    custom = PROFILES["quick"].__class__(name="quick (custom)", loss_count=77)
+    assert measure.scale_for(custom).rt_count == 77
+    with pytest.raises(ConfigError, match="baseline"):
+        measure.Scale(name="x", losses=(0.01,))
+    with pytest.raises(ConfigError, match="tp_count"):
+        measure.Scale(name="x", tp_count=0)
+
+
+def test_steps_match_the_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(measure, "delivery_modes", lambda: True)
+    ctx = Context(out=Path("/nonexistent"), profile=PROFILES["quick"],
+                  systems=("cmq", "tcp", "zmq", "nats"))  # fmt: skip
+    # Throughput: 2 reliable modes x (3 + 3 + 1 + 3 + 1) runs and best-effort once per
+    # loss; round trips: 3 modes x 5 losses of cmq, 3 peers x 2 losses (nats as skipped).
+    assert measure.steps(ctx) == 22 + 5 + 15 + 6
+    monkeypatch.setattr(measure, "delivery_modes", lambda: False)
+    assert measure.steps(ctx) == 5 + 5 + 6
+
+
+def test_queue_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(measure, "_config_fields", lambda: {"max_datagram"})
+    assert measure.queue_options("best-effort", False) == {"max_datagram": 1472}
+    monkeypatch.setattr(measure, "_config_fields", lambda: {"delivery", "linger"})
+    assert measure.queue_options("unordered", True) == {
+        "max_datagram": 1472, "delivery": "unordered", "linger": measure.CLOSE_LINGER,
+    }  # fmt: skip
+    assert measure.modes(False) == ("best-effort",) and measure.modes(True) == C.MODES
+
+
+def test_link_counters_are_parsed() -> None:
+    iptables = (
+        "Chain INPUT (policy ACCEPT 0 packets, 0 bytes)\n"
+        "    pkts      bytes target     prot opt in     out     source               destination\n"
+        "      29      841 DROP       0    --  *      *       0.0.0.0/0            0.0.0.0/0"
+        "            statistic mode random probability 0.02999999980\n"
+    )
+    snmp = (
+        "Ip: Forwarding DefaultTTL InReceives InHdrErrors\nIp: 2 64 1000 0\n"
+        "Icmp: InMsgs InErrors\nIcmp: 0 0\n"
+    )
+    assert measure.parse_dropped(iptables) == 29
+    assert measure.parse_in_receives(snmp) == 1000
+    assert measure.parse_dropped("") == 0 and measure.parse_in_receives("") == 0
+
+
+def test_a_throughput_run_becomes_records_and_samples(tmp_path: Path) -> None:
+    from cmq.lab.experiments._record import RunBook
+
+    with RunBook(tmp_path, C.EXPERIMENT_ID, loss=0.03) as book:
+        problems = measure.write_throughput(
+            book, loss=0.03, mode="reliable", size=512, count=6,
+            # Seq 4 never came, seq 1 came twice, 3 before 2.
+            received={"seq": [0, 1, 1, 3, 2, 5], "send_ns": [10, 10, 10, 20, 20, 30],
+                      "recv_ns": [100, 101, 102, 103, 104, 105], "stopped": "idle",
+                      "stats": {"duplicates": 1, "status_sent": 4, "kernel_drops": 0}},
+            sent={"stamps": [10, 20, 30], "chunk": 2, "failed": [], "blocked": 0,
+                  "drained": False, "pushed_ns": 1000, "done_ns": 3000,
+                  "stats": {"retransmits": 7, "in_doubt": 1, "datagrams_sent": 5}},
+            drops=(3, 100),
+        )  # fmt: skip
+    assert problems == [
+        "reliable 3%: the receiver stopped at its idle, not at the end marker",
+        "reliable 3%: drain timed out",
+    ]
+    records = read_table(tmp_path, "records").to_pylist()
+    assert [(r["seq"], r["send_ns"], r["recv_ns"]) for r in records][-1] == (4, 30, None)
+    assert len(records) == 7 and {json.loads(r["params"])["delivery"] for r in records} == {
+        "reliable"
+    }
+    samples = {r["metric"]: r["value"] for r in read_table(tmp_path, "samples").to_pylist()}
+    assert samples["sender_retransmits"] == 7 and samples["receiver_status_sent"] == 4
+    assert samples["link_drop_rate"] == 0.03 and samples["drain_s"] == 2e-6
+
+
+def test_the_peer_refuses_bad_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    from cmq.lab.experiments.reliability import _peer
+
+    assert _peer.main(["nonsense", "{}"]) == 2
+    assert "usage" in capsys.readouterr().err
+
+
+# -- for real ----------------------------------------------------------------------
+
+WHY = netns.unavailable(loss=True)
+
+
+@pytest.mark.root
+@pytest.mark.skipif(WHY is not None, reason=f"lossy namespaces unavailable: {WHY}")
+def test_a_tiny_run_in_lossy_namespaces(tmp_path: Path) -> None:
+    scale = measure.Scale(name="test", losses=(0.0, 0.03), tp_count=600, tp_repeats=1,
+                          rt_count=40, rt_count_other=40, peer_count=10)  # fmt: skip
+    ctx = Context(out=tmp_path, profile=PROFILES["tiny"], systems=("cmq",))
+    measure.run(ctx, scale)
+    modes = measure.modes(measure.delivery_modes())
+    records = read_table(tmp_path, "records").to_pylist()
+    groups = {(r["scenario"], json.loads(r["params"])["delivery"], json.loads(r["params"])["loss"])
+              for r in records}  # fmt: skip
+    assert groups == {(s, m, p) for s in ("throughput", "pingpong") for m in modes
+                      for p in (0.0, 0.03)}  # fmt: skip
+    for mode in modes:
+        mine = [r for r in records if r["scenario"] == "throughput"
+                and json.loads(r["params"]) == {"delivery": mode, "loss": 0.0}]  # fmt: skip
+        # Lossless: every message arrived once, stamped in delivery order.
+        assert sorted(r["seq"] for r in mine) == list(range(600))
+        stamps = [r["recv_ns"] for r in mine]
+        assert stamps == sorted(stamps) and len(set(stamps)) == len(stamps)
+    runs = read_table(tmp_path, "runs").to_pylist()
+    assert {r["loss"] for r in runs} == {0.0, 0.03}
+    drop = {(r["x"], r["value"]) for r in read_table(tmp_path, "samples").to_pylist()
+            if r["metric"] == "link_drop_rate"}  # fmt: skip
+    # The baseline has the same rule, at probability 0.
+    assert {v for x, v in drop if x == 0.0} == {0.0}
+    assert all(0 < v < 0.2 for x, v in drop if x == 0.03)
