@@ -19,6 +19,7 @@ from cmq._errors import (
 )
 from cmq._types import Message, Stats
 from cmq.net.queue import Queue
+from cmq.wire.reliable import DeliveryFailure
 
 if _TYPE_CHECKING:
     from cmq.net.aqueue import AsyncQueue
@@ -30,6 +31,7 @@ __all__ = [
     "Closed",
     "CmqError",
     "ConfigError",
+    "DeliveryFailure",
     "Message",
     "MessageTooLarge",
     "ProtocolError",

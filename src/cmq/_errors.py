@@ -11,8 +11,10 @@ that one class. Below it, the split follows what a caller can do about it:
 - :class:`ProtocolError`: bytes that do not follow wire format v1. The sans-IO
   decoder raises it; live endpoints never let it escape: they count the
   datagram as dropped in ``stats()`` and carry on.
-- :class:`WouldBlock`: a non-blocking call could not complete now (for example
-  a full send buffer in the kernel). Retrying later may succeed.
+- :class:`WouldBlock`: a call could not complete without (more) waiting: a
+  reliable stream's send buffer is full (``push`` with ``on_full="raise"``,
+  or after ``push_timeout``); the message was not queued. Retrying later may
+  succeed.
 - :class:`Timeout` (also the builtin ``TimeoutError``): a blocking call or a
   request ran out of time.
 - :class:`Closed`: the endpoint was closed by this process; calls after

@@ -532,3 +532,24 @@ def test_a_zero_or_short_timeout_does_not_wait_a_timer_tick(
     assert used == []
     a.push(dest(b), b"later")
     assert b.get(timeout=0.015) == b"later"  # a short wait still receives
+
+
+def test_a_timeout_names_the_wait_asked_for(make_queue: MakeQueue) -> None:
+    """It once named what was left of it after the first read (``within 0.0468 s``)."""
+    q = make_queue()
+    with pytest.raises(cmq.Timeout, match=r"within 0\.1 s"):
+        q.get(timeout=0.1)
+    with pytest.raises(cmq.Timeout, match=r"within 0\.1 s"):
+        q.get_message(timeout=0.1)
+
+
+def test_net_does_not_import_patterns() -> None:
+    """Layers point one way: patterns build on net, never the reverse."""
+    import ast
+    from pathlib import Path
+
+    for path in Path(cmq.__file__).parent.joinpath("net").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                assert not node.module.startswith("cmq.patterns"), f"{path.name} imports {node.module}"

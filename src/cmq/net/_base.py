@@ -22,7 +22,6 @@ from __future__ import annotations
 import ipaddress
 import secrets
 import socket
-import struct
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable
@@ -34,14 +33,22 @@ from cmq._config import QueueConfig
 from cmq._errors import Closed, ConfigError, MessageTooLarge, Timeout, TransportError, WouldBlock
 from cmq._types import Address, Message, Stats
 from cmq.net._sock import kernel_drops, membership, open_socket, parse_address, resolve
-from cmq.patterns.pending import PendingTable
 from cmq.wire.batcher import OPENED, QUEUED, Batcher, Stream
-from cmq.wire.receiver import EMPTY, ENVELOPE_BIT, KIND_REPLY, KIND_REQUEST, Mailbox, Meta, Receiver
+from cmq.wire.pending import PendingTable
+from cmq.wire.receiver import (
+    EMPTY,
+    ENVELOPE_BIT,
+    KIND_REPLY,
+    KIND_REQUEST,
+    Mailbox,
+    Meta,
+    Receiver,
+    envelope,
+)
 from cmq.wire.reliable import DeliveryFailure, ReliableSender
 
 __all__ = ["Endpoint", "OnTimeout", "message_of", "send_error"]
 
-_ENVELOPE = struct.Struct(">BQ")
 _MAX_MAILBOX: Final = ENVELOPE_BIT - 1
 #: Unacknowledged bytes past which a pushing thread reads acknowledgements itself.
 _ACK_POLL_BYTES: Final = 256 * 1024
@@ -411,7 +418,7 @@ class Endpoint(ABC):
             s = self._icache[(dest, mailbox)]
         except (KeyError, TypeError):
             s = self._stream_for(dest, mailbox, self._icache)
-        payload = _ENVELOPE.pack(kind, corr) + body
+        payload = envelope(kind, corr, body)
         if len(payload) >= self._batcher.large:
             self._large_payload(s, payload)
         else:

@@ -270,10 +270,10 @@ class Queue(Endpoint):
                     self._io_delivered = False
                     self._app_read_at = _monotonic()
                 return payload
-        item, timeout = self._read_direct(timeout, mailbox)
+        item, left = self._read_direct(timeout, mailbox)
         if item is not None:
             return item[0]
-        return self._wait_item(mailbox, timeout, None)[0]
+        return self._wait_item(mailbox, left, None, asked=timeout)[0]
 
     def get_message(self, timeout: float | None = None, mailbox: int = 0) -> Message:
         """Like :meth:`get`, but the :class:`Message` with its sender.
@@ -290,9 +290,9 @@ class Queue(Endpoint):
                     self._io_delivered = False
                     self._app_read_at = _monotonic()
                 return message_of(item)
-        item, timeout = self._read_direct(timeout, mailbox)
+        item, left = self._read_direct(timeout, mailbox)
         if item is None:
-            item = self._wait_item(mailbox, timeout, None)
+            item = self._wait_item(mailbox, left, None, asked=timeout)
         return message_of(item)
 
     def _read_direct(self, timeout: float | None, mailbox: int) -> tuple[tuple[Any, Meta] | None, float | None]:
@@ -375,9 +375,17 @@ class Queue(Endpoint):
                 return
 
     def _wait_item(
-        self, mailbox: int, timeout: float | None, predicate: Callable[[Any], bool] | None
+        self,
+        mailbox: int,
+        timeout: float | None,
+        predicate: Callable[[Any], bool] | None,
+        asked: float | None = None,
     ) -> tuple[Any, Meta]:
+        """Wait up to ``timeout`` for an item; ``asked`` is the caller's own
+        timeout, for the message (``timeout`` may be what is left of it)."""
         deadline = None if timeout is None else _monotonic() + timeout
+        if asked is None:
+            asked = timeout
         if self._heap:
             self.flush()
         while True:
@@ -391,7 +399,7 @@ class Queue(Endpoint):
                 item = self._take_item(mailbox, predicate)
                 if item is not None:
                     return item
-                raise Timeout(f"no message in mailbox {mailbox} within {timeout} s")
+                raise Timeout(f"no message in mailbox {mailbox} within {asked} s")
             # Reads one datagram unless what we wait for is already queued;
             # a datagram of one message for us comes straight back.
             item = self._read_blocking(remaining, mailbox, predicate)

@@ -100,6 +100,7 @@ __all__ = [
     "Mailbox",
     "Meta",
     "Receiver",
+    "envelope",
 ]
 
 #: Mailbox bit marking request/response traffic (user mailboxes are below it).
@@ -108,6 +109,14 @@ KIND_REQUEST: Final = 1
 KIND_REPLY: Final = 2
 _ENVELOPE = struct.Struct(">BQ")
 ENVELOPE_SIZE: Final = _ENVELOPE.size
+
+
+def envelope(kind: int, correlation: int, body: bytes) -> bytes:
+    """A request's or a reply's payload: its envelope (kind, correlation id), then ``body``.
+
+    Encoded here, beside :meth:`Receiver._deliver_enveloped` that decodes it.
+    """
+    return _ENVELOPE.pack(kind, correlation) + body
 
 #: Streams remembered for sequence accounting.
 MAX_STREAMS: Final = 65_536
