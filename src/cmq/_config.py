@@ -67,7 +67,7 @@ DEFAULT_MAX_BUFFERED: Final = 64 * 1024 * 1024
 #: Bytes a reliable stream keeps for retransmission and for want of credit
 #: before ``push`` applies backpressure: a second or so of a fast sender's
 #: output, the notes' 8 MiB ring.
-DEFAULT_SEND_BUFFER: Final = 8 * 1024 * 1024
+DEFAULT_SEND_BUFFER: Final = 16 * 1024 * 1024
 #: Most datagrams a receiver lets one stream have in flight (its window);
 #: within it, the receiver's memory budget decides (a window of small
 #: datagrams must still cover a round trip at full rate).

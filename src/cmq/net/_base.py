@@ -51,7 +51,7 @@ __all__ = ["Endpoint", "OnTimeout", "message_of", "send_error"]
 
 _MAX_MAILBOX: Final = ENVELOPE_BIT - 1
 #: Unacknowledged bytes past which a pushing thread reads acknowledgements itself.
-_ACK_POLL_BYTES: Final = 256 * 1024
+_ACK_POLL_BYTES: Final = 64 * 1024
 #: Delivery failures kept for :meth:`Endpoint.failures`.
 _KEEP_FAILURES: Final = 1024
 

@@ -171,9 +171,14 @@ class Queue(Endpoint):
             self._count_send_failure(exc)
 
     def _poll_acks(self) -> None:
+        # The pushing thread reads the socket (once a batch) while it streams:
+        # the I/O thread stays off it meanwhile, as for any reading
+        # application, rather than take the interpreter and the batch lock
+        # from the pusher for each STATUS.
         if self._closed or not self._rx_lock.acquire(False):
             return
         try:
+            self._app_read_at = _monotonic()
             self._drain(_DRAIN_BATCH)
         finally:
             self._rx_lock.release()

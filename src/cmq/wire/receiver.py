@@ -368,6 +368,9 @@ class Receiver:
         self._wmax = config.window
         self._active_at = float("-inf")
         self._active_n = 1
+        # Bytes of credit given to active streams and not yet used (their
+        # datagrams still to come): reserved out of the budget.
+        self._ahead = 0
         self.duplicates = 0
         self.overruns = 0
         self.status_sent = 0
@@ -415,6 +418,10 @@ class Receiver:
             + self._held_rel
             + self._reassembly_bytes
         )
+
+    def _consumable(self) -> bool:
+        """Whether any mailbox holds a message the application could take."""
+        return any(v.queued() > 0 for v in list(self.mailboxes.values()))
 
     def _full(self, nbytes: int) -> bool:
         """Whether ``nbytes`` more would exceed the budget (exact only near it)."""
@@ -500,8 +507,10 @@ class Receiver:
                 and rs is not None
                 and rs.epoch == epoch
                 and rs.next == seq
+                and rs.granted
                 and not rs.held
                 and not rs.seen
+                and self._unchecked + len(data) <= self._free
                 and not rflags & ~(R_SYN | R_ORDERED)
                 and seq_diff(rs.credit, seq) > 0
                 and not mailbox & ENVELOPE_BIT
@@ -532,6 +541,7 @@ class Receiver:
                 rs.largest_at = now
                 rs.last_active = now
                 rs.avg_size += (len(data) - rs.avg_size) * 0.125
+                rs.last_size = len(data)
                 # _owe, inlined for the common case
                 rs.since_status += 1
                 rs.bytes_since += len(data)
@@ -587,6 +597,7 @@ class Receiver:
                 self._reset(key, epoch, now)
                 return 0
             rs = self._new_stream(key, epoch, bool(header.rflags & R_ORDERED), now)
+            rs.avg_size = float(len(data))
         rs.last_active = now
         off = seq_diff(seq, rs.next)
         if off < 0 or seq in rs.held or seq in rs.seen:
@@ -604,14 +615,20 @@ class Receiver:
             rs.largest = seq
             rs.largest_at = now
         rs.avg_size += (len(data) - rs.avg_size) * 0.125
+        rs.last_size = len(data)
         rs.bytes_since += len(data)
         if off and rs.ordered:
+            if self._full(len(data)) and self._consumable():
+                # Held data counts against the budget too: refused, sent again.
+                self.overruns += 1
+                self._owe(rs, now, urgent=True)
+                return 0
             rs.held[seq] = data
             rs.held_bytes += len(data)
             self._held_rel += len(data)
             self._owe(rs, now, urgent=new_gap)
             return 0
-        n = self._accept(data, header, body, addr, now)
+        n = self._accept(rs, data, header, body, addr, now)
         if n < 0:
             self.overruns += 1
             self._owe(rs, now, urgent=True)
@@ -627,7 +644,7 @@ class Receiver:
                     if d is None:
                         break
                     h, b = decode(d)
-                    got = self._accept(d, h, b, addr, now)  # type: ignore[arg-type]
+                    got = self._accept(rs, d, h, b, addr, now)  # type: ignore[arg-type]
                     del held[nxt]
                     rs.held_bytes -= len(d)
                     self._held_rel -= len(d)
@@ -648,8 +665,18 @@ class Receiver:
         self._owe(rs, now, urgent=new_gap)
         return n
 
-    def _accept(self, data: bytes, header: Header, body: list[bytes] | Fragment, addr: Any, now: float) -> int:
+    def _accept(
+        self, rs: RecvStream, data: bytes, header: Header, body: list[bytes] | Fragment, addr: Any, now: float
+    ) -> int:
         """Deliver a reliable datagram whole, or nothing (-1: no room, it is not acknowledged)."""
+        if self._full(len(data)) and not rs.held and self._consumable():
+            # Over the budget: refused, not acknowledged (the sender sends it
+            # again). Credit keeps most senders under it, but credit given
+            # to many streams at once, or a new stream's initial credit, can
+            # add up to more. Never refused: the datagram a reorder buffer
+            # waits for, or one that only data still to come can make
+            # consumable (the next fragment of a message being reassembled).
+            return -1
         sender, mailbox, seq, flags = header.sender, header.mailbox, header.seq, header.flags
         if isinstance(body, Fragment):
             if self._reassembly_bytes + len(body.data) > self.config.max_reassembly:
@@ -665,9 +692,6 @@ class Receiver:
         n = len(body)
         if mb is not None and mb.delivered - mb.consumed + n > self._max_queued and not self._fits(mb, n):
             return -1
-        # No budget check: the credit this stream was given bounds it, and a
-        # datagram refused here could be the one a full reorder buffer waits for.
-        self._unchecked += len(data)
         return self._deliver(body, flags, addr, sender, mailbox, seq, len(data), whole=True)
 
     def _new_stream(self, key: tuple[Any, int, int], epoch: int, ordered: bool, now: float) -> RecvStream:
@@ -744,24 +768,45 @@ class Receiver:
             self._owe(rs, now, urgent=True)
 
     def _grant(self, rs: RecvStream, now: float) -> None:
-        """Raise ``rs``'s credit to what the budget allows (never lower it)."""
+        """Raise ``rs``'s credit to what the budget allows (never lower it once given).
+
+        The budget's free part is what neither the application's mailboxes,
+        the reorder and reassembly buffers, nor the credit already given to
+        the other active streams (their datagrams still to come) take; a
+        stream gets its share of it among the active streams.
+        """
         if now - self._active_at > 0.01:
+            # Every 10 ms, counted afresh (a stream is active for a second
+            # after its last datagram; an idle one's credit is not reserved).
             since = now - _ACTIVE_FOR
-            self._active_n = max(sum(1 for r in self._rstreams.values() if r.last_active >= since), 1)
+            n = ahead = 0
+            for r in list(self._rstreams.values()):
+                if r.last_active >= since:
+                    n += 1
+                    d = seq_diff(r.credit, r.next)
+                    if d > 0:
+                        ahead += d * int(max(r.avg_size, r.last_size) + DATAGRAM_OVERHEAD)
+            self._active_n = max(n, 1)
+            self._ahead = ahead
             self._active_at = now
         consumable = sum(v.queued_bytes() for v in list(self.mailboxes.values()))
-        free = self.budget - consumable - self._held_rel - self._reassembly_bytes
-        self._free = free
+        unit = int(max(rs.avg_size, rs.last_size) + DATAGRAM_OVERHEAD)
+        mine = max(seq_diff(rs.credit, rs.next), 0) * unit if rs.granted else 0
+        held = consumable + self._held_rel + self._reassembly_bytes
+        self._free = self.budget - held
         self._unchecked = 0
-        w = int(max(free, 0) // self._active_n // (rs.avg_size + DATAGRAM_OVERHEAD))
-        w = min(w, self._wmax)
+        free = self._free - max(self._ahead - mine, 0)
+        w = min(int(max(free, 0) // self._active_n // unit), self._wmax)
         if w < _LIVE_WINDOW and not consumable and not rs.held:
             # Nothing the application could take is here: what fills the
             # budget is a message being reassembled, which only more data
             # completes (it is bounded by max_reassembly, not by the budget).
             w = _LIVE_WINDOW
         limit = (rs.next + w) & 0xFFFFFFFF
-        if seq_diff(limit, rs.credit) > 0:
+        if seq_diff(limit, rs.credit) > 0 or not rs.granted:
+            # Never lowered once given; but the sender's initial credit was
+            # never given, and the first STATUS may take it back.
+            self._ahead += (w * unit) - mine
             rs.credit = limit
 
     def take_status(self, now: float, *, all_owed: bool = False) -> list[tuple[bytes, Any]]:
@@ -790,6 +835,7 @@ class Receiver:
             # is what repairs a lost retransmission before the sender's PTO.
             if rs.urgent or rs.since_status or rs.credit != before or all_owed or gap:
                 by_addr.setdefault(rs.addr, []).append(rs.status(now))
+                rs.granted = True
                 rs.urgent = False
                 rs.since_status = rs.bytes_since = 0
                 rs.last_status = now
@@ -873,6 +919,8 @@ class Receiver:
             or rs is None
             or rs.epoch != epoch
             or rs.next != seq
+            or not rs.granted
+            or self._unchecked + len(data) > self._free
             or rs.held
             or rs.seen
             or rflags & ~(R_SYN | R_ORDERED)
@@ -890,10 +938,12 @@ class Receiver:
         self.datagrams_received += 1
         self.bytes_received += len(data)
         self.messages_received += 1
+        self._unchecked += len(data)
         rs.next = (seq + 1) & 0xFFFFFFFF
         rs.largest = seq
         rs.largest_at = rs.last_active = now
         rs.avg_size += (len(data) - rs.avg_size) * 0.125
+        rs.last_size = len(data)
         rs.since_status += 1
         rs.bytes_since += len(data)
         if rs.bytes_since >= STATUS_BYTES or rs.since_status >= max(seq_diff(rs.credit, rs.next) // 4, 1):

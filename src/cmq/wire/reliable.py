@@ -122,10 +122,12 @@ class DeliveryFailure:
     """Messages that were pushed reliably but whose delivery is in doubt.
 
     ``reason`` is ``"peer_dead"`` (no answer to ``max_probes`` probes),
-    ``"peer_reset"`` (the receiver restarted and lost what it had not
-    handed to its application) or ``"closed"`` (the endpoint closed before
-    they were acknowledged). Each message may or may not have been
-    delivered; none will be sent again.
+    ``"peer_reset"`` (the receiver restarted: what it had not acknowledged
+    is in doubt) or ``"closed"`` (the endpoint closed before they were
+    acknowledged). Each message may or may not have been delivered; none
+    will be sent again. Delivery is to the receiving *endpoint*: a message
+    it acknowledged is not in doubt, even if its process then died before
+    its application took it (at most ``max_buffered_bytes`` of them).
     """
 
     dest: Any
@@ -388,9 +390,13 @@ class ReliableSender:
         # An answer, even one that acknowledges nothing new: a receiver whose
         # application is slow (no credit, or a full mailbox) is alive.
         st.unanswered = 0
-        if st.syn:
+        first = st.syn
+        if first:
             st.syn = False
             st.stream.ext = st.ext()
+            # The first credit replaces the initial one, which the receiver
+            # never gave (it may be less: a receiver short of memory).
+            st.credit = rec.credit_limit
         buf = st.buf
         # RTT sample from the largest seq seen, if it was sent once (Karn)
         # and is newly reported (RFC 9002 5.1): a repeated STATUS, or the
@@ -528,11 +534,13 @@ class RecvStream:
         "credit",
         "due",
         "epoch",
+        "granted",
         "held",
         "held_bytes",
         "largest",
         "largest_at",
         "last_active",
+        "last_size",
         "last_status",
         "mailbox",
         "next",
@@ -556,7 +564,11 @@ class RecvStream:
         self.held_bytes = 0
         self.seen: set[int] = set()  # unordered: seqs delivered after a gap
         self.credit = INITIAL_CREDIT
-        self.avg_size = 1024.0
+        self.avg_size = 1024.0  # of its datagrams, with last_size: the unit of its credit
+        self.last_size = 0
+        # Whether a STATUS gave it credit yet: before, it sends on the
+        # sender's initial credit, which the receiver's budget must still bound.
+        self.granted = False
         self.since_status = 0  # datagrams since the last STATUS
         self.bytes_since = 0  # and their bytes
         self.urgent = False
