@@ -535,23 +535,7 @@ class Receiver:
                 mb.delivered += n
                 mb.nbytes += len(data)
                 self.messages_received += n
-                self._unchecked += len(data)
-                rs.next = (seq + 1) & 0xFFFFFFFF
-                rs.largest = seq
-                rs.largest_at = now
-                rs.last_active = now
-                rs.avg_size += (len(data) - rs.avg_size) * 0.125
-                rs.last_size = len(data)
-                # _owe, inlined for the common case
-                rs.since_status += 1
-                rs.bytes_since += len(data)
-                if rs.bytes_since >= STATUS_BYTES or rs.since_status >= max(seq_diff(rs.credit, rs.next) // 4, 1):
-                    rs.urgent = True
-                    self.status_urgent = True
-                elif rs.due is None:
-                    rs.due = now + MAX_ACK_DELAY
-                    self.new_due = True
-                self._owed[key] = rs
+                self._next_arrived(rs, key, seq, len(data), now)
                 return n
         try:
             header, body = decode(data, self._key)
@@ -938,14 +922,20 @@ class Receiver:
         self.datagrams_received += 1
         self.bytes_received += len(data)
         self.messages_received += 1
-        self._unchecked += len(data)
+        self._next_arrived(rs, key, seq, len(data), now)
+        return payload, (addr, sender, mb, seq, None)
+
+    def _next_arrived(self, rs: RecvStream, key: tuple[Any, int, int], seq: int, nbytes: int, now: float) -> None:
+        """The fast paths' bookkeeping: ``rs``'s next datagram (``seq``, nothing
+        held) was delivered; note the STATUS owed (:meth:`_owe`, for this case)."""
+        self._unchecked += nbytes
         rs.next = (seq + 1) & 0xFFFFFFFF
         rs.largest = seq
         rs.largest_at = rs.last_active = now
-        rs.avg_size += (len(data) - rs.avg_size) * 0.125
-        rs.last_size = len(data)
+        rs.avg_size += (nbytes - rs.avg_size) * 0.125
+        rs.last_size = nbytes
         rs.since_status += 1
-        rs.bytes_since += len(data)
+        rs.bytes_since += nbytes
         if rs.bytes_since >= STATUS_BYTES or rs.since_status >= max(seq_diff(rs.credit, rs.next) // 4, 1):
             rs.urgent = True
             self.status_urgent = True
@@ -953,7 +943,6 @@ class Receiver:
             rs.due = now + MAX_ACK_DELAY
             self.new_due = True
         self._owed[key] = rs
-        return payload, (addr, sender, mb, seq, None)
 
     def _sequence(self, addr: Any, sender: int, mailbox: int, seq: int) -> None:
         key = (addr, sender, mailbox)
