@@ -98,6 +98,11 @@ from cmq.wire.frames import (
 
 __all__ = ["FULL", "LARGE", "OPENED", "QUEUED", "Batcher", "Stream"]
 
+#: The idle gap of a reliable stream with datagrams unacknowledged (see
+#: Batcher._gap): longer than a streaming sender's pushes are apart, even
+#: when acknowledgements interleave, shorter than a round trip across cores.
+BUSY_GAP: Final = 50e-6
+
 QUEUED: Final = 0
 OPENED: Final = 1
 FULL: Final = 2
@@ -190,6 +195,7 @@ class Batcher:
         self._timeout = config.timeout
         self._idle_gap = config.idle_gap
         self._never_idle = config.idle_gap == float("inf")
+        self._busy_gap = max(config.idle_gap, BUSY_GAP)
         #: When the application last got a datagram it had been waiting for
         #: (the driver sets it, on the driver's clock). A stream whose last
         #: datagram left before then is idle, however short the gap: what
@@ -319,10 +325,19 @@ class Batcher:
             return False
         if s.last_send <= self.waited_at:
             return True
-        # A reliable stream with datagrams unacknowledged is streaming, not
-        # idle, however long the last push took (a busy sender's pushes are
-        # not evenly spaced; sending each alone would only slow it down).
-        return now - s.last_send >= self._idle_gap and not (s.rel is not None and s.rel.buf)
+        return now - s.last_send >= self._gap(s)
+
+    def _gap(self, s: Stream) -> float:
+        """The idle gap of ``s``. A reliable stream whose datagrams wait for
+        credit is never idle; one with datagrams unacknowledged is idle after
+        ``busy_gap``: a reliable sender's pushes cost more and come less
+        evenly than ``idle_gap`` apart, and sending each alone, so in a
+        datagram of its own, would only slow it down (and run its window of
+        datagrams out), while a reply that follows a round trip is idle."""
+        rel = s.rel
+        if rel is None or not rel.buf:
+            return self._idle_gap
+        return float("inf") if rel.waiting else self._busy_gap
 
     def arm(self, s: Stream, now: float) -> float:
         """Schedule ``s``'s open batch to leave by ``now + timeout``; returns that deadline."""
@@ -357,10 +372,7 @@ class Batcher:
             len(frames) != 1
             or s.armed == s.gen
             or self._never_idle
-            or (
-                s.last_send > self.waited_at
-                and (now - s.last_send < self._idle_gap or (s.rel is not None and s.rel.buf))
-            )
+            or (s.last_send > self.waited_at and now - s.last_send < self._gap(s))
         ):
             return None
         if now - s.last_send >= self._timeout:
