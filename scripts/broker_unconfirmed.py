@@ -33,11 +33,12 @@ def _endpoint(delivery: str) -> cmq.Queue:
 
 
 def _publisher(addr: tuple[str, int], index: int, count: int, delivery: str) -> None:
-    client = BrokerClient(addr, endpoint=_endpoint(delivery))
+    endpoint = _endpoint(delivery)
+    client = BrokerClient(addr, endpoint=endpoint)
     for k in range(count):
         client.publish("x", "k", [index, k])
-    drained = client.endpoint.drain(60)
-    st = client.endpoint.stats()
+    drained = endpoint.drain(60)
+    st = endpoint.stats()
     print(
         f"publisher {index}: all acknowledged {drained}, in doubt {st.in_doubt}, "
         f"retransmits {st.retransmits}, probes {st.probes}",
