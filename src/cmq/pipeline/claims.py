@@ -1,4 +1,4 @@
-"""The built-in experiments of issue 3: their claims, verdicts and figures.
+"""The built-in experiments of the CMQ and ØMQ papers: their claims, verdicts and figures.
 
 Importing this module registers ``cmq-fig5``, ``cmq-fig6``, ``tuning``,
 ``scalability`` and ``zmq-throughput`` with :mod:`cmq.pipeline.report`.

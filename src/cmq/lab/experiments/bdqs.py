@@ -738,7 +738,7 @@ def register_report() -> None:
         report.Experiment(
             id=THROUGHPUT.id,
             title="Queue service throughput: cycles/s against nodes, beside moto",
-            paper="cmq issue 4's target (BDQS design; moto's server as the stand-in for SQS)",
+            paper="cmq's own target (BDQS design; moto's server as the stand-in for SQS)",
             order=71,
             claims=[
                 Claim(text="At least 10x moto's send+receive+delete cycles per second in the same "
