@@ -88,7 +88,7 @@ class Peak:
 #: never consumes, samples its own ``held_bytes`` and answers each line on
 #: stdin with its figures as JSON.
 _CHILD = r"""
-import json, os, select, sys, time
+import json, os, select, signal, sys, time
 import cmq
 
 args = json.loads(sys.argv[1])
@@ -111,9 +111,7 @@ if args["mode"] == "consume":
         n += 1
         if n == args["stop_after"]:
             while True:
-                time.sleep(60)
-        if args["pause_every"] and n % args["pause_every"] == 0:
-            time.sleep(args["pause"])
+                signal.pause()  # hang, reading nothing more, until killed
 else:
     base = rss()
     peak = 0
@@ -134,10 +132,9 @@ else:
 class Child:
     """A receiver process (see :data:`_CHILD`)."""
 
-    def __init__(self, mode: str, *, port: int = 0, log: Path | None = None, pause_every: int = 0,
-                 pause: float = 0.0, stop_after: int = 0, **options: Any) -> None:
-        args = {"mode": mode, "port": port, "log": str(log), "pause_every": pause_every,
-                "pause": pause, "stop_after": stop_after, "options": options}
+    def __init__(self, mode: str, *, port: int = 0, log: Path | None = None, stop_after: int = 0,
+                 **options: Any) -> None:
+        args = {"mode": mode, "port": port, "log": str(log), "stop_after": stop_after, "options": options}
         self.proc = subprocess.Popen([sys.executable, "-c", _CHILD, json.dumps(args)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.port = int(self._line()["port"])
@@ -187,10 +184,11 @@ def logged_ids(path: Path) -> list[int]:
 # -- 1. a slow consumer --------------------------------------------------------
 
 def test_slow_consumer_holds_the_sender_back_and_loses_nothing(make_queue: MakeQueue) -> None:
-    """A consumer ten times slower than the sender: flow control, not loss.
+    """A consumer slower than the sender: flow control, not loss.
 
-    The receiver's application pops 100 messages every 5 ms; the sender
-    pushes 30,000 of 512 B as fast as push lets it. Everything arrives once
+    The receiver's application pops 100 messages, then waits until the
+    sender has filled a quarter of its budget again before the next batch;
+    the sender pushes 30,000 of 512 B as fast as push lets it. Everything arrives once
     and in order, the kernel drops nothing, the sender's buffer never holds
     more than ``send_buffer`` plus a datagram, the receiver never more than
     its budget plus a datagram, and the sender cannot run further ahead of
@@ -202,6 +200,7 @@ def test_slow_consumer_holds_the_sender_back_and_loses_nothing(make_queue: MakeQ
     a = make_queue(send_buffer=send_buffer, max_datagram=datagram)
     drops_before = b.stats().kernel_drops
     got: list[bytes] = []
+    pushed = threading.Event()
 
     def consume() -> None:
         while len(got) < n:
@@ -213,7 +212,10 @@ def test_slow_consumer_holds_the_sender_back_and_loses_nothing(make_queue: MakeQ
                     return
                 continue
             got.extend(batch)
-            time.sleep(0.005)  # the slow application's work
+            # The slow application: it takes its next batch only once the
+            # sender has filled a quarter of its budget (or is done), so the
+            # sender always runs ahead and is held back by flow control.
+            wait_until(lambda: pushed.is_set() or b.stats().held_bytes >= budget // 4, 10)
 
     consumer = threading.Thread(target=consume)
     with Peak(lambda: a.stats().send_buffered) as sent, Peak(lambda: b.stats().held_bytes) as held:
@@ -222,6 +224,7 @@ def test_slow_consumer_holds_the_sender_back_and_loses_nothing(make_queue: MakeQ
         for i in range(n):
             send(msg(i, size))
         consumed_when_pushed = len(got)
+        pushed.set()
         assert a.drain(30)
         consumer.join(30)
     assert [ident(m) for m in got] == list(range(n))
@@ -255,8 +258,7 @@ def _run_kill_and_restart(make_queue: MakeQueue, tmp_path: Path) -> dict[str, An
     failures: list[DeliveryFailure] = []
     a = make_queue(on_failure=failures.append, max_datagram=1472)
     log1, log2 = tmp_path / "first.log", tmp_path / "second.log"
-    with child("consume", log=log1, pause_every=20, pause=0.002, stop_after=300,
-               max_buffered_bytes=65536) as c1:
+    with child("consume", log=log1, stop_after=300, max_buffered_bytes=65536) as c1:
         port = c1.port
         for i in range(before):
             a.push(("127.0.0.1", port), msg(i, size))
@@ -425,8 +427,6 @@ def test_async_push_raises_send_waits_and_drain_confirms() -> None:
             except cmq.WouldBlock:
                 refused.append(i)
             i += 1
-            if i % 64 == 0:
-                await asyncio.sleep(0)  # let the loop read datagrams and STATUS
         # send waits for room: each succeeds while b's budget has room for
         # more, until one waits its whole timeout for room that never comes.
         while True:
