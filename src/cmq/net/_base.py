@@ -150,7 +150,6 @@ class Endpoint(ABC):
             codec_msgpack=cfg.codec == "msgpack",
             key=cfg.key,
             max_probes=cfg.max_probes,
-            max_datagram=cfg.max_datagram,
         )
         self._send_buffer = cfg.send_buffer
         # The earliest reliability timer (probe timeout or STATUS due), as
@@ -182,7 +181,7 @@ class Endpoint(ABC):
         self._pending: PendingTable[_Attempt] = PendingTable()
         self._buf = bytearray(65536)
         self._view = memoryview(self._buf)
-        self._send_drops: dict[str, int] = {"send_failed": 0, "late_reply": 0, "closed": 0}
+        self._send_drops: dict[str, int] = {"send_failed": 0, "late_reply": 0, "closed": 0, "callback_failed": 0}
         self._last_send_error: OSError | None = None
         self._closed = False
         self._forget_memo: Callable[[], None] = lambda: None
@@ -448,10 +447,9 @@ class Endpoint(ABC):
                 self._backpressure(s, payload)
         batcher = self._batcher
         with self._timer_lock:
-            if s.armed != s.gen and (st is None or not st.waiting):
+            if s.armed != s.gen:
                 # A batch is opening: to an idle destination, one message
-                # leaves at once (the latency path, kept short). A reliable
-                # stream whose datagrams wait for credit is not idle.
+                # leaves at once (the latency path, kept short).
                 now = self._now()
                 datagram = batcher.take_idle(s, now)
                 if datagram is not None:
@@ -462,11 +460,6 @@ class Endpoint(ABC):
                 return
             now = self._now()
             if r == OPENED:
-                if st is not None and st.waiting:
-                    # Earlier datagrams wait for credit: this batch grows
-                    # until it fills, or the credit comes, or its deadline.
-                    self._deadline_armed(batcher.arm(s, now))
-                    return
                 deadline = batcher.opened(s, now)
                 if deadline is not None:
                     self._deadline_armed(deadline)
@@ -552,10 +545,10 @@ class Endpoint(ABC):
             raise Closed("queue is closed")
         if len(payload) > self._max_message:
             raise MessageTooLarge(f"message of {len(payload)} bytes is over max_message={self._max_message}")
-        # Under the batch lock like any take: the stream's sequence numbers
-        # and the order of its datagrams must not interleave with a flush.
         if s.rel is not None and s.rel.nbytes >= self._send_buffer:
             self._backpressure(s, None)
+        # Under the batch lock like any take: the stream's sequence numbers
+        # and the order of its datagrams must not interleave with a flush.
         with self._timer_lock:
             now = self._now()
             self._emit(s, self._batcher.fragments(s, payload, now), now, whole=payload)
@@ -792,7 +785,8 @@ class Endpoint(ABC):
 
     def _after_read(self, now: float) -> None:
         """After reading datagrams (receive lock held): resolve replies, apply
-        STATUS records to our reliable streams, send the STATUS we owe."""
+        STATUS records to our reliable streams, send the STATUS we owe, fire
+        the reliability timers that are due. Cheap when there is nothing to do."""
         r = self._receiver
         if r.replies:
             self._resolve_replies()
@@ -803,7 +797,7 @@ class Endpoint(ABC):
                 self._send_to(data, addr)
         if r.new_due:
             r.new_due = False
-            due = r.next_deadline()
+            due = r.next_status_due()
             if due is not None:
                 self._rel_timer(due)
         if now >= self._rel_at:
@@ -864,7 +858,7 @@ class Endpoint(ABC):
             for data, addr in r.take_status(now):
                 self._send_to(data, addr)
             r.new_due = False
-        due = [d for d in (pto, r.next_deadline()) if d is not None]
+        due = [d for d in (pto, r.next_status_due()) if d is not None]
         self._rel_at = min(due) if due else float("inf")
 
     def _settle_owed(self) -> None:
@@ -883,7 +877,7 @@ class Endpoint(ABC):
                 try:
                     callback(f)
                 except Exception:  # noqa: BLE001 - a user's callback must not stop the I/O
-                    self._send_drops["callback_failed"] = self._send_drops.get("callback_failed", 0) + 1
+                    self._send_drops["callback_failed"] += 1
 
     def failures(self) -> list[DeliveryFailure]:
         """The latest delivery failures (up to 1024), oldest first: reliable
@@ -899,11 +893,9 @@ class Endpoint(ABC):
         """The earliest deadline of any timer; without ``reliable``, leaving out
         probe timeouts and STATUS dues (which a reading thread fires)."""
         with self._timer_lock:
-            candidates = [self._batcher.next_deadline(), self._receiver.next_deadline() if reliable else None]
+            candidates = [self._batcher.next_deadline(), self._receiver.next_expiry()]
             if reliable:
-                candidates.append(self._rel.next_deadline())
-            elif self._receiver.partials:
-                candidates.append(self._receiver.next_deadline())
+                candidates += [self._receiver.next_status_due(), self._rel.next_deadline()]
         with self._req_lock:
             candidates.append(self._pending.next_deadline())
         due = [d for d in candidates if d is not None]

@@ -273,12 +273,12 @@ class AsyncQueue(Endpoint):
             if self._waiters or self._receiver.replies:
                 # Input someone waited for: what they push next is not batched.
                 self._batcher.waited_at = now
-            r = self._receiver
-            if r.replies or r.controls or r.status_urgent or r.new_due:
-                self._after_read(now)
+            self._after_read(now)
             self._wake_waiters()
             if self._receiver.partials:
-                self._deadline_armed(self._receiver.next_deadline() or now)
+                expiry = self._receiver.next_expiry()
+                if expiry is not None:
+                    self._deadline_armed(expiry)
         return count
 
     def _wake_waiters(self) -> None:

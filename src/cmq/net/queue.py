@@ -318,11 +318,8 @@ class Queue(Endpoint):
             # fires it (the I/O thread stays off while the application reads).
             # A timer a tick late is fine: this bound takes the one-call
             # blocking read below (SO_RCVTIMEO), not select's two calls.
-            wait = timeout
-            short = wait is not None and wait < _SHORT_WAIT
-            left = self._rel_at - start
-            if left < _FOREVER and (wait is None or left < wait):
-                wait = max(left, _TIMER_SLACK)
+            short = timeout is not None and timeout < _SHORT_WAIT
+            wait = self._rel_bound(timeout, start, _TIMER_SLACK)
             try:
                 if self._big_reads or short:
                     data, addr = self._recv_within(wait)
@@ -342,10 +339,8 @@ class Queue(Endpoint):
                 addr = None  # timed out, closed, or an ICMP error: the general path decides
             if addr is not None:
                 now = self._app_read_at = self._batcher.waited_at = _monotonic()
-                r = self._receiver
-                item = r.receive_one(data, addr, now, mailbox)
-                if r.replies or r.controls or r.status_urgent or r.new_due or now >= self._rel_at:
-                    self._after_read(now)
+                item = self._receiver.receive_one(data, addr, now, mailbox)
+                self._after_read(now)
                 if item is not None:
                     return item, timeout
             elif _monotonic() >= self._rel_at:
@@ -447,10 +442,7 @@ class Queue(Endpoint):
             count += 1
             if backlog is not None and self._receiver.queued() >= backlog:
                 break
-        r = self._receiver
-        now = _monotonic()
-        if r.replies or r.controls or r.status_urgent or r.new_due or now >= self._rel_at:
-            self._after_read(now)
+        self._after_read(_monotonic())
         return count
 
     def _read_blocking(
@@ -483,10 +475,7 @@ class Queue(Endpoint):
                     return None
             elif self._take_ready(mailbox, predicate):
                 return None
-            wait = remaining
-            left = self._rel_at - _monotonic()
-            if left < _FOREVER and (wait is None or left < wait):
-                wait = max(left, 0.0)  # a reliability timer first: fired here (see _read_direct)
+            wait = self._rel_bound(remaining, _monotonic(), 0.0)
             try:
                 data, addr = self._recv_within(wait)
             except OSError:
@@ -498,16 +487,22 @@ class Queue(Endpoint):
                 return None  # shut down by close()
             item = None
             now = self._app_read_at = self._batcher.waited_at = _monotonic()
-            r = self._receiver
             if fut is None and predicate is None:
-                item = r.receive_one(data, addr, now, mailbox)
+                item = self._receiver.receive_one(data, addr, now, mailbox)
             else:
-                r.datagram_received(data, addr, now)
-            if r.replies or r.controls or r.status_urgent or r.new_due or now >= self._rel_at:
-                self._after_read(now)
+                self._receiver.datagram_received(data, addr, now)
+            self._after_read(now)
             return item
         finally:
             self._rx_lock.release()
+
+    def _rel_bound(self, wait: float | None, now: float, least: float) -> float | None:
+        """``wait`` (None: forever), shortened to when the next reliability
+        timer is due (but not below ``least``): the reading thread fires it."""
+        left = self._rel_at - now
+        if left < _FOREVER and (wait is None or left < wait):
+            return max(left, least)
+        return wait
 
     def _recv(self, flags: int) -> tuple[bytes, Any]:
         """One datagram as bytes, with one copy whatever its size.

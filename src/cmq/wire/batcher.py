@@ -319,25 +319,21 @@ class Batcher:
         it had waited for (:attr:`waited_at`).
 
         A destination never sent to is idle, unless ``idle_gap`` is infinite
-        (always batch).
+        (always batch). A reliable stream whose datagrams wait for credit is
+        never idle (its next messages join a batch that grows until the
+        credit comes); one with datagrams unacknowledged is idle after
+        ``BUSY_GAP``: a reliable sender's pushes cost more and come less
+        evenly than ``idle_gap`` apart, and sending each in a datagram of its
+        own would only slow it down and run its window out, while a reply
+        that follows a round trip is idle.
         """
-        if self._never_idle:
+        rel = s.rel
+        if self._never_idle or (rel is not None and rel.waiting):
             return False
         if s.last_send <= self.waited_at:
             return True
-        return now - s.last_send >= self._gap(s)
-
-    def _gap(self, s: Stream) -> float:
-        """The idle gap of ``s``. A reliable stream whose datagrams wait for
-        credit is never idle; one with datagrams unacknowledged is idle after
-        ``busy_gap``: a reliable sender's pushes cost more and come less
-        evenly than ``idle_gap`` apart, and sending each alone, so in a
-        datagram of its own, would only slow it down (and run its window of
-        datagrams out), while a reply that follows a round trip is idle."""
-        rel = s.rel
-        if rel is None or not rel.buf:
-            return self._idle_gap
-        return float("inf") if rel.waiting else self._busy_gap
+        gap = self._busy_gap if rel is not None and rel.buf else self._idle_gap
+        return now - s.last_send >= gap
 
     def arm(self, s: Stream, now: float) -> float:
         """Schedule ``s``'s open batch to leave by ``now + timeout``; returns that deadline."""
@@ -368,12 +364,7 @@ class Batcher:
         serialisation rule as :meth:`take`.
         """
         frames = s.frames
-        if (
-            len(frames) != 1
-            or s.armed == s.gen
-            or self._never_idle
-            or (s.last_send > self.waited_at and now - s.last_send < self._gap(s))
-        ):
+        if len(frames) != 1 or s.armed == s.gen or not self.is_idle(s, now):
             return None
         if now - s.last_send >= self._timeout:
             s.limit = self._qthresh

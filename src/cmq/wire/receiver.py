@@ -171,6 +171,17 @@ _ACTIVE_FOR: Final = 1.0
 _STATUS_SIZE: Final = 29 + 6 * MAX_RANGES
 
 
+def _lone_frame(data: bytes, start: int, n: int) -> int:
+    """Where the payload starts when ``data`` is one frame filling it after a
+    ``start``-byte head whose last byte is the frame's length prefix ``n``; 0 if not."""
+    size = len(data) - start
+    if n == size and n < 255:
+        return start
+    if n == 255 and size >= 8 and _LONG_LEN.unpack_from(data, start)[0] == size - 8:
+        return start + 8
+    return 0
+
+
 def _unpack(data: bytes) -> Any:
     return msgpack.unpackb(data, raw=False, strict_map_key=False)
 
@@ -374,8 +385,6 @@ class Receiver:
         self.duplicates = 0
         self.overruns = 0
         self.status_sent = 0
-        self.probes_received = 0
-        self.unknown_streams = 0
         self.epoch_resets = 0
         self.mailboxes: dict[int, Mailbox] = {}
         #: Replies to requests: (correlation id, payload, addr).
@@ -476,13 +485,11 @@ class Receiver:
                     table[key] = (seq + 1) & 0xFFFFFFFF
                 else:
                     self._sequence(addr, sender, mailbox, seq)
-                u = self._unchecked + len(data)
-                self._unchecked = u
-                if u > self._free:
-                    self._unchecked -= len(data)
-                    if self._full(len(data)):
-                        self.dropped["buffer_full"] += len(payloads)
-                        return 0
+                if self._unchecked + len(data) <= self._free:
+                    self._unchecked += len(data)
+                elif self._full(len(data)):
+                    self.dropped["buffer_full"] += len(payloads)
+                    return 0
                 if flags or mailbox & ENVELOPE_BIT:
                     return self._deliver(payloads, flags, addr, sender, mailbox, seq, len(data))
                 mb = self.mailboxes.get(mailbox)
@@ -502,19 +509,8 @@ class Receiver:
             magic, flags, sender, mailbox, seq, epoch, rflags = _V2.unpack_from(data)
             key = (addr, sender, mailbox)
             rs = self._rstreams.get(key)
-            if (
-                magic == MAGIC
-                and rs is not None
-                and rs.epoch == epoch
-                and rs.next == seq
-                and rs.granted
-                and not rs.held
-                and not rs.seen
-                and self._unchecked + len(data) <= self._free
-                and not rflags & ~(R_SYN | R_ORDERED)
-                and seq_diff(rs.credit, seq) > 0
-                and not mailbox & ENVELOPE_BIT
-            ):
+            if magic == MAGIC and not mailbox & ENVELOPE_BIT and self._next_plain(rs, epoch, seq, rflags, len(data)):
+                assert rs is not None
                 try:
                     payloads = split_frames(data, _V2_SIZE, len(data))
                 except ProtocolError:
@@ -577,7 +573,6 @@ class Receiver:
             if not header.rflags & R_SYN:
                 # Not the start of a stream, and not one we know: we lost its
                 # state (a restart). The sender must hear so and start anew.
-                self.unknown_streams += 1
                 self._reset(key, epoch, now)
                 return 0
             rs = self._new_stream(key, epoch, bool(header.rflags & R_ORDERED), now)
@@ -735,12 +730,10 @@ class Receiver:
             if isinstance(rec, Status):
                 self.controls.append((rec, addr))
                 continue
-            self.probes_received += 1
             key = (addr, sender, rec.mailbox)
             rs = self._rstreams.get(key)
             if rs is None or rs.epoch != rec.epoch:
                 if not rec.rflags & R_SYN:
-                    self.unknown_streams += 1
                     self._reset(key, rec.epoch, now)
                     continue
                 rs = self._new_stream(key, rec.epoch, bool(rec.rflags & R_ORDERED), now)
@@ -822,7 +815,6 @@ class Receiver:
                 rs.granted = True
                 rs.urgent = False
                 rs.since_status = rs.bytes_since = 0
-                rs.last_status = now
             if gap:
                 rs.due = now + RENAK_INTERVAL  # a gap is open: repeat until repaired
             elif starved:
@@ -855,15 +847,9 @@ class Receiver:
         mailbox). Anything else is handled by :meth:`datagram_received` and
         None is returned. Never raises.
         """
-        size = len(data) - _ONE_SIZE  # the bytes after a short frame's prefix
-        if size >= 0 and self._key is None:
+        if len(data) >= _ONE_SIZE and self._key is None:
             mvf, sender, mb, seq, n = _ONE.unpack_from(data)
-            if n == size and n < 255:
-                start = _ONE_SIZE
-            elif n == 255 and size >= 8 and _LONG_LEN.unpack_from(data, _ONE_SIZE)[0] == size - 8:
-                start = _ONE_SIZE + 8
-            else:
-                start = 0  # not one frame filling the datagram
+            start = _lone_frame(data, _ONE_SIZE, n)
             key = (addr, sender, mb)
             table = self._expected
             if start and mb == mailbox and mvf in _MVF_PLAIN and table.get(key) == seq:
@@ -888,30 +874,13 @@ class Receiver:
         """:meth:`receive_one` of a plain v2 datagram: the next of its reliable
         stream, one message for ``mailbox``, nothing held: straight back."""
         mvf, sender, mb, seq, epoch, rflags, n = _ONE2.unpack_from(data)
-        size = len(data) - _ONE2_SIZE
         key = (addr, sender, mb)
         rs = self._rstreams.get(key)
-        if n == size and n < 255:
-            start = _ONE2_SIZE
-        elif n == 255 and size >= 8 and _LONG_LEN.unpack_from(data, _ONE2_SIZE)[0] == size - 8:
-            start = _ONE2_SIZE + 8
-        else:
-            start = 0
-        if (
-            not start
-            or mb != mailbox
-            or rs is None
-            or rs.epoch != epoch
-            or rs.next != seq
-            or not rs.granted
-            or self._unchecked + len(data) > self._free
-            or rs.held
-            or rs.seen
-            or rflags & ~(R_SYN | R_ORDERED)
-            or seq_diff(rs.credit, seq) <= 0
-        ):
+        start = _lone_frame(data, _ONE2_SIZE, n)
+        if not start or mb != mailbox or not self._next_plain(rs, epoch, seq, rflags, len(data)):
             self.datagram_received(data, addr, now)
             return None
+        assert rs is not None
         payload: Any = data[start:]
         if mvf == _MVF2_MSGPACK:
             try:
@@ -924,6 +893,22 @@ class Receiver:
         self.messages_received += 1
         self._next_arrived(rs, key, seq, len(data), now)
         return payload, (addr, sender, mb, seq, None)
+
+    def _next_plain(self, rs: RecvStream | None, epoch: int, seq: int, rflags: int, nbytes: int) -> bool:
+        """Whether a plain v2 datagram may take the fast paths: the next of a
+        known, credited stream of this epoch with nothing held, within credit
+        and within the budget (else the general path decides)."""
+        return (
+            rs is not None
+            and rs.epoch == epoch
+            and rs.next == seq
+            and rs.granted
+            and not rs.held
+            and not rs.seen
+            and self._unchecked + nbytes <= self._free
+            and not rflags & ~(R_SYN | R_ORDERED)
+            and seq_diff(rs.credit, seq) > 0
+        )
 
     def _next_arrived(self, rs: RecvStream, key: tuple[Any, int, int], seq: int, nbytes: int, now: float) -> None:
         """The fast paths' bookkeeping: ``rs``'s next datagram (``seq``, nothing
@@ -1092,11 +1077,19 @@ class Receiver:
 
     def next_deadline(self) -> float | None:
         """When a partial message expires or a STATUS is due, whichever is first; or None."""
-        due = [rs.due for rs in self._owed.values() if rs.due is not None]
-        if self._partials:
-            expiry = min(p.deadline for p in self._partials.values())
-            if expiry != float("inf"):
-                due.append(expiry)
+        due = [d for d in (self.next_expiry(), self.next_status_due()) if d is not None]
+        return min(due) if due else None
+
+    def next_expiry(self) -> float | None:
+        """When the oldest best-effort partial message expires, or None."""
+        if not self._partials:
+            return None
+        expiry = min(p.deadline for p in self._partials.values())
+        return None if expiry == float("inf") else expiry
+
+    def next_status_due(self) -> float | None:
+        """When the earliest STATUS owed later is due, or None."""
+        due = [rs.due for rs in list(self._owed.values()) if rs.due is not None]
         return min(due) if due else None
 
     @property

@@ -191,8 +191,8 @@ class SendStream:
 
     @property
     def waiting(self) -> int:
-        """Datagrams waiting for credit."""
-        return len(self.buf) - (seq_diff(self.sent_upto, self.una) if self.buf else 0)
+        """Datagrams waiting for credit: encoded (up to the stream's seq), not yet sent."""
+        return seq_diff(self.stream.seq, self.sent_upto)
 
 
 class ReliableSender:
@@ -205,13 +205,11 @@ class ReliableSender:
         codec_msgpack: bool,
         key: bytes | None,
         max_probes: int,
-        max_datagram: int,
     ) -> None:
         self.sender_id = sender_id
         self._msgpack = codec_msgpack
         self._key = key
         self._max_probes = max_probes
-        self._max_datagram = max_datagram
         self.streams: dict[int, SendStream] = {}  # by epoch
         self._timers: list[tuple[float, int, int]] = []  # (pto_at, tiebreak, epoch)
         self._tick = 0
@@ -229,7 +227,6 @@ class ReliableSender:
         self.in_doubt = 0
         self.dead_streams = 0
         self.epoch_resets = 0
-        self.stale_status = 0
 
     # -- streams -----------------------------------------------------------
 
@@ -368,7 +365,6 @@ class ReliableSender:
         self.status_received += 1
         st = self.streams.get(rec.epoch)
         if st is None or rec.stream_sender != self.sender_id or rec.mailbox != st.mailbox:
-            self.stale_status += 1
             return None, []
         if rec.reset:
             self._restart(st, "peer_reset", now)
@@ -541,7 +537,6 @@ class RecvStream:
         "largest_at",
         "last_active",
         "last_size",
-        "last_status",
         "mailbox",
         "next",
         "ordered",
@@ -573,7 +568,6 @@ class RecvStream:
         self.bytes_since = 0  # and their bytes
         self.urgent = False
         self.due: float | None = None  # when a delayed STATUS is due
-        self.last_status = float("-inf")
         self.last_active = now
 
     def gaps(self) -> tuple[tuple[int, int], ...]:
