@@ -152,16 +152,20 @@ def throughput_sender(
             errors=(cmq.CmqError,),
         )
         q.flush()
-        # Each end marker in its own datagram: one may be dropped by a full
-        # receive buffer.
-        for _ in range(END_REPEAT):
-            try:
-                q.push(dest, END)
-                q.flush()
-            except cmq.CmqError:
-                break
+        push_end(q, dest)
         result["stats"] = _stats(q)
         return result
+
+
+def push_end(q: Any, dest: Any) -> None:
+    """Push the end marker ``END_REPEAT`` times, each in its own datagram:
+    one may be dropped by a full receive buffer or a lossy link."""
+    for _ in range(END_REPEAT):
+        try:
+            q.push(dest, END)
+            q.flush()
+        except cmq.CmqError:
+            break
 
 
 def _echo(

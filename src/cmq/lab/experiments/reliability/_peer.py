@@ -36,14 +36,10 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
-__all__ = ["END", "HEAD", "main", "receiver", "sender"]
+__all__ = ["HEAD", "main", "receiver", "sender"]
 
 #: A payload starts with its sequence number and its send stamp.
 HEAD: Final = struct.Struct("<Qq")
-#: The end marker: an empty message (payloads are never shorter than HEAD).
-END: Final = b""
-#: Copies of the end marker: one may be lost on a lossy link or a full buffer.
-END_REPEAT: Final = 3
 #: Messages taken per pop_many: bounds the list, not the rate.
 _POP_LIMIT: Final = 4096
 #: How long a push that would block is retried before it counts as failed.
@@ -129,6 +125,7 @@ def sender(
 ) -> dict[str, Any]:
     """Push ``count`` numbered, stamped messages; drain (reliable modes); end."""
     import cmq
+    from cmq.lab.systems.cmq import push_end
 
     if size < HEAD.size:
         raise ValueError(f"size must be at least {HEAD.size} bytes (sequence number and stamp)")
@@ -172,12 +169,7 @@ def sender(
         if can_drain:
             drained = bool(q.drain(drain))
         done = clock()
-        for _ in range(END_REPEAT):
-            try:
-                q.push(dest, END)
-                q.flush()
-            except cmq.CmqError:
-                break
+        push_end(q, dest)
         if can_drain:
             q.drain(min(drain, 1.0))
         stats = _stats(q)
