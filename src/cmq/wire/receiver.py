@@ -521,9 +521,7 @@ class Receiver:
                     mb = self.mailbox(mailbox)
                 n = len(payloads)
                 if mb.delivered - mb.consumed + n > self._max_queued and not self._fits(mb, n):
-                    self.overruns += 1
-                    self._owe(rs, now, urgent=True)
-                    return 0
+                    return self._overrun(rs, now)
                 if flags:
                     payloads = self._decode_all(payloads)
                     n = len(payloads)
@@ -585,9 +583,7 @@ class Receiver:
             self._owe(rs, now, urgent=True)
             return 0
         if seq_diff(rs.credit, seq) <= 0 or off >= 2 * self._wmax:
-            self.overruns += 1
-            self._owe(rs, now, urgent=True)
-            return 0
+            return self._overrun(rs, now)
         new_gap = False
         if seq_diff(seq, rs.largest) > 0:
             new_gap = seq_diff(seq, rs.largest) > 1 and seq_diff(rs.largest, rs.next) >= -1 and off > 0
@@ -599,9 +595,7 @@ class Receiver:
         if off and rs.ordered:
             if self._full(len(data)) and self._consumable():
                 # Held data counts against the budget too: refused, sent again.
-                self.overruns += 1
-                self._owe(rs, now, urgent=True)
-                return 0
+                return self._overrun(rs, now)
             rs.held[seq] = data
             rs.held_bytes += len(data)
             self._held_rel += len(data)
@@ -609,9 +603,7 @@ class Receiver:
             return 0
         n = self._accept(rs, data, header, body, addr, now)
         if n < 0:
-            self.overruns += 1
-            self._owe(rs, now, urgent=True)
-            return 0
+            return self._overrun(rs, now)
         if off:
             rs.seen.add(seq)
         else:
@@ -672,6 +664,13 @@ class Receiver:
         if mb is not None and mb.delivered - mb.consumed + n > self._max_queued and not self._fits(mb, n):
             return -1
         return self._deliver(body, flags, addr, sender, mailbox, seq, len(data), whole=True)
+
+    def _overrun(self, rs: RecvStream, now: float) -> int:
+        """A datagram of ``rs`` refused unacknowledged (no credit, room or
+        budget for it): counted, and a STATUS owed at once; delivers 0."""
+        self.overruns += 1
+        self._owe(rs, now, urgent=True)
+        return 0
 
     def _new_stream(self, key: tuple[Any, int, int], epoch: int, ordered: bool, now: float) -> RecvStream:
         old = self._rstreams.pop(key, None)

@@ -386,8 +386,7 @@ class ReliableSender:
         # An answer, even one that acknowledges nothing new: a receiver whose
         # application is slow (no credit, or a full mailbox) is alive.
         st.unanswered = 0
-        first = st.syn
-        if first:
+        if st.syn:
             st.syn = False
             st.stream.ext = st.ext()
             # The first credit replaces the initial one, which the receiver
