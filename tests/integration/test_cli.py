@@ -68,12 +68,14 @@ def test_top_level_help_lists_commands() -> None:
 
 def test_send_and_recv_are_pipes() -> None:
     port = free_port()
-    rx = start_recv(port, "--count", "3")
+    # recv takes all four: a reliable send exits 1 for a message its
+    # receiver left unacknowledged by exiting first (once it raced here).
+    rx = start_recv(port, "--count", "4")
     lines = b"alpha\nbeta\n\ngamma"  # an empty line is an empty message; no final newline
     subprocess.run([*CMQ, "send", f"127.0.0.1:{port}"], input=lines, check=True, timeout=20)
     out, err = rx.communicate(timeout=20)
     assert rx.returncode == 0, err
-    assert out == b"alpha\nbeta\n\n"
+    assert out == b"alpha\nbeta\n\ngamma\n"
 
 
 def test_a_pipeline_of_two_hops_filters_messages(tmp_path: Path) -> None:
@@ -173,3 +175,14 @@ def test_demo_runs() -> None:
     assert proc.returncode == 0, proc.stderr
     assert "one-way: 20,000 of 20,000" in proc.stdout
     assert "request/response: 200 round trips" in proc.stdout
+
+
+def test_send_says_what_it_could_not_confirm_and_exits_1() -> None:
+    """Reliable delivery: nobody acknowledges, so send names the messages in doubt."""
+    port = free_port()  # nothing listens there
+    proc = subprocess.run(
+        [*CMQ, "send", f"127.0.0.1:{port}", "--linger", "0.3"],
+        input=b"one\ntwo\n", capture_output=True, timeout=20,
+    )
+    assert proc.returncode == 1
+    assert b"0 of 2 message(s) confirmed, 2 in doubt" in proc.stderr

@@ -252,12 +252,7 @@ def _client(
                     send, recv, size=size, count=count, timeout=timeout, window=window
                 )
         finally:
-            for _ in range(END_REPEAT):
-                try:
-                    q.push(dest, END)
-                    q.flush()
-                except cmq.CmqError:
-                    break
+            push_end(q, dest)
         result["stats"] = _stats(q)
         return result
 
