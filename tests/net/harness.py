@@ -177,7 +177,7 @@ class SimEndpoint(Endpoint):
     def _transmit(self, s: Stream, datagrams: list[bytes], *, raise_errors: bool = True) -> None:
         for d in datagrams:
             self.net.send(self.addr, s.addr, d)
-        s.last_send = self.net.now
+        self._batcher.sent(s, self.net.now)
 
     def _send_to(self, data: bytes, addr: Any) -> None:
         self.net.send(self.addr, addr, data)

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from cmq import QueueConfig
 from cmq.wire import batcher as batcher_module
-from cmq.wire.batcher import FULL, LARGE, OPENED, QUEUED, Batcher
+from cmq.wire.batcher import CHECK, FULL, LARGE, OPENED, QUEUED, Batcher
 from cmq.wire.frames import HEADER_SIZE, decode
 
 DEST = ("127.0.0.1", 9)
@@ -380,3 +380,72 @@ def test_take_idle_writes_the_datagram_encode_frames_writes(payload: bytes, code
     assert data == encode_frames([payload], flags=flags, sender=77, mailbox=mailbox, seq=seq)
     assert decode(data)[1] == [payload]
     assert s.seq == seq + 1 and not s.frames
+
+
+class _Clock:
+    """A clock that counts its reads (advance reads it at most once)."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+        self.reads = 0
+
+    def __call__(self) -> float:
+        self.reads += 1
+        return self.now
+
+
+def test_advance_sends_to_an_idle_destination_at_once() -> None:
+    b = make(idle_gap=0.001, timeout=0.5)
+    s = b.stream(DEST, 0)
+    assert b.append(s, b"hello") == CHECK  # an empty batch: the slow half opens it
+    clock = _Clock(1.0)
+    out = b.advance(s, clock)
+    assert isinstance(out, list) and decode_all(out) == [b"hello"]
+    assert clock.reads == 1 and s.last_send == 1.0 and not s.frames
+
+
+def test_advance_arms_a_busy_destination_then_queues_then_takes_it_full() -> None:
+    b = make(idle_gap=0.001, timeout=0.5, qthresh=20)
+    s = b.stream(DEST, 0)
+    b.sent(s, 10.0)  # a datagram just left: busy
+    assert b.append(s, b"aaaa") == CHECK
+    assert b.advance(s, _Clock(10.0001)) == 10.5001  # a deadline the driver's timer must honour
+    # Below check_at the fast half answers QUEUED: no lock, no clock.
+    assert [b.append(s, p) for p in (b"bbbb", b"cccc")] == [QUEUED, QUEUED]
+    assert b.append(s, b"dddd") == CHECK  # 20 bytes framed: the limit
+    clock = _Clock(10.0002)
+    out = b.advance(s, clock)
+    assert isinstance(out, list) and decode_all(out) == [b"aaaa", b"bbbb", b"cccc", b"dddd"]
+    assert clock.reads == 1
+
+
+def test_advance_reads_no_clock_while_the_batch_has_room() -> None:
+    b = make(idle_gap=0.001, timeout=0.5, qthresh=1000)
+    s = b.stream(DEST, 0)
+    b.sent(s, 5.0)
+    b.append(s, b"x")
+    assert isinstance(b.advance(s, _Clock(5.0)), float)
+    s.check_at = len(s.frames) + 1  # as if check had asked to be called at the next push
+    assert b.append(s, b"y") == CHECK
+    clock = _Clock(5.0)
+    assert b.advance(s, clock) is None and clock.reads == 0
+
+
+def test_the_fast_half_refuses_a_payload_too_large_without_appending_it() -> None:
+    b = make(max_datagram=1000)
+    s = b.stream(DEST, 0)
+    assert b.append(s, b"q" * 2000) == LARGE and not s.frames
+
+
+def test_hold_and_close_send_every_push_to_the_slow_half() -> None:
+    b = make(qthresh=10_000)
+    s, t = b.stream(DEST, 0), b.stream(DEST, 1)
+    for x in (s, t):
+        b.append(x, b"a")
+        b.check(x)
+    assert b.append(s, b"b") == QUEUED
+    b.hold(s)
+    assert b.append(s, b"c") == CHECK
+    assert b.append(t, b"b") == QUEUED
+    b.close()
+    assert b.append(s, b"d") == CHECK and b.append(t, b"c") == CHECK

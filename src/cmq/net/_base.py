@@ -33,7 +33,7 @@ from cmq._config import QueueConfig
 from cmq._errors import Closed, ConfigError, MessageTooLarge, Timeout, TransportError, WouldBlock
 from cmq._types import Address, Message, Stats
 from cmq.net._sock import kernel_drops, membership, open_socket, parse_address, resolve
-from cmq.wire.batcher import OPENED, QUEUED, Batcher, Stream
+from cmq.wire.batcher import LARGE, Batcher, Stream
 from cmq.wire.pending import PendingTable
 from cmq.wire.receiver import (
     EMPTY,
@@ -280,24 +280,21 @@ class Endpoint(ABC):
         cache = self._cache
         stream_for = self._stream_for
         after = self._after_append
-        large_payload = self._large_payload
+        append = self._batcher.append
         encode = self._encode
         raw = self._raw
         packb = self._packb
-        large = self._batcher.large
         last_dest: Any = object()
         last_mailbox = -1
         s = Stream(("0.0.0.0", 0), 0, 1)  # a placeholder: last_dest matches no destination
-        frames = s.frames
 
         def push(dest: Any, msg: Any, mailbox: int = 0) -> None:
-            nonlocal last_dest, last_mailbox, s, frames
+            nonlocal last_dest, last_mailbox, s
             if dest is not last_dest or mailbox != last_mailbox:
                 try:
                     s = cache[dest, mailbox]
                 except (KeyError, TypeError):
                     s = stream_for(dest, mailbox)
-                frames = s.frames
                 if type(dest) is tuple or type(dest) is str:
                     # Only immutable spellings: a list could change under us.
                     last_dest, last_mailbox = dest, mailbox
@@ -310,12 +307,9 @@ class Endpoint(ABC):
                     payload = packb(msg)
                 except (TypeError, ValueError, OverflowError):
                     payload = encode(msg)  # raises the documented TypeError
-            if len(payload) >= large:
-                large_payload(s, payload)
-                return
-            frames.append(payload)
-            if len(frames) >= s.check_at:
-                after(s, payload)
+            r = append(s, payload)
+            if r:
+                after(s, payload, r)
 
         def forget() -> None:
             nonlocal last_dest, last_mailbox
@@ -340,21 +334,15 @@ class Endpoint(ABC):
         except (KeyError, TypeError):
             s = self._stream_for(dest, mailbox)
         after = self._after_append
-        large_payload = self._large_payload
+        append = self._batcher.append
         encode = self._encode
-        large = self._batcher.large
-        frames = s.frames
-        append = frames.append
         raw = self._raw
 
         def send(msg: Any) -> None:
             payload = msg if raw and type(msg) is bytes else encode(msg)
-            if len(payload) >= large:
-                large_payload(s, payload)
-                return
-            append(payload)
-            if len(frames) >= s.check_at:
-                after(s, payload)
+            r = append(s, payload)
+            if r:
+                after(s, payload, r)
 
         return send
 
@@ -418,16 +406,14 @@ class Endpoint(ABC):
         except (KeyError, TypeError):
             s = self._stream_for(dest, mailbox, self._icache)
         payload = envelope(kind, corr, body)
-        if len(payload) >= self._batcher.large:
-            self._large_payload(s, payload)
-        else:
-            s.frames.append(payload)
-            if len(s.frames) >= s.check_at:
-                self._after_append(s, payload)
+        r = self._batcher.append(s, payload)
+        if r:
+            self._after_append(s, payload, r)
         return s
 
-    def _after_append(self, s: Stream, payload: Any = None) -> None:
-        """The slow half of push: the batch reached ``check_at`` (see :mod:`cmq.wire.batcher`).
+    def _after_append(self, s: Stream, payload: bytes, r: int) -> None:
+        """The slow half of push: the batcher's fast half answered ``r``, CHECK
+        (the batch reached ``check_at``) or LARGE (see :mod:`cmq.wire.batcher`).
 
         Raises:
             Closed: the queue was closed (what was appended is dropped).
@@ -435,6 +421,9 @@ class Endpoint(ABC):
                 and stayed full (``on_full``); ``payload`` was taken back.
             TransportError: as :meth:`push`.
         """
+        if r == LARGE:
+            self._large_payload(s, payload)
+            return
         if self._closed:
             s.frames.clear()
             raise Closed("queue is closed")
@@ -445,30 +434,14 @@ class Endpoint(ABC):
             self._poll_acks()
             if st.nbytes >= self._send_buffer:
                 self._backpressure(s, payload)
-        batcher = self._batcher
         with self._timer_lock:
-            if s.armed != s.gen:
-                # A batch is opening: to an idle destination, one message
-                # leaves at once (the latency path, kept short).
-                now = self._now()
-                datagram = batcher.take_idle(s, now)
-                if datagram is not None:
-                    self._emit(s, [datagram], now)
-                    return
-            r = batcher.check(s)
-            if r == QUEUED:
+            out = self._batcher.advance(s, self._now)
+            if out is None:
                 return
-            now = self._now()
-            if r == OPENED:
-                deadline = batcher.opened(s, now)
-                if deadline is not None:
-                    self._deadline_armed(deadline)
-                    return
-            else:
-                batcher.filled(s, now)
-            datagrams = batcher.take(s, now)
-            if datagrams:
-                self._emit(s, datagrams, now)
+            if type(out) is float:
+                self._deadline_armed(out)
+            elif out:
+                self._emit(s, out, s.last_send)  # type: ignore[arg-type]
 
     def _send_stream(self, s: Stream, now: float, *, raise_errors: bool = True, force: bool = True) -> None:
         """Take ``s``'s batch and send its datagrams.
@@ -496,13 +469,13 @@ class Endpoint(ABC):
             armed = st.pto_at
             datagrams = rel.outgoing(st, datagrams, now, whole)
             if st.nbytes >= self._send_buffer:
-                s.check_at = 0  # the next push reaches _after_append's backpressure
+                self._batcher.hold(s)  # the next push reaches _after_append's backpressure
             if armed is None and st.pto_at is not None:
                 self._rel_timer(st.pto_at)
             if not datagrams:
                 # Held for want of credit: the destination is busy, not idle,
                 # so the next messages batch rather than leave one by one.
-                s.last_send = now
+                self._batcher.sent(s, now)
                 return
         self._transmit(s, datagrams, raise_errors=raise_errors)
 
@@ -817,7 +790,7 @@ class Endpoint(ABC):
                 if datagrams:
                     for d in datagrams:
                         self._send_to(d, st.addr)
-                    s.last_send = self._now()
+                    self._batcher.sent(s, self._now())
                 if s.frames and not st.waiting and s.armed == s.gen:
                     # A batch held open while credit was closed: it may go now.
                     batch = self._batcher.take(s, now)

@@ -117,7 +117,7 @@ class AsyncQueue(Endpoint):
             except OSError as exc:
                 self._count_send_failure(exc)
                 error = exc
-        s.last_send = self._loop.time()
+        self._batcher.sent(s, self._loop.time())
         if error is not None and raise_errors:
             raise send_error(error, addr) from error
 
@@ -388,8 +388,7 @@ class AsyncQueue(Endpoint):
         self._cache.clear()
         self._icache.clear()
         self._forget_memo()
-        for s in self._batcher.streams():
-            s.check_at = 0  # every push, bound senders' too, now reaches the closed check
+        self._batcher.close()  # every push, bound senders' too, now reaches the closed check
         self._rearm(None)
         fd = self._sock.fileno()
         self._loop.remove_reader(fd)

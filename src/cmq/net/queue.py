@@ -162,7 +162,7 @@ class Queue(Endpoint):
         finally:
             # The idle gap counts from when the link took the last
             # datagram, not from when we started sending it.
-            s.last_send = _monotonic()
+            self._batcher.sent(s, _monotonic())
 
     def _send_to(self, data: bytes, addr: Address) -> None:
         try:
@@ -701,8 +701,7 @@ class Queue(Endpoint):
         self._cache.clear()
         self._icache.clear()
         self._forget_memo()
-        for s in self._batcher.streams():
-            s.check_at = 0  # every push, bound senders' too, now reaches the closed check
+        self._batcher.close()  # every push, bound senders' too, now reaches the closed check
         # A push that raced close() may have appended after the flush: send
         # it if the socket still allows, count it otherwise.
         try:

@@ -7,13 +7,15 @@ tuple). A stream owns a list of pending payloads and the sequence number of
 its next datagram. Pushing is split in two halves so that the common case
 costs one append and one comparison:
 
-- the *fast half* (:meth:`Batcher.push`, inlined by the drivers): refuse a
-  payload too large for one datagram (``LARGE``), append it, and compare the
-  batch's length with the stream's ``check_at``. Below it, the message is
-  ``QUEUED`` and nothing else happens;
-- the *slow half* (:meth:`Batcher.check`), once ``check_at`` is reached:
-  counts the bytes of the messages appended since its last call (at C
-  speed), and answers
+- the *fast half* (:meth:`Batcher.append`, the one every push of every
+  driver runs, with no lock): refuse a payload too large for one datagram
+  (``LARGE``), append it, and compare the batch's length with the stream's
+  ``check_at``. Below it, the message is ``QUEUED`` and nothing else
+  happens; at it, the answer is ``CHECK``;
+- the *slow half* (:meth:`Batcher.advance`, under the driver's batch lock),
+  once ``check_at`` is reached: applies the idle rule, then
+  :meth:`Batcher.check` counts the bytes of the messages appended since its
+  last call (at C speed), and answers
 
 ============  =====================================================
 ``QUEUED``    the batch is open and has room; ``check_at`` is moved to
@@ -31,6 +33,11 @@ costs one append and one comparison:
               it was *not* appended; the caller sends it with
               :meth:`Batcher.fragments`
 ============  =====================================================
+
+:meth:`Batcher.advance` turns those answers into what the driver does: send
+datagrams now, arm a deadline, or nothing. :meth:`Batcher.push` is the two
+halves in one call, for callers that hold no lock of their own (tests, the
+lab's push-cost profile).
 
 :meth:`take` sets ``check_at`` to 1 *before* it copies the batch, so the
 first message appended after a take always reaches :meth:`check`, which
@@ -79,6 +86,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from bisect import bisect_right
+from collections.abc import Callable
 from itertools import accumulate
 from typing import Any, Final
 
@@ -96,7 +104,7 @@ from cmq.wire.frames import (
     stream_head,
 )
 
-__all__ = ["FULL", "LARGE", "OPENED", "QUEUED", "Batcher", "Stream"]
+__all__ = ["CHECK", "FULL", "LARGE", "OPENED", "QUEUED", "Batcher", "Stream"]
 
 #: The idle gap of a reliable stream with datagrams unacknowledged (see
 #: Batcher._gap): longer than a streaming sender's pushes are apart, even
@@ -107,6 +115,8 @@ QUEUED: Final = 0
 OPENED: Final = 1
 FULL: Final = 2
 LARGE: Final = 3
+#: From the fast half: appended, and the batch reached ``check_at`` (call advance).
+CHECK: Final = 4
 
 Address = tuple[str, int] | tuple[str, int, int, int]
 _pack_seq = SEQ.pack
@@ -207,6 +217,8 @@ class Batcher:
         # cannot share a datagram with its 9-byte long-frame prefix, or it is
         # over max_message (which the driver then refuses).
         self.large = min(config.max_body - 9 + 1, config.max_message + 1)
+        #: The fast half, as a closure (see the module's docstring).
+        self.append = self._make_append(self.large)
         self._streams: dict[tuple[Address, int], Stream] = {}
         # Header bytes before the sequence number, by mailbox (the same for
         # every destination): made once, not per stream.
@@ -251,19 +263,74 @@ class Batcher:
 
     # -- the hot path ------------------------------------------------------
 
-    def push(self, s: Stream, payload: bytes) -> int:
-        """Append ``payload`` to ``s``'s batch; returns QUEUED, OPENED, FULL or LARGE.
+    @staticmethod
+    def _make_append(large: int) -> Any:
+        def append(s: Stream, payload: bytes) -> int:
+            """The fast half of a push: QUEUED, CHECK or LARGE (see the module's docstring).
 
-        The drivers inline this (it is the fast half, see the module's
-        docstring) and call :meth:`check` themselves.
+            Needs no lock: a take running meanwhile in another thread leaves
+            this payload for the next datagram, and its ``check_at`` makes
+            sure the payload reaches :meth:`advance`.
+            """
+            if len(payload) >= large:
+                return LARGE
+            frames = s.frames
+            frames.append(payload)
+            return QUEUED if len(frames) < s.check_at else CHECK
+
+        return append
+
+    def push(self, s: Stream, payload: bytes) -> int:
+        """Both halves of a push without the driver's slow path: QUEUED, OPENED, FULL or LARGE.
+
+        :meth:`append`, then :meth:`check` when it answers CHECK.
         """
-        if len(payload) >= self.large:
-            return LARGE
-        frames = s.frames
-        frames.append(payload)
-        if len(frames) < s.check_at:
-            return QUEUED
-        return self.check(s)
+        r: int = self.append(s, payload)
+        return self.check(s) if r == CHECK else r
+
+    def advance(self, s: Stream, clock: Callable[[], float]) -> list[bytes] | float | None:
+        """The slow half of a push, after :meth:`append` answered CHECK.
+
+        Applies the idle rule to a batch being opened, then :meth:`check`,
+        and answers what the driver must do: a list of datagrams to send now
+        (taken at ``s.last_send``, possibly empty), a float (the deadline it
+        armed for the batch; the driver's timer must fire by then), or None
+        (the batch stays open). ``clock`` is read at most once, and only
+        when needed. Same serialisation rule as :meth:`take`.
+        """
+        now: float | None = None
+        if s.armed != s.gen:
+            # A batch is opening: to an idle destination, one message
+            # leaves at once (the latency path, kept short).
+            now = clock()
+            datagram = self.take_idle(s, now)
+            if datagram is not None:
+                return [datagram]
+        r = self.check(s)
+        if r == QUEUED:
+            return None
+        if now is None:
+            now = clock()
+        if r == OPENED:
+            deadline = self.opened(s, now)
+            if deadline is not None:
+                return deadline
+        else:
+            self.filled(s, now)
+        return self.take(s, now)
+
+    def hold(self, s: Stream) -> None:
+        """Make the next push to ``s`` run the slow half, whatever its batch holds."""
+        s.check_at = 0
+
+    def sent(self, s: Stream, now: float) -> None:
+        """``s``'s latest datagram left (or was held for credit) at ``now``: its idle gap counts from then."""
+        s.last_send = now
+
+    def close(self) -> None:
+        """Every later push, bound senders' too, runs the slow half (where the driver refuses it)."""
+        for s in self._streams.values():
+            s.check_at = 0
 
     def check(self, s: Stream) -> int:
         """The slow half of push: QUEUED, OPENED or FULL, and where to check next.
