@@ -68,6 +68,9 @@ DEFAULT_MAX_BUFFERED: Final = 64 * 1024 * 1024
 #: before ``push`` applies backpressure: a second or so of a fast sender's
 #: output, the notes' 8 MiB ring.
 DEFAULT_SEND_BUFFER: Final = 16 * 1024 * 1024
+#: All reliable streams of an endpoint together (a sender to many slow
+#: receivers must not hold 16 MiB for each of them).
+DEFAULT_MAX_SEND_BUFFERED: Final = 64 * 1024 * 1024
 #: Most datagrams a receiver lets one stream have in flight (its window);
 #: within it, the receiver's memory budget decides (a window of small
 #: datagrams must still cover a round trip at full rate).
@@ -170,6 +173,13 @@ class QueueConfig:
     """Bytes a reliable stream keeps (unacknowledged, or waiting for credit)
     before ``push`` applies backpressure."""
 
+    max_send_buffered: int = field(
+        default=DEFAULT_MAX_SEND_BUFFERED, metadata=_doc("bytes kept by all reliable streams together")
+    )
+    """Bytes all of this endpoint's reliable streams keep together before
+    ``push`` to any of them applies backpressure (as ``send_buffer`` does
+    for one): the sender's memory bound, however many destinations."""
+
     max_buffered_bytes: int = field(default=DEFAULT_MAX_BUFFERED, metadata=_doc("bytes of unconsumed input"))
     """Most bytes of received, unconsumed data this endpoint holds."""
 
@@ -196,7 +206,7 @@ class QueueConfig:
             return ConfigError(f"{name}={getattr(self, name)!r}: {why}")
 
         for name in ("qthresh", "max_datagram", "max_message", "max_queued", "max_reassembly",
-                     "rcvbuf", "sndbuf", "multicast_ttl", "send_buffer", "max_buffered_bytes", "window",
+                     "rcvbuf", "sndbuf", "multicast_ttl", "send_buffer", "max_send_buffered", "max_buffered_bytes", "window",
                      "max_probes"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
@@ -239,6 +249,8 @@ class QueueConfig:
             raise bad("on_full", "use 'block' or 'raise'")
         if self.send_buffer < self.max_datagram:
             raise bad("send_buffer", f"must hold at least one datagram ({self.max_datagram} bytes)")
+        if self.max_send_buffered < self.max_datagram:
+            raise bad("max_send_buffered", f"must hold at least one datagram ({self.max_datagram} bytes)")
         if self.max_buffered_bytes < self.max_datagram:
             raise bad("max_buffered_bytes", f"must hold at least one datagram ({self.max_datagram} bytes)")
         if not 4 <= self.window <= 1 << 20:

@@ -261,6 +261,32 @@ def test_a_receiver_that_does_not_consume_gets_no_more_than_its_budget(net: SimN
     settle(net, a, b)
 
 
+def test_the_endpoint_bound_holds_across_destinations(net: SimNetwork) -> None:
+    """max_send_buffered bounds all streams together: one per-stream buffer
+    is far from full when pushes to a second destination are refused."""
+    b = net.add(consume_every=None, max_buffered_bytes=200_000, **SMALL)
+    c = net.add(consume_every=None, max_buffered_bytes=200_000, **SMALL)
+    a = net.add(send_buffer=100_000, max_send_buffered=30_000, on_full="raise", **SMALL)
+    net.partition(a, b)  # nothing is ever acknowledged
+    net.partition(a, c)
+    pushed = {b.addr: 0, c.addr: 0}
+    refusal = None
+    for i, m in enumerate(messages(1000)):
+        dest = (b, c)[i % 2].addr
+        try:
+            a.push(dest, m)
+        except WouldBlock as exc:
+            refusal = str(exc)
+            break
+        pushed[dest] += 1
+    assert refusal is not None, "the endpoint bound never applied"
+    assert "max_send_buffered=30000" in refusal
+    held = a.stats().send_buffered
+    assert 30_000 <= held <= 30_000 + 2 * a.config.max_datagram  # a batch over, at most
+    assert min(pushed.values()) > 0  # both destinations took their share
+    assert all(n * 100 < 100_000 for n in pushed.values())  # neither stream's own bound was reached
+
+
 def test_a_paced_consumer_gets_everything_once(net: SimNetwork) -> None:
     b = net.add(consume_every=0.01, consume_batch=7, max_buffered_bytes=8_000, **SMALL)
     a = net.add(**SMALL)

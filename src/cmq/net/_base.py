@@ -152,6 +152,7 @@ class Endpoint(ABC):
             max_probes=cfg.max_probes,
         )
         self._send_buffer = cfg.send_buffer
+        self._send_total = cfg.max_send_buffered
         # The earliest reliability timer (probe timeout or STATUS due), as
         # far as the threads that set them know: a thread reading the socket
         # bounds its wait by it and fires what is due itself.
@@ -428,11 +429,11 @@ class Endpoint(ABC):
             s.frames.clear()
             raise Closed("queue is closed")
         st = s.rel
-        if st is not None and st.nbytes >= self._ack_poll_at:
+        if st is not None and (st.nbytes >= self._ack_poll_at or self._rel.total >= self._send_total):
             # Much is unacknowledged: read the acknowledgements here rather
             # than wait for another thread to get the interpreter.
             self._poll_acks()
-            if st.nbytes >= self._send_buffer:
+            if self._full(st):
                 self._backpressure(s, payload)
         with self._timer_lock:
             out = self._batcher.advance(s, self._now)
@@ -468,7 +469,7 @@ class Endpoint(ABC):
             rel = self._rel
             armed = st.pto_at
             datagrams = rel.outgoing(st, datagrams, now, whole)
-            if st.nbytes >= self._send_buffer:
+            if self._full(st):
                 self._batcher.hold(s)  # the next push reaches _after_append's backpressure
             if armed is None and st.pto_at is not None:
                 self._rel_timer(st.pto_at)
@@ -499,11 +500,26 @@ class Endpoint(ABC):
                 del frames[i]
                 break
         st = s.rel
-        raise WouldBlock(
-            f"send buffer to {s.addr[0]}:{s.addr[1]} mailbox {s.mailbox & ~ENVELOPE_BIT} is full "
-            f"({st.nbytes if st else 0} of {self._send_buffer} bytes unacknowledged; {why}): "
-            "the message was not queued"
-        )
+        where = f"{s.addr[0]}:{s.addr[1]} mailbox {s.mailbox & ~ENVELOPE_BIT}"
+        if st is not None and st.nbytes < self._send_buffer:
+            what = (
+                f"the endpoint's send buffers are full ({self._rel.total} of max_send_buffered="
+                f"{self._send_total} bytes unacknowledged, all destinations)"
+            )
+        else:
+            what = (
+                f"send buffer to {where} is full ({st.nbytes if st else 0} of send_buffer="
+                f"{self._send_buffer} bytes unacknowledged)"
+            )
+        raise WouldBlock(f"{what}; {why}: the message to {where} was not queued")
+
+    def _full(self, st: Any) -> bool:
+        """Whether reliable stream ``st``'s push must wait: its own buffer or all streams' are full."""
+        return bool(st.nbytes >= self._send_buffer or self._rel.total >= self._send_total)
+
+    def _room(self, st: Any) -> bool:
+        """Whether a push to reliable stream ``st`` (None: best-effort) has room."""
+        return st is None or not self._full(st)
 
     def _poll_acks(self) -> None:  # noqa: B027 - a hook: only the threaded driver reads here
         """Read what the socket holds now, if no other thread is reading (the threaded driver)."""
@@ -518,7 +534,7 @@ class Endpoint(ABC):
             raise Closed("queue is closed")
         if len(payload) > self._max_message:
             raise MessageTooLarge(f"message of {len(payload)} bytes is over max_message={self._max_message}")
-        if s.rel is not None and s.rel.nbytes >= self._send_buffer:
+        if s.rel is not None and self._full(s.rel):
             self._backpressure(s, None)
         # Under the batch lock like any take: the stream's sequence numbers
         # and the order of its datagrams must not interleave with a flush.
@@ -796,7 +812,7 @@ class Endpoint(ABC):
                     batch = self._batcher.take(s, now)
                     if batch:
                         self._emit(s, batch, now, raise_errors=False)
-                if st.nbytes < self._send_buffer:
+                if not self._full(st):
                     room = True
                 if st.pto_at is not None:
                     self._rel_timer(st.pto_at)

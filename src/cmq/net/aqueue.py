@@ -18,6 +18,7 @@ bytes differs. Everything runs in the event loop's thread, so no locks:
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any, ClassVar, Final
@@ -177,10 +178,7 @@ class AsyncQueue(Endpoint):
                 s = self._cache.get((dest, mailbox)) if isinstance(dest, tuple | str) else None
                 st = s.rel if s is not None else None
 
-                def room(st: Any = st) -> bool:
-                    return st is None or st.nbytes < self._send_buffer
-
-                if not await self._wait_progress(room, deadline):
+                if not await self._wait_progress(functools.partial(self._room, st), deadline):
                     raise
 
     async def drain(self, timeout: float | None = None) -> bool:

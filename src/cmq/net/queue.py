@@ -189,7 +189,7 @@ class Queue(Endpoint):
 
     def _wait_room(self, s: Stream, deadline: float) -> bool:
         st = s.rel
-        return self._wait_until(lambda: st.nbytes < self._send_buffer, deadline)
+        return self._wait_until(lambda: self._room(st), deadline)
 
     def _wait_until(self, done: Callable[[], bool], deadline: float | None) -> bool:
         """Wait until ``done()`` or ``deadline`` (None: forever); whether ``done()``.

@@ -211,6 +211,8 @@ class ReliableSender:
         self._key = key
         self._max_probes = max_probes
         self.streams: dict[int, SendStream] = {}  # by epoch
+        #: Bytes held in all streams' buffers (the sum of their nbytes).
+        self.total = 0
         self._timers: list[tuple[float, int, int]] = []  # (pto_at, tiebreak, epoch)
         self._tick = 0
         self.srtt = INITIAL_RTT
@@ -256,6 +258,7 @@ class ReliableSender:
         st.credit = INITIAL_CREDIT
         st.buf.clear()
         st.wholes.clear()
+        self.total -= st.nbytes
         st.nbytes = 0
         st.pto_count = st.unanswered = 0
         st.pto_at = st.behind_since = None
@@ -316,18 +319,24 @@ class ReliableSender:
         if first == st.sent_upto and seq_diff(st.credit, (first + n) & MASK) >= 0:
             # All within credit, nothing waiting before them (the common case).
             seq = first
+            added = 0
             for d in datagrams:
                 buf[seq] = [d, now, 1]
-                st.nbytes += len(d)
+                added += len(d)
                 seq = (seq + 1) & MASK
+            st.nbytes += added
+            self.total += added
             st.sent_upto = seq
             self._arm(st, now)
             return datagrams
         seq = first
+        added = 0
         for d in datagrams:
             buf[seq] = [d, None, 0]
-            st.nbytes += len(d)
+            added += len(d)
             seq = (seq + 1) & MASK
+        st.nbytes += added
+        self.total += added
         return self._release(st, now)
 
     def _release(self, st: SendStream, now: float) -> list[bytes]:
@@ -415,11 +424,14 @@ class ReliableSender:
             if seq_diff(rec.next_expected, st.sent_upto) > 0:
                 acked = seq_diff(st.sent_upto, st.una)  # never past what was sent
             seq = st.una
+            freed = 0
             for _ in range(acked):
                 e = buf.pop(seq, None)
                 if e is not None:
-                    st.nbytes -= len(e[0])
+                    freed += len(e[0])
                 seq = (seq + 1) & MASK
+            st.nbytes -= freed
+            self.total -= freed
             st.una = seq
             if st.wholes and not buf:
                 st.wholes.clear()
@@ -505,6 +517,7 @@ class ReliableSender:
             self._report(st, "closed")
             st.buf.clear()
             st.nbytes = 0
+        self.total = 0
 
     # -- introspection -----------------------------------------------------
 
@@ -516,7 +529,7 @@ class ReliableSender:
     @property
     def buffered_bytes(self) -> int:
         """Bytes held for retransmission or waiting for credit, in all streams."""
-        return sum(st.nbytes for st in self.streams.values())
+        return self.total
 
 
 class RecvStream:
