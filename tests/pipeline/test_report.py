@@ -71,23 +71,47 @@ def test_fig6_verdicts_follow_the_papers_criteria() -> None:
     assert {c.judge(ReportData()).status for c in exp.claims} == {"inconclusive"}
 
 
-def test_fig5_fails_only_when_cmq_is_slower_by_more_than_the_noise() -> None:
+def run_row(system: str, scenario: str, size: int, p50_us: float, run: int, max_us: float | None = None) -> dict[str, Any]:
+    """A per-run row of cmq-fig5 (what jobs.run_stats gives)."""
+    return {
+        "experiment": "cmq-fig5", "system": system, "scenario": scenario, "size": size, "params": "{}",
+        "p": {}, "run_id": f"{system}-{scenario}-{size}-{run}", "p50_ns": p50_us * 1e3,
+        "max_ns": (max_us or 2 * p50_us) * 1e3, "mean_ns": p50_us * 1e3, "lost": 0,
+    }  # fmt: skip
+
+
+def runs(system: str, scenario: str, size: int, p50s: list[float], **kw: Any) -> list[dict[str, Any]]:
+    return [run_row(system, scenario, size, v, i, **kw) for i, v in enumerate(p50s)]
+
+
+def test_fig5_judges_medians_over_runs_and_shows_stalls_without_excusing_them() -> None:
     exp = get_experiment("cmq-fig5")
     assert exp is not None
     (claim,) = exp.claims
-    within = [
-        summary_row("cmq-fig5", "cmq", "pingpong", 4, 110e3, 20e3),
-        summary_row("cmq-fig5", "msgpack-rpc", "pingpong", 4, 100e3, 5e3),
-        summary_row("cmq-fig5", "cmq", "pingping", 4, 50e3, 5e3),
-        summary_row("cmq-fig5", "msgpack-rpc", "pingping", 4, 100e3, 5e3),
-    ]
-    verdict = claim.judge(ReportData(summary=within))
-    assert verdict.status == "pass"
-    assert "in 1 of 2" in verdict.result
-    beyond = [*within[1:], summary_row("cmq-fig5", "cmq", "pingpong", 4, 130e3, 20e3)]
-    verdict = claim.judge(ReportData(summary=beyond))
+    assert "bootstrap" in claim.rule and "1.10" in claim.rule
+    peer = runs("msgpack-rpc", "pingpong", 512, [60.0, 61.0, 59.0, 62.0, 60.5])
+    # Faster in every run, one of them with a 0.5 s stall: pass, the stall shown.
+    fast = runs("cmq", "pingpong", 512, [41.0, 42.0, 40.5, 43.0], max_us=90.0)
+    fast.append(run_row("cmq", "pingpong", 512, 41.0, 9, max_us=516_417.0))
+    data = ReportData(per_run=[*fast, *peer])
+    verdict = claim.judge(data)
+    assert verdict.status == "pass", verdict.result
+    assert "1 run(s) had a stall" in verdict.result
+    (section_note,) = [n for n in exp.render(data, "cmq-fig5").notes if "Stalls" in n]
+    assert "516,417 µs" in section_note
+    # Slower in every run: fail, naming the cell and its interval.
+    slow = runs("cmq", "pingpong", 512, [90.0, 95.0, 92.0, 88.0, 94.0])
+    verdict = claim.judge(ReportData(per_run=[*slow, *peer]))
     assert verdict.status == "fail"
-    assert "(pingpong 4 B)" in verdict.result
+    assert "above it in pingpong 512 B 1.5" in verdict.result
+    # A pair as noisy as reruns here are: inconclusive, not a coin toss.
+    noisy = runs("cmq", "pingpong", 512, [35.0, 80.0, 58.0])
+    verdict = claim.judge(ReportData(per_run=[*noisy, *peer]))
+    assert verdict.status == "inconclusive"
+    # One run a side decides nothing.
+    one = [run_row("cmq", "pingpong", 512, 30.0, 0), run_row("msgpack-rpc", "pingpong", 512, 60.0, 0)]
+    assert claim.judge(ReportData(per_run=one)).status == "inconclusive"
+    assert claim.judge(ReportData()).status == "inconclusive"
 
 
 def test_registry_refuses_duplicates_and_bad_ids() -> None:

@@ -37,6 +37,7 @@ latency
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
@@ -55,6 +56,7 @@ __all__ = [
     "latency_stats",
     "load_tables",
     "run_spans",
+    "run_stats",
     "sample_series",
     "sample_stats",
     "spark_schema",
@@ -164,14 +166,14 @@ def _ratio(numerator: Column, denominator: Column) -> Column:
     return F.when(denominator > 0, numerator / denominator)
 
 
-def latency_stats(records: DataFrame) -> DataFrame:
-    """Counts, loss, duplicates, out-of-order and latency per :data:`GROUP_KEYS`."""
+def latency_stats(records: DataFrame, keys: Sequence[str] = GROUP_KEYS) -> DataFrame:
+    """Counts, loss, duplicates, out-of-order and latency per ``keys`` (:data:`GROUP_KEYS`)."""
     from pyspark.sql import functions as F
 
     flagged = flag_deliveries(records)
     first = ~F.col("lost") & ~F.col("duplicate")
     latency = F.when(first, F.col("latency_ns"))
-    agg = flagged.groupBy(*GROUP_KEYS).agg(
+    agg = flagged.groupBy(*keys).agg(
         F.count_if(first).alias("delivered"),
         F.count_if(F.col("lost")).alias("lost"),
         F.count_if(F.col("duplicate")).alias("duplicates"),
@@ -185,7 +187,7 @@ def latency_stats(records: DataFrame) -> DataFrame:
     )
     messages = F.col("delivered") + F.col("lost")
     return agg.select(
-        *GROUP_KEYS,
+        *keys,
         messages.alias("messages"),
         "delivered",
         "lost",
@@ -202,6 +204,13 @@ def latency_stats(records: DataFrame) -> DataFrame:
         "min_ns",
         "max_ns",
     )
+
+
+def run_stats(records: DataFrame) -> DataFrame:
+    """:func:`latency_stats` per run (:data:`GROUP_KEYS` and ``run_id``): the
+    per-run values whose spread the report's intervals are drawn from
+    (:mod:`cmq.pipeline.stats`)."""
+    return latency_stats(records, (*GROUP_KEYS, "run_id"))
 
 
 def run_spans(records: DataFrame) -> DataFrame:

@@ -90,12 +90,19 @@ class ReportData:
     samples: Sequence[Row] = ()
     series: Sequence[Row] = ()
     runs: Sequence[Row] = ()
+    per_run: Sequence[Row] = ()
+    """:func:`cmq.pipeline.jobs.run_stats` rows (plus ``p``): the summary's
+    latency columns per run, for intervals over runs (:mod:`cmq.pipeline.stats`)."""
     pipeline: Mapping[str, str] = field(default_factory=dict)
     """What built the report (Spark version, master): shown under Environment."""
 
     def rows(self, experiment: str, **match: Any) -> list[Row]:
         """Summary rows of one experiment whose columns equal ``match``."""
         return _match(self.summary, experiment, match)
+
+    def run_stat_rows(self, experiment: str, **match: Any) -> list[Row]:
+        """Per-run latency rows of one experiment whose columns equal ``match``."""
+        return _match(self.per_run, experiment, match)
 
     def sample_rows(self, experiment: str, **match: Any) -> list[Row]:
         """Sample-stats rows of one experiment whose columns equal ``match``."""
@@ -141,12 +148,13 @@ def collect(spark: SparkSession, out: str | os.PathLike[str]) -> ReportData:
     import pyspark
     from pyspark.sql import functions as F
 
-    from cmq.pipeline.jobs import load_tables, sample_stats, summary
+    from cmq.pipeline.jobs import load_tables, run_stats, sample_stats, summary
 
     tables = load_tables(spark, out)
     summary_rows = [
         _with_params(r.asDict()) for r in summary(tables.records, tables.totals).collect()
     ]
+    per_run_rows = [_with_params(r.asDict()) for r in run_stats(tables.records).collect()]
     sample_rows = [_with_params(r.asDict()) for r in sample_stats(tables.samples).collect()]
     timed = tables.samples.where(F.col("t_ns").isNotNull())
     start = F.min("t_ns").over(_run_window())
@@ -176,6 +184,7 @@ def collect(spark: SparkSession, out: str | os.PathLike[str]) -> ReportData:
         samples=sample_rows,
         series=series_rows,
         runs=runs,
+        per_run=per_run_rows,
         pipeline={
             "pyspark": pyspark.__version__,
             "spark master": str(spark.sparkContext.master),
@@ -218,6 +227,9 @@ class Claim:
     """The paper's claim (its numbers; say so where it is a paraphrase)."""
     judge: Callable[[ReportData], Verdict]
     """Turns the collected data into our result and a verdict."""
+    rule: str = ""
+    """How ``judge`` decides, in one sentence, shown under the claim: fixed
+    before anything is measured, about the statistic the paper meant."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -524,11 +536,13 @@ td.l, th.l { text-align: left; }
 .claims { display: grid; grid-template-columns: 1fr 1fr 110px; gap: 0; margin: 8px 0 12px; }
 .claims > div { border-top: 1px solid #e3e3e8; padding: 8px 10px; }
 .claims .head { font-weight: 600; background: #f4f4f7; border-top: none; }
+.claims .rule { color: #555; font-size: 0.9em; margin-top: 4px; }
 .badge { display: inline-block; padding: 1px 8px; border-radius: 10px; font-size: 12px; font-weight: 600; }
 .pass { background: #d9f2df; color: #17612c; }
 .fail { background: #fbdcdc; color: #8c1c1c; }
 .inconclusive { background: #eeeeee; color: #555; }
 .figure { margin: 8px 0; overflow-x: auto; }
+.table { overflow-x: auto; max-width: 100%; }
 .figure svg { max-width: 100%; height: auto; }
 .note { color: #444; background: #fafafa; border-left: 3px solid #ccc; padding: 4px 10px; margin: 6px 0; }
 .skipped { color: #8a5a00; }
@@ -551,7 +565,12 @@ def _table_html(table: Table) -> str:
 
     head = "".join(f'<th class="l">{_e(c)}</th>' for c in table.columns)
     body = "".join("<tr>" + "".join(cell("td", v) for v in row) + "</tr>\n" for row in table.rows)
-    return f"<table><caption>{_e(table.caption)}</caption><thead><tr>{head}</tr></thead><tbody>\n{body}</tbody></table>"
+    # In a box of its own: a wide table scrolls there on a narrow screen
+    # instead of running off the page.
+    return (
+        f'<div class="table"><table><caption>{_e(table.caption)}</caption>'
+        f"<thead><tr>{head}</tr></thead><tbody>\n{body}</tbody></table></div>"
+    )
 
 
 _ID_ATTR = re.compile(r'\bid="([^"]+)"')
@@ -627,6 +646,7 @@ def _section_html(
     exp: Experiment, data: ReportData, index: int
 ) -> tuple[str, list[tuple[str, Verdict]]]:
     verdicts = [(c.text, _judge(c, data)) for c in exp.claims]
+    rules = [c.rule for c in exp.claims]
     try:
         section = exp.render(data, exp.id)
     except Exception as exc:  # noqa: BLE001 - a renderer bug shows in its section only
@@ -639,9 +659,10 @@ def _section_html(
     if verdicts:
         parts.append('<div class="claims"><div class="head">The paper says</div>'
                      '<div class="head">We measured</div><div class="head">Verdict</div>')  # fmt: skip
-        for text, verdict in verdicts:
+        for (text, verdict), rule in zip(verdicts, rules, strict=True):
+            said = _e(text) + (f'<div class="rule">Rule: {_e(rule)}</div>' if rule else "")
             parts.append(
-                f"<div>{_e(text)}</div><div>{_e(verdict.result)}</div><div>{_badge(verdict.status)}</div>"
+                f"<div>{said}</div><div>{_e(verdict.result)}</div><div>{_badge(verdict.status)}</div>"
             )
         parts.append("</div>")
     for k, figure in enumerate(section.figures):

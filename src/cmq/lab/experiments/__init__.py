@@ -87,6 +87,10 @@ class Profile:
     """Figure 5: message sizes of ping-pong and ping-ping."""
     rt_count: int = 1000
     """Figure 5: round trips per (system, size, scenario); the paper's 1000."""
+    rt_runs: int = 5
+    """Figure 5: runs of each (size, scenario) of the two systems its claim
+    compares (cmq and MessagePack-RPC), interleaved: the verdict is drawn
+    from the spread between runs. The other systems run once (the figure)."""
     window: int = 16
     """Ping-ping: messages in flight."""
     loss_sizes: tuple[int, ...] = PAPER_SIZES
@@ -133,7 +137,7 @@ class Profile:
         unknown = [s for s in self.systems if s not in SYSTEMS]
         if unknown:
             raise ConfigError(f"unknown system {', '.join(unknown)}; known: {', '.join(SYSTEMS)}")
-        for name in ("rt_count", "window", "loss_count", "tuning_size", "tuning_count",
+        for name in ("rt_count", "rt_runs", "window", "loss_count", "tuning_size", "tuning_count",
                      "tuning_rt_count", "tuning_idle_qthresh", "tuning_idle_count",
                      "per_destination", "push_repeats"):  # fmt: skip
             value = getattr(self, name)
@@ -163,6 +167,7 @@ PROFILES: Final[dict[str, Profile]] = {
         name="quick",
         rt_sizes=(4, 512, 16384),
         rt_count=300,
+        rt_runs=3,
         loss_sizes=(4, 512),
         loss_count=300,
         tuning_qthresh=(64, 512, 4096),
@@ -184,6 +189,7 @@ PROFILES: Final[dict[str, Profile]] = {
         systems=("cmq", "udp"),
         rt_sizes=(4, 512),
         rt_count=50,
+        rt_runs=1,
         loss_sizes=(512,),
         loss_count=50,
         tuning_qthresh=(64, 512),
