@@ -155,7 +155,12 @@ def _show(value: Any) -> str:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    import logging
+
     from cmq.routing import Broker, BrokerConfig
+
+    # What the broker refuses or drops is logged (rate-limited) to stderr.
+    logging.basicConfig(level=logging.WARNING, format="cmq broker: %(message)s", stream=sys.stderr)
 
     options: dict[str, Any] = {}
     if args.consumer_timeout is not None:

@@ -59,11 +59,14 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Iterable, Iterator
 from typing import Any, Final, Protocol
 
+from msgpack import ExtType
+
 from cmq._errors import Closed, ConfigError, ProtocolError, RemoteError, Timeout
 from cmq.routing._protocol import (
     BROKER_MAILBOX,
     DELIVERY_MAILBOX,
     REPLY_MAILBOX,
+    SCALARS,
     Bind,
     Cancel,
     Cancelled,
@@ -86,6 +89,8 @@ from cmq.routing._protocol import (
     Unbind,
     decode,
     encode,
+    unwrap_body,
+    wrap_body,
 )
 
 __all__ = [
@@ -174,6 +179,24 @@ def _remote(reply: ErrorReply) -> RemoteError:
     return RemoteError(f"broker refused ({reply.code}): {reply.message}", code=reply.code)
 
 
+def _wire_bodies(bodies: list[Any]) -> list[Any]:
+    """``bodies`` in their wire form (:func:`~cmq.routing._protocol.wrap_body`).
+
+    Raises:
+        TypeError: a body is not MessagePack-able.
+    """
+    if SCALARS.issuperset(map(type, bodies)):
+        return bodies
+    return [wrap_body(b) for b in bodies]
+
+
+def _plain_bodies(bodies: list[Any]) -> list[Any]:
+    """Delivered bodies as their publishers gave them (wire form undone)."""
+    if ExtType in map(type, bodies):
+        return [unwrap_body(b) for b in bodies]
+    return bodies
+
+
 def _run_ok(run: Any) -> bool:
     """Whether ``run`` is a well-formed run in wire form (as ``decode`` checks it)."""
     return (
@@ -227,7 +250,7 @@ class _ConsumerState:
         buffer = self.buffer
         for first, ex, key, redelivered, bodies in runs:
             if bodies:
-                buffer.append(_Run(first, ex, key, redelivered, bodies))
+                buffer.append(_Run(first, ex, key, redelivered, _plain_bodies(bodies)))
 
     def settle(self) -> None:
         """Auto-ack what was handed out before; raise if this consumer was cancelled.
@@ -420,7 +443,9 @@ class _Window:
         self.pending: dict[int, tuple[int, list[Any]]] = {}
         for i in range(start, min(start + size, len(messages))):
             exchange, key, body = messages[i]
-            rid, payload = session.request(Publish, exchange=exchange, routing_key=key, body=body)
+            rid, payload = session.request(
+                Publish, exchange=exchange, routing_key=key, body=wrap_body(body)
+            )
             self.pending[rid] = (i, payload)
 
     def payloads(self) -> list[list[Any]]:
@@ -548,6 +573,7 @@ class _ClientBase:
     def _push_batches(self, exchange: str, routing_key: str, bodies: list[Any], rid: int) -> None:
         """Push ``bodies`` as unconfirmed batch publishes of at most ``_BATCH_BYTES`` each."""
         push, broker = self.endpoint.push, self._s.broker
+        bodies = _wire_bodies(bodies)
         start, size = 0, 0
         for i, body in enumerate(bodies):
             n = len(body) if type(body) is bytes else 16
@@ -721,9 +747,13 @@ class BrokerClient(_ClientBase):
             TypeError: ``body`` is not MessagePack-able.
         """
         if confirm:
-            result = self._request(Publish, exchange=exchange, routing_key=routing_key, body=body)
+            result = self._request(
+                Publish, exchange=exchange, routing_key=routing_key, body=wrap_body(body)
+            )
             return int(result["routed"])
         # The wire form of Publish(rid=0, ...), built inline: this is the hot path.
+        if type(body) not in SCALARS:
+            body = wrap_body(body)
         self.endpoint.push(self._s.broker, ["p", 0, exchange, routing_key, body], BROKER_MAILBOX)
         self._s.unconfirmed += 1
         if self._s.unconfirmed & 63 == 0:
@@ -751,7 +781,10 @@ class BrokerClient(_ClientBase):
         items = bodies if type(bodies) is list else list(bodies)
         if confirm:
             result = self._request(
-                PublishBatch, exchange=exchange, routing_key=routing_key, bodies=tuple(items)
+                PublishBatch,
+                exchange=exchange,
+                routing_key=routing_key,
+                bodies=tuple(_wire_bodies(items)),
             )
             return int(result["routed"])
         if items:
@@ -865,7 +898,7 @@ class BrokerClient(_ClientBase):
                 run = runs[0]
                 if _run_ok(run) and 0 < len(bodies := run[4]) <= limit:
                     c.last.append((run[0], len(bodies)))
-                    return bodies  # type: ignore[no-any-return]
+                    return _plain_bodies(bodies)
         self._s.deliver(payload)
         return None
 
@@ -1174,7 +1207,7 @@ class AsyncBrokerClient(_ClientBase):
         """
         if confirm:
             result = await self._request(
-                Publish, exchange=exchange, routing_key=routing_key, body=body
+                Publish, exchange=exchange, routing_key=routing_key, body=wrap_body(body)
             )
             return int(result["routed"])
         self.publish_nowait(exchange, routing_key, body)
@@ -1223,7 +1256,10 @@ class AsyncBrokerClient(_ClientBase):
         items = bodies if type(bodies) is list else list(bodies)
         if confirm:
             result = await self._request(
-                PublishBatch, exchange=exchange, routing_key=routing_key, bodies=tuple(items)
+                PublishBatch,
+                exchange=exchange,
+                routing_key=routing_key,
+                bodies=tuple(_wire_bodies(items)),
             )
             return int(result["routed"])
         if items:
@@ -1236,6 +1272,8 @@ class AsyncBrokerClient(_ClientBase):
         Raises:
             TypeError: ``body`` is not MessagePack-able.
         """
+        if type(body) not in SCALARS:
+            body = wrap_body(body)
         self.endpoint.push(self._s.broker, ["p", 0, exchange, routing_key, body], BROKER_MAILBOX)
         self._s.unconfirmed += 1
         if self._s.unconfirmed & 63 == 0:

@@ -59,6 +59,8 @@ from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any, Final
 
+from msgpack import ExtType
+
 from cmq._errors import ConfigError, ProtocolError
 from cmq.routing._protocol import (
     DELIVERY_MAILBOX,
@@ -82,8 +84,10 @@ from cmq.routing._protocol import (
     PublishBatch,
     PurgeQueue,
     Unbind,
+    brief,
     decode,
     encode,
+    wrap_body,
 )
 from cmq.routing.exchanges import Exchange, ExchangeType, make_exchange
 
@@ -96,6 +100,7 @@ __all__ = [
     "BrokerConfig",
     "BrokerCore",
     "BrokerStats",
+    "Note",
     "Outgoing",
     "Overflow",
     "QueueStats",
@@ -213,6 +218,20 @@ class Outgoing:
     payload: Any
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Note:
+    """Something the broker refused or failed at, for the driver to log.
+
+    ``reason`` is the counter it was added to (``malformed``, ``bad_body``,
+    ``internal_error``, ...); ``detail`` a one-line description that never
+    holds more than a short excerpt of what was received.
+    """
+
+    reason: str
+    sender: Address | None
+    detail: str
+
+
 # Outgoing's frozen __init__ sets each field through object.__setattr__;
 # the latency path fills the slots through their descriptors (the same object).
 _new_outgoing = object.__new__
@@ -285,6 +304,8 @@ class BrokerStats:
     resent_requests: int
     stale_acks: int
     send_failed: int
+    bad_bodies: int
+    internal_errors: int
     per_queue: tuple[QueueStats, ...] = field(default=())
 
     def as_dict(self) -> dict[str, Any]:
@@ -361,6 +382,8 @@ def _approx_size(body: Any) -> int:
     """A cheap guess at a body's encoded size (exact for bytes and ASCII str)."""
     if isinstance(body, bytes | str | bytearray):
         return len(body)
+    if type(body) is ExtType:
+        return len(body.data) + 6
     if isinstance(body, list | tuple | dict):
         return 16 * len(body) + 16  # a guess; containers of big blobs are rare here
     return 9
@@ -369,6 +392,34 @@ def _approx_size(body: Any) -> int:
 def _check_name(what: str, name: str) -> None:
     if len(name) > MAX_NAME and len(name.encode()) > MAX_NAME:
         raise _Refused(ErrorCode.BAD_REQUEST, f"{what} is longer than {MAX_NAME} bytes")
+
+
+#: Bodies the broker keeps as they came (see ``_protocol.wrap_body``).
+_OPAQUE: Final = frozenset((bytes, str, int, float, bool, type(None), ExtType))
+#: Notes kept for the driver between two of its turns; past this, only counted.
+_MAX_NOTES: Final = 256
+
+
+def _opaque(body: Any) -> Any:
+    """``body`` in the form the broker keeps: a scalar or extension value as
+    it came; a container sent as such (a publisher that does not wrap its
+    bodies) packed once, here, so that every delivery carries the same bytes.
+
+    Raises:
+        _Refused: the body cannot be packed.
+    """
+    if type(body) in _OPAQUE:
+        return body
+    try:
+        return wrap_body(body)
+    except (TypeError, RecursionError) as exc:
+        raise _Refused(ErrorCode.BAD_REQUEST, f"message body refused: {exc}") from None
+
+
+def _opaque_all(bodies: list[Any]) -> list[Any]:
+    if _OPAQUE.issuperset(map(type, bodies)):
+        return bodies
+    return [_opaque(b) for b in bodies]
 
 
 def _reserved(name: str) -> bool:
@@ -408,15 +459,45 @@ class BrokerCore:
         # and re-attached) must never match a new delivery.
         self._next_dtag = 1
         self._handed = 0  # messages handed over on the latency path (see stats)
+        # What was refused or failed, for the driver to log (rate-limited
+        # there): bounded, the counters hold the rest.
+        self.notes: deque[Note] = deque(maxlen=_MAX_NOTES)
 
     # -- driver interface ----------------------------------------------------
 
     def receive(self, payload: Any, sender: Address, now: float) -> None:
-        """Take one received payload from ``sender``; never raises for bad input.
+        """Take one received payload from ``sender``; never raises.
 
         A payload that is not a broker message is counted as ``malformed``
-        (and answered with ``bad-request`` when it carries a request id).
+        (and answered with ``bad-request`` when it carries a request id); a
+        body that cannot be kept as ``bad_body``. An exception from handling
+        it (a bug: nothing a client sends should cause one) is counted as
+        ``internal_error`` and noted with what raised it, and the broker
+        goes on with the next payload.
         """
+        try:
+            self._receive(payload, sender, now)
+        except Exception as exc:  # noqa: BLE001 - the broker must outlive any one payload
+            self.note_internal_error(exc, sender, "handling a message")
+
+    def note_internal_error(self, exc: BaseException, sender: Address | None, doing: str) -> None:
+        """Count and note an unexpected exception (a bug) the driver caught."""
+        self._totals["internal_error"] += 1
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        where = f" at {tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}" if tb is not None else ""
+        text = str(exc)
+        if len(text) > 200:
+            text = text[:200] + "..."
+        detail = f"{type(exc).__name__} {doing}{where}: {text}"
+        self.notes.append(Note(reason="internal_error", sender=sender, detail=detail))
+
+    def _note(self, reason: str, sender: Address | None, detail: str) -> None:
+        self._totals[reason] += 1
+        self.notes.append(Note(reason=reason, sender=sender, detail=detail))
+
+    def _receive(self, payload: Any, sender: Address, now: float) -> None:
         # Hot path: an unconfirmed publish ["p", 0, exchange, key, body] or
         # batch ["P", 0, exchange, key, [bodies]] is checked inline and routed
         # without building an event object, which was a third of the cost
@@ -425,7 +506,7 @@ class BrokerCore:
             op, rid, exchange, key, body = payload
             if type(rid) is int and rid == 0 and type(exchange) is str and type(key) is str:
                 if op == "p":
-                    if self._hand_over(exchange, key, body, now):
+                    if type(body) in _OPAQUE and self._hand_over(exchange, key, body, now):
                         return
                     bodies = [body]
                 elif op == "P" and type(body) is list:
@@ -436,14 +517,14 @@ class BrokerCore:
                 bodies = None
             if bodies is not None:
                 try:
-                    self._route(exchange, key, bodies, now)
+                    self._route(exchange, key, self._bodies(bodies, sender), now)
                 except _Refused as exc:
                     self._reply(sender, ErrorReply(rid=0, code=exc.code, message=str(exc)))
                 return
         try:
             event = decode(payload)
         except ProtocolError as exc:
-            self._totals["malformed"] += 1
+            self._note("malformed", sender, str(exc))
             rid = payload[1] if isinstance(payload, list | tuple) and len(payload) > 1 else 0
             if type(rid) is int and rid > 0:
                 self._reply(
@@ -489,7 +570,7 @@ class BrokerCore:
         """Act on one decoded request from ``sender`` (see ``_HANDLERS``)."""
         handler = _HANDLERS.get(type(event))
         if handler is None:
-            self._totals["malformed"] += 1
+            self._note("malformed", sender, f"not a request: {type(event).__name__}")
             return
         rid: int = getattr(event, "rid", 0)
         if rid:
@@ -507,6 +588,12 @@ class BrokerCore:
                 # Nobody waits for this answer, but the publisher can act on
                 # it (stop, slow down, declare), so it is told anyway.
                 self._reply(sender, ErrorReply(rid=0, code=exc.code, message=str(exc)))
+            return
+        except Exception as exc:  # noqa: BLE001 - a bug: counted, noted, and the requester told
+            self.note_internal_error(exc, sender, f"handling {type(event).__name__}")
+            if rid:
+                message = f"the broker failed at this request ({type(exc).__name__}); see its log"
+                self._reply(sender, ErrorReply(rid=rid, code=ErrorCode.INTERNAL_ERROR, message=message))
             return
         if rid:
             self._reply(sender, OkReply(rid=rid, result=result))
@@ -612,6 +699,8 @@ class BrokerCore:
                     "send_failed",
                 )
             },
+            bad_bodies=t["bad_body"],
+            internal_errors=t["internal_error"],
         )
 
     # -- helpers ---------------------------------------------------------------
@@ -643,13 +732,13 @@ class BrokerCore:
     def _queue(self, name: str) -> _Queue:
         q = self._queues.get(name)
         if q is None:
-            raise _Refused(ErrorCode.NOT_FOUND, f"no queue {name!r}")
+            raise _Refused(ErrorCode.NOT_FOUND, f"no queue {brief(name)}")
         return q
 
     def _exchange(self, name: str) -> Exchange:
         ex = self._exchanges.get(name)
         if ex is None:
-            raise _Refused(ErrorCode.NOT_FOUND, f"no exchange {name!r}")
+            raise _Refused(ErrorCode.NOT_FOUND, f"no exchange {brief(name)}")
         return ex
 
     def _enqueue(self, q: _Queue, exchange: str, key: str, bodies: Sequence[Any], now: float) -> int:
@@ -915,10 +1004,20 @@ class BrokerCore:
         return {"deleted": ex.unbind(ev.queue, ev.key)}
 
     def _publish(self, ev: Publish, sender: Address, now: float) -> Any:
-        return {"routed": self._route(ev.exchange, ev.routing_key, [ev.body], now)}
+        return {"routed": self._route(ev.exchange, ev.routing_key, self._bodies([ev.body], sender), now)}
 
     def _publish_batch(self, ev: PublishBatch, sender: Address, now: float) -> Any:
-        return {"routed": self._route(ev.exchange, ev.routing_key, ev.bodies, now)}
+        bodies = self._bodies(list(ev.bodies), sender)
+        return {"routed": self._route(ev.exchange, ev.routing_key, bodies, now)}
+
+    def _bodies(self, bodies: list[Any], sender: Address) -> list[Any]:
+        """``bodies`` as the broker keeps them (:func:`_opaque`), or refused whole (noted)."""
+        try:
+            return _opaque_all(bodies)
+        except _Refused as exc:
+            self._totals["published"] += len(bodies)
+            self._note("bad_body", sender, str(exc))
+            raise
 
     def _route(self, exchange: str, routing_key: str, bodies: Sequence[Any], now: float) -> int:
         """Put published messages in every queue they route to; return how many queues.
@@ -931,7 +1030,7 @@ class BrokerCore:
         ex = self._exchanges.get(exchange)
         if ex is None:
             totals["unroutable"] += n
-            raise _Refused(ErrorCode.NOT_FOUND, f"no exchange {exchange!r}")
+            raise _Refused(ErrorCode.NOT_FOUND, f"no exchange {brief(exchange)}")
         names = ex.route(routing_key)
         if not names:
             totals["unroutable"] += n

@@ -38,6 +38,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, Final
 
+import msgpack
+
 from cmq._errors import ProtocolError
 
 __all__ = [
@@ -68,8 +70,11 @@ __all__ = [
     "Request",
     "Run",
     "Unbind",
+    "brief",
     "decode",
     "encode",
+    "unwrap_body",
+    "wrap_body",
 ]
 
 BROKER_MAILBOX: Final = 0
@@ -86,6 +91,7 @@ class ErrorCode:
     BAD_REQUEST: Final = "bad-request"  # unknown type, bad argument, malformed message
     QUEUE_FULL: Final = "queue-full"  # publish rejected by a queue with overflow=reject
     IN_USE: Final = "in-use"  # consumer tag already used for another queue
+    INTERNAL_ERROR: Final = "internal-error"  # the broker failed at the request (a bug; counted, logged)
 
 
 # -- client -> broker ---------------------------------------------------------
@@ -327,12 +333,67 @@ class Cancelled:
 
 Event = Request | OkReply | ErrorReply | Deliver | Cancelled
 
+# -- bodies -------------------------------------------------------------------
+
+#: The MessagePack extension type that carries a body which is not a scalar
+#: (a list, a map, an extension value), packed by its publisher. The broker
+#: passes it on as the bytes it came as: it never decodes nor re-encodes a
+#: body, so a body's shape (a map nested 1,000 deep) cannot hurt it.
+BODY_EXT: Final = 67
+#: Bodies that travel as themselves: flat values, nothing nested to unpack.
+SCALARS: Final[frozenset[type[Any]]] = frozenset((bytes, str, int, float, bool, type(None)))
+_pack = msgpack.Packer(use_bin_type=True).pack
+
+
+def wrap_body(body: Any) -> Any:
+    """The wire form of a published body: a scalar as itself, anything else
+    packed into one ``BODY_EXT`` extension value.
+
+    Raises:
+        TypeError: ``body`` is not MessagePack-able (too deep, an unknown type).
+    """
+    if type(body) in SCALARS:
+        return body
+    try:
+        return msgpack.ExtType(BODY_EXT, _pack(body))
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise TypeError(f"cannot encode {type(body).__name__} as MessagePack: {exc}") from exc
+
+
+def unwrap_body(body: Any) -> Any:
+    """The body a publisher gave for its wire form (``wrap_body`` undone).
+
+    An extension value that does not unpack (only a hand-made publisher can
+    send one) is handed out as the :class:`msgpack.ExtType` it is.
+    """
+    if type(body) is msgpack.ExtType and body.code == BODY_EXT:
+        try:
+            return msgpack.unpackb(body.data, raw=False, strict_map_key=False)
+        except Exception:  # noqa: BLE001 - msgpack raises many kinds; keep what came
+            return body
+    return body
+
+
+def brief(v: Any) -> str:
+    """A short, safe description of a received value for an error message.
+
+    Never the ``repr`` of a container: a value nested 1,000 deep makes
+    ``repr`` raise ``RecursionError``, and a long one floods the log.
+    """
+    if type(v) is str or type(v) is bytes:
+        text = repr(v[:40])
+        return text + ("..." if len(v) > 40 else "")
+    if type(v) is int or type(v) is bool or type(v) is float or v is None:
+        return repr(v)
+    return f"a {type(v).__name__}"
+
+
 # -- wire layout --------------------------------------------------------------
 
 
 def _int(v: Any) -> int:
     if type(v) is not int or v < 0:
-        raise ProtocolError(f"expected a non-negative int, got {v!r}")
+        raise ProtocolError(f"expected a non-negative int, got {brief(v)}")
     return v
 
 
@@ -469,7 +530,7 @@ def decode(payload: Any) -> Event:
     op = payload[0]
     entry = _LAYOUT.get(op) if type(op) is str else None
     if entry is None:
-        raise ProtocolError(f"unknown broker operation {op!r}")
+        raise ProtocolError(f"unknown broker operation {brief(op)}")
     cls, checks = entry
     if len(payload) != len(checks) + 1:
         raise ProtocolError(f"{op!r} takes {len(checks)} fields, got {len(payload) - 1}")
