@@ -197,6 +197,32 @@ def _plain_bodies(bodies: list[Any]) -> list[Any]:
     return bodies
 
 
+def _ms(seconds: float | None, what: str) -> int | None:
+    """Seconds as AMQP's milliseconds (None stays None).
+
+    Raises:
+        ConfigError: negative.
+    """
+    if seconds is None:
+        return None
+    if not seconds >= 0:
+        raise ConfigError(f"{what} must be >= 0 seconds, got {seconds!r}")
+    return round(seconds * 1000)
+
+
+def _queue_fields(
+    name: str, max_length: int, overflow: str, dlx: str | None, dlrk: str | None, ttl: float | None
+) -> dict[str, Any]:
+    arguments: dict[str, Any] = {}
+    if dlx is not None:
+        arguments["x-dead-letter-exchange"] = dlx
+    if dlrk is not None:
+        arguments["x-dead-letter-routing-key"] = dlrk
+    if ttl is not None:
+        arguments["x-message-ttl"] = _ms(ttl, "message_ttl")
+    return {"name": name, "max_length": max_length, "overflow": overflow, "arguments": arguments}
+
+
 def _run_ok(run: Any) -> bool:
     """Whether ``run`` is a well-formed run in wire form (as ``decode`` checks it)."""
     return (
@@ -242,6 +268,8 @@ class _ConsumerState:
         self.last: list[tuple[int, int]] = []
         self.cancelled_by: RemoteError | None = None
         self.cancelled = False
+        # Tags nacked while handed out: not auto-acked.
+        self.settled: set[int] = set()
         # Half the window: the broker refills while we work through the rest.
         self.ack_batch = max(1, spec.prefetch // 2) if spec.prefetch else 64
 
@@ -264,7 +292,11 @@ class _ConsumerState:
                 acks = self.acks
                 for first, n in self.last:
                     acks.extend(range(first, first + n))
+                if self.settled:
+                    settled = self.settled
+                    self.acks = [t for t in acks if t not in settled]
             self.last = []
+            self.settled.clear()
         if self.cancelled_by is not None:
             raise self.cancelled_by
         if self.cancelled:
@@ -669,23 +701,41 @@ class BrokerClient(_ClientBase):
         return bool(self._request(DeleteExchange, name=name)["deleted"])
 
     def declare_queue(
-        self, name: str, *, max_length: int = DEFAULT_MAX_LENGTH, overflow: str = "drop-old"
+        self,
+        name: str,
+        *,
+        max_length: int = DEFAULT_MAX_LENGTH,
+        overflow: str = "drop-head",
+        dead_letter_exchange: str | None = None,
+        dead_letter_routing_key: str | None = None,
+        message_ttl: float | None = None,
     ) -> dict[str, Any]:
         """Declare queue ``name``; return ``{"created", "messages", "consumers"}``.
 
-        ``overflow`` is what a full queue does with one more message:
-        ``"drop-old"`` (RabbitMQ's default), ``"drop-new"`` or ``"reject"``
-        (the publisher gets a ``queue-full`` error). Every drop is counted in
+        ``overflow`` is what a full queue does with one more message, as
+        RabbitMQ's ``x-overflow``: ``"drop-head"`` (the default: the oldest
+        ready message is dropped or dead-lettered), ``"reject-publish"`` (the
+        newcomer is refused: a confirmed publish raises ``queue-full``, an
+        unconfirmed one is reported by :meth:`errors`) or
+        ``"reject-publish-dlx"`` (the same, and the newcomer is
+        dead-lettered). The older names are aliases: ``"drop-old"`` is
+        drop-head, ``"reject"`` and ``"drop-new"`` are reject-publish.
+
+        ``dead_letter_exchange`` (and ``dead_letter_routing_key``) receive
+        the messages this queue drops: rejected by a consumer without
+        requeue, expired, or over ``max_length`` (``x-dead-letter-exchange``,
+        ``x-dead-letter-routing-key``). ``message_ttl``: seconds a message
+        may wait in this queue (``x-message-ttl``). Every drop is counted in
         the broker's stats.
 
         Raises:
             RemoteError: ``precondition-failed`` (exists with other
-                arguments), ``bad-request`` (bad overflow or max_length).
+                arguments), ``bad-request`` (bad overflow, max_length or argument).
             Timeout: the broker did not answer.
         """
-        return dict(
-            self._request(DeclareQueue, name=name, max_length=max_length, overflow=overflow)
-        )
+        return dict(self._request(DeclareQueue, **_queue_fields(
+            name, max_length, overflow, dead_letter_exchange, dead_letter_routing_key, message_ttl
+        )))  # fmt: skip
 
     def delete_queue(self, name: str) -> int:
         """Delete queue ``name``; return how many messages went with it.
@@ -733,12 +783,14 @@ class BrokerClient(_ClientBase):
         return dict(self._request(GetStats))
 
     def publish(
-        self, exchange: str, routing_key: str, body: Any, *, confirm: bool = False
+        self, exchange: str, routing_key: str, body: Any, *, confirm: bool = False, ttl: float | None = None
     ) -> int | None:
         """Publish ``body`` (any MessagePack value) to ``exchange`` with ``routing_key``.
 
         Without ``confirm``, returns None at once (see :meth:`errors`). With
-        it, waits and returns the number of queues the message went to.
+        it, waits and returns the number of queues that kept the message.
+        ``ttl``: seconds the message may wait in a queue before it expires
+        (AMQP's per-message ``expiration``).
 
         Raises:
             RemoteError: (confirm only) ``not-found`` (no such exchange) or
@@ -746,11 +798,13 @@ class BrokerClient(_ClientBase):
             Timeout: (confirm only) the broker did not answer.
             TypeError: ``body`` is not MessagePack-able.
         """
-        if confirm:
-            result = self._request(
-                Publish, exchange=exchange, routing_key=routing_key, body=wrap_body(body)
-            )
-            return int(result["routed"])
+        if confirm or ttl is not None:
+            event = dict(exchange=exchange, routing_key=routing_key, body=wrap_body(body),
+                         expiration=_ms(ttl, "ttl"))  # fmt: skip
+            if not confirm:
+                self._send(encode(Publish(rid=0, **event)))
+                return None
+            return int(self._request(Publish, **event)["routed"])
         # The wire form of Publish(rid=0, ...), built inline: this is the hot path.
         if type(body) not in SCALARS:
             body = wrap_body(body)
@@ -933,6 +987,23 @@ class _ConsumerBase:
         """Acknowledge ``delivery`` (sent with the next batch of acks)."""
         if self._c.ack(delivery):
             self.client._send(self._c.ack_payload())
+
+    def nack(self, delivery: Delivery, *, requeue: bool = True) -> None:
+        """Give ``delivery`` back (AMQP's basic.nack; basic.reject is the same for one).
+
+        With ``requeue``, it goes back to the front of its queue, marked
+        redelivered; without, to the queue's dead-letter exchange (dropped,
+        and counted, when the queue has none). Sent at once; with
+        ``auto_ack`` it is then not acknowledged.
+        """
+        if self._c.spec.no_ack:
+            raise ConfigError("a no_ack consumer cannot nack: its deliveries are settled on sending")
+        self._c.settled.add(delivery.delivery_tag)
+        self.client._send(["n", self._c.spec.tag, [delivery.delivery_tag], requeue])
+
+    def reject(self, delivery: Delivery, *, requeue: bool = True) -> None:
+        """Give ``delivery`` back: :meth:`nack` (AMQP's basic.reject)."""
+        self.nack(delivery, requeue=requeue)
 
     def _send_due_acks(self) -> None:
         """Send the acknowledgements held back once a batch of them is due."""
@@ -1163,12 +1234,19 @@ class AsyncBrokerClient(_ClientBase):
         return bool((await self._request(DeleteExchange, name=name))["deleted"])
 
     async def declare_queue(
-        self, name: str, *, max_length: int = DEFAULT_MAX_LENGTH, overflow: str = "drop-old"
+        self,
+        name: str,
+        *,
+        max_length: int = DEFAULT_MAX_LENGTH,
+        overflow: str = "drop-head",
+        dead_letter_exchange: str | None = None,
+        dead_letter_routing_key: str | None = None,
+        message_ttl: float | None = None,
     ) -> dict[str, Any]:
         """As :meth:`BrokerClient.declare_queue` (raises RemoteError, Timeout)."""
-        return dict(
-            await self._request(DeclareQueue, name=name, max_length=max_length, overflow=overflow)
-        )
+        return dict(await self._request(DeclareQueue, **_queue_fields(
+            name, max_length, overflow, dead_letter_exchange, dead_letter_routing_key, message_ttl
+        )))  # fmt: skip
 
     async def delete_queue(self, name: str) -> int:
         """As :meth:`BrokerClient.delete_queue` (raises Timeout)."""

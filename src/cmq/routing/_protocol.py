@@ -35,7 +35,7 @@ either returns an event or raises :class:`~cmq.ProtocolError`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Final
 
 import msgpack
@@ -63,6 +63,7 @@ __all__ = [
     "Event",
     "GetStats",
     "Heartbeat",
+    "Nack",
     "OkReply",
     "Publish",
     "PublishBatch",
@@ -116,12 +117,18 @@ class DeleteExchange:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DeclareQueue:
-    """Create queue ``name`` holding at most ``max_length`` ready messages, or check it."""
+    """Create queue ``name`` holding at most ``max_length`` ready messages, or check it.
+
+    ``arguments`` are RabbitMQ's optional queue arguments that the broker
+    knows: ``x-dead-letter-exchange``, ``x-dead-letter-routing-key`` (str)
+    and ``x-message-ttl`` (milliseconds).
+    """
 
     rid: int
     name: str
     max_length: int
     overflow: str
+    arguments: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -162,12 +169,17 @@ class Unbind:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Publish:
-    """Route ``body`` through ``exchange`` with ``routing_key``; rid 0: no confirm."""
+    """Route ``body`` through ``exchange`` with ``routing_key``; rid 0: no confirm.
+
+    ``expiration``: milliseconds the message may wait in a queue before it
+    expires (AMQP's per-message TTL), None for no limit.
+    """
 
     rid: int
     exchange: str
     routing_key: str
     body: Any
+    expiration: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -182,6 +194,7 @@ class PublishBatch:
     exchange: str
     routing_key: str
     bodies: tuple[Any, ...]
+    expiration: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -221,6 +234,17 @@ class Ack:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Nack:
+    """Consumer ``tag`` gives ``delivery_tags`` back: to the queue (``requeue``,
+    marked redelivered) or, without, to the queue's dead-letter exchange
+    (dropped, counted, when it has none). AMQP's basic.nack and basic.reject."""
+
+    tag: str
+    delivery_tags: tuple[int, ...]
+    requeue: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Cancel:
     """Detach consumer ``tag``; its unacknowledged messages go back to the queue."""
 
@@ -248,6 +272,7 @@ Request = (
     | Consume
     | Heartbeat
     | Ack
+    | Nack
     | Cancel
     | GetStats
 )
@@ -413,6 +438,16 @@ def _any(v: Any) -> Any:
     return v
 
 
+def _opt_int(v: Any) -> int | None:
+    return None if v is None else _int(v)
+
+
+def _args(v: Any) -> dict[str, Any]:
+    if type(v) is not dict or not all(type(k) is str for k in v):
+        raise ProtocolError("expected a map with string keys")
+    return v
+
+
 def _ints(v: Any) -> tuple[int, ...]:
     if not isinstance(v, list | tuple):
         raise ProtocolError("expected a list of ints")
@@ -478,16 +513,17 @@ _Check = Callable[[Any], Any]
 _LAYOUT: dict[str, tuple[type[Any], tuple[_Check, ...]]] = {
     "exchange.declare": (DeclareExchange, (_int, _str, _str)),
     "exchange.delete": (DeleteExchange, (_int, _str)),
-    "queue.declare": (DeclareQueue, (_int, _str, _int, _str)),
+    "queue.declare": (DeclareQueue, (_int, _str, _int, _str, _args)),
     "queue.delete": (DeleteQueue, (_int, _str)),
     "queue.purge": (PurgeQueue, (_int, _str)),
     "bind": (Bind, (_int, _str, _str, _str)),
     "unbind": (Unbind, (_int, _str, _str, _str)),
-    "p": (Publish, (_int, _str, _str, _any)),
-    "P": (PublishBatch, (_int, _str, _str, _list)),
+    "p": (Publish, (_int, _str, _str, _any, _opt_int)),
+    "P": (PublishBatch, (_int, _str, _str, _list, _opt_int)),
     "consume": (Consume, (_int, _str, _str, _int, _bool)),
     "h": (Heartbeat, (_specs,)),
     "a": (Ack, (_str, _ints)),
+    "n": (Nack, (_str, _ints, _bool)),
     "cancel": (Cancel, (_int, _str)),
     "stats": (GetStats, (_int,)),
     "ok": (OkReply, (_int, _any)),
@@ -498,6 +534,16 @@ _LAYOUT: dict[str, tuple[type[Any], tuple[_Check, ...]]] = {
 _OP_OF: dict[type[Any], str] = {cls: op for op, (cls, _) in _LAYOUT.items()}
 _NAMES: dict[type[Any], tuple[str, ...]] = {
     cls: tuple(f.name for f in fields(cls)) for cls, _ in _LAYOUT.values()
+}
+# Fields with a default may be left off the end of a message (and are, when
+# they hold it): what lets a field be added without breaking older peers.
+_REQUIRED: dict[type[Any], int] = {
+    cls: sum(1 for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING)
+    for cls, _ in _LAYOUT.values()
+}
+_DEFAULTS: dict[type[Any], tuple[Any, ...]] = {
+    cls: tuple(f.default if f.default is not MISSING else None for f in fields(cls))
+    for cls, _ in _LAYOUT.values()
 }
 # Fields whose wire form is not the attribute itself.
 _OUT: dict[str, Callable[[Any], Any]] = {
@@ -516,6 +562,10 @@ def encode(event: Event) -> list[Any]:
         value = getattr(event, name)
         conv = _OUT.get(name)
         out.append(conv(value) if conv is not None else value)
+    # Trailing optional fields that hold their default are left off.
+    required, defaults = _REQUIRED[cls] + 1, _DEFAULTS[cls]
+    while len(out) > required and out[-1] in (defaults[len(out) - 2], {}):
+        out.pop()
     return out
 
 
@@ -532,10 +582,10 @@ def decode(payload: Any) -> Event:
     if entry is None:
         raise ProtocolError(f"unknown broker operation {brief(op)}")
     cls, checks = entry
-    if len(payload) != len(checks) + 1:
+    if not _REQUIRED[cls] <= len(payload) - 1 <= len(checks):
         raise ProtocolError(f"{op!r} takes {len(checks)} fields, got {len(payload) - 1}")
     values = {
-        name: check(v) for name, check, v in zip(_NAMES[cls], checks, payload[1:], strict=True)
+        name: check(v) for name, check, v in zip(_NAMES[cls], checks, payload[1:], strict=False)
     }
     event: Event = cls(**values)
     return event
