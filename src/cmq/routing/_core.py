@@ -460,9 +460,19 @@ def _approx_size(body: Any) -> int:
     return 9
 
 
+# A str of at most this many characters is at most MAX_NAME bytes of UTF-8
+# (4 bytes a character at most): only longer ones are encoded to be measured.
+_SURELY_SHORT: Final = MAX_NAME // 4
+
+
 def _check_name(what: str, name: str) -> None:
-    if len(name) > MAX_NAME and len(name.encode()) > MAX_NAME:
-        raise _Refused(ErrorCode.BAD_REQUEST, f"{what} is longer than {MAX_NAME} bytes")
+    """Refuse a name or key over 255 bytes of UTF-8 (AMQP's short string).
+
+    Raises:
+        _Refused: ``bad-request`` (AMQP answers a long name with a syntax error).
+    """
+    if len(name) > _SURELY_SHORT and len(name.encode("utf-8", "surrogatepass")) > MAX_NAME:
+        raise _Refused(ErrorCode.BAD_REQUEST, f"{what} is longer than {MAX_NAME} bytes of UTF-8")
 
 
 #: Bodies the broker keeps as they came (see ``_protocol.wrap_body``).
@@ -654,8 +664,8 @@ class BrokerCore:
         nothing, in any other case.
         """
         ex = self._exchanges.get(exchange)
-        if ex is None:
-            return False
+        if ex is None or len(key) > _SURELY_SHORT:
+            return False  # _route answers (or measures the key)
         names = ex.route(key)
         if len(names) != 1:
             return False
@@ -1230,6 +1240,8 @@ class BrokerCore:
         n = len(bodies)
         totals = self._totals
         totals["published"] += n
+        if len(routing_key) > _SURELY_SHORT:
+            _check_name("routing key", routing_key)
         ex = self._exchanges.get(exchange)
         if ex is None:
             totals["unroutable"] += n
