@@ -108,7 +108,7 @@ def test_the_broker_lingers_briefly_on_close() -> None:
     """Closing waits for clients' acknowledgements at most _CLOSE_LINGER, not
     the endpoint's 2 s default (a dead consumer never acknowledges)."""
     with Broker() as b:
-        assert b.endpoint.config.linger == _server._CLOSE_LINGER <= 0.25  # type: ignore[attr-defined]
+        assert b.endpoint.config.linger == _server._CLOSE_LINGER <= 0.2  # type: ignore[attr-defined]
 
 
 def test_sigterm_flushes_confirms_and_exits_0_with_a_dead_consumer_behind() -> None:

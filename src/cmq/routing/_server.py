@@ -70,7 +70,7 @@ _RECHECK: Final = 0.01
 #: milliseconds, and a dead one never does, so waiting the endpoint's default
 #: 2 s only delays the exit (it was the broker's 2.1 s on SIGTERM). With
 #: _MAX_WAIT, the broker exits within 0.5 s of being asked to.
-_CLOSE_LINGER: Final = 0.25
+_CLOSE_LINGER: Final = 0.2
 #: Log lines per reason per window; what is over is summed up in the next line.
 _LOG_BURST: Final = 5
 _LOG_WINDOW: Final = 10.0
