@@ -92,7 +92,7 @@ class Harness:
         assert reply is not None and reply[0] == "err", reply
         return reply[2], reply[3]
 
-    def queue(self, name: str, max_length: int = 1000, overflow: str = "drop-new") -> Any:
+    def queue(self, name: str, max_length: int = 1000, overflow: str = "drop-head") -> Any:
         return self.ok(DeclareQueue, name=name, max_length=max_length, overflow=overflow)
 
     def publish(
@@ -159,7 +159,7 @@ ERROR_TABLE = [
     ),
     (
         DeclareQueue,
-        {"name": "q", "max_length": 5, "overflow": "drop-new"},
+        {"name": "q", "max_length": 5, "overflow": "drop-head"},
         ErrorCode.PRECONDITION_FAILED,
         "max_length=10",
     ),
@@ -167,7 +167,7 @@ ERROR_TABLE = [
         DeclareQueue,
         {"name": "q", "max_length": 10, "overflow": "reject"},
         ErrorCode.PRECONDITION_FAILED,
-        "overflow='drop-new'",
+        "overflow='drop-head'",
     ),
     (
         DeclareQueue,
@@ -177,13 +177,13 @@ ERROR_TABLE = [
     ),
     (
         DeclareQueue,
-        {"name": "r", "max_length": 0, "overflow": "drop-new"},
+        {"name": "r", "max_length": 0, "overflow": "drop-head"},
         ErrorCode.BAD_REQUEST,
         "max_length must be >= 1",
     ),
     (
         DeclareQueue,
-        {"name": "", "max_length": 10, "overflow": "drop-new"},
+        {"name": "", "max_length": 10, "overflow": "drop-head"},
         ErrorCode.ACCESS_REFUSED,
         "reserved",
     ),
@@ -309,20 +309,24 @@ def test_delete_exchange_and_queue() -> None:
 # -- bounded queues ------------------------------------------------------------
 
 
-def test_overflow_drop_new() -> None:
+def test_drop_new_is_now_reject_publish_so_a_confirm_means_the_message_was_kept() -> None:
+    """Reported: max_length=3, overflow="drop-new", five confirmed publishes
+    all returned routed=1 and two were silently dropped."""
     h = Harness()
-    h.queue("q", max_length=2, overflow="drop-new")
-    for i in range(5):
-        assert h.publish("", "q", i, confirm=True)[0] == "ok"  # type: ignore[index]
+    h.queue("q", max_length=3, overflow="drop-new")
+    replies = [h.publish("", "q", i, confirm=True) for i in range(5)]
+    assert [r[0] for r in replies] == ["ok", "ok", "ok", "err", "err"]  # type: ignore[index]
+    assert all(r[2] == ErrorCode.QUEUE_FULL for r in replies[3:])  # type: ignore[index]
     h.consume("q")
-    assert h.got() == [0, 1]
-    assert h.queue_stats("q").dropped_new == 3
-    assert h.unsolicited == []
+    assert h.got() == [0, 1, 2]
+    assert h.queue_stats("q").rejected == 2
+    assert h.queue_stats("q").overflow == "reject-publish"
 
 
-def test_overflow_drop_old() -> None:
+@pytest.mark.parametrize("name", ["drop-head", "drop-old"])
+def test_overflow_drop_head(name: str) -> None:
     h = Harness()
-    h.queue("q", max_length=2, overflow="drop-old")
+    h.queue("q", max_length=2, overflow=name)
     for i in range(5):
         h.publish("", "q", i)
     h.consume("q")
@@ -350,7 +354,7 @@ def test_overflow_reject_tells_the_publisher() -> None:
 def test_every_message_is_accounted_for() -> None:
     h = Harness()
     h.ok(DeclareExchange, name="f", type="fanout")
-    for name, policy in (("n", "drop-new"), ("o", "drop-old"), ("r", "reject")):
+    for name, policy in (("n", "drop-new"), ("o", "drop-head"), ("r", "reject-publish")):
         h.queue(name, max_length=3, overflow=policy)
         h.ok(Bind, queue=name, exchange="f", key="")
     for i in range(10):
@@ -358,7 +362,7 @@ def test_every_message_is_accounted_for() -> None:
     for name in "nor":
         q = h.queue_stats(name)
         assert q.enqueued - q.dropped_old == q.ready == 3
-        assert q.enqueued + q.dropped_new + q.rejected == 10
+        assert q.enqueued + q.rejected == 10
 
 
 # -- consumers -------------------------------------------------------------------

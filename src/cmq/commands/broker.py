@@ -9,8 +9,8 @@ Client:  cmq broker declare-exchange prices --type topic
          cmq broker stats
 Bench:   cmq broker bench        (TE-SPSC 1 vs 1024 bindings; DE-SPSC vs RabbitMQ)
 
-Client verbs reach the broker at --broker HOST:PORT (default 127.0.0.1:5700).
-Errors from the broker (unknown type, conflicting redeclaration, ...) are
+Client verbs reach the broker at --broker HOST:PORT (default 127.0.0.1:5700),
+given before or after the verb. Errors from the broker (unknown type, conflicting redeclaration, ...) are
 printed with their code and exit status 1.
 """
 
@@ -33,18 +33,25 @@ __all__ = ["DEFAULT_PORT", "configure", "run"]
 DEFAULT_PORT: Final = 5700
 
 
-def _client_args(p: argparse.ArgumentParser) -> None:
+DEFAULT_BROKER: Final = f"127.0.0.1:{DEFAULT_PORT}"
+DEFAULT_TIMEOUT: Final = 2.0
+
+
+def _client_args(p: argparse.ArgumentParser, *, here: bool = False) -> None:
+    # Accepted before the verb (on the broker command, ``here``) and after it
+    # (on each verb, where an absent option leaves the first one's value:
+    # argparse.SUPPRESS adds nothing to the namespace).
     p.add_argument(
         "--broker",
-        default=f"127.0.0.1:{DEFAULT_PORT}",
+        default=DEFAULT_BROKER if here else argparse.SUPPRESS,
         metavar="HOST:PORT",
-        help="the broker to talk to (default: %(default)s)",
+        help=f"the broker to talk to (default: {DEFAULT_BROKER})",
     )
     p.add_argument(
         "--timeout",
         type=float,
-        default=2.0,
-        help="seconds to wait for a reply (default: %(default)s)",
+        default=DEFAULT_TIMEOUT if here else argparse.SUPPRESS,
+        help=f"seconds to wait for a reply (default: {DEFAULT_TIMEOUT})",
     )
 
 
@@ -75,6 +82,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="microseconds to keep polling for the next message after one before "
         "sleeping (default 100; 0 sleeps at once: less CPU, slower round trips)",
     )
+    _client_args(parser, here=True)
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
 
     p = verbs.add_parser("declare-exchange", help="declare an exchange (idempotent)")
@@ -92,8 +100,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p.add_argument("name")
     p.add_argument("--max-length", type=int, default=None, help="most ready messages")
     p.add_argument(
-        "--overflow", default="drop-old", help="drop-old, drop-new or reject (default: %(default)s)"
+        "--overflow",
+        default="drop-head",
+        help="what a full queue does: drop-head (drop or dead-letter the oldest), reject-publish "
+        "(refuse the newcomer: a confirmed publish fails) or reject-publish-dlx (and dead-letter "
+        "it); drop-old, reject and drop-new are older names (default: %(default)s)",
     )
+    p.add_argument("--dead-letter-exchange", default=None, metavar="EXCHANGE",
+                   help="where rejected, expired and overflowed messages go")  # fmt: skip
+    p.add_argument("--dead-letter-routing-key", default=None, metavar="KEY",
+                   help="their routing key there (default: their own)")  # fmt: skip
+    p.add_argument("--message-ttl", type=float, default=None, metavar="SECONDS",
+                   help="how long a message may wait in the queue")  # fmt: skip
     _client_args(p)
 
     p = verbs.add_parser("delete-queue", help="delete a queue, its bindings and messages")
@@ -155,7 +173,12 @@ def _show(value: Any) -> str:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    import logging
+
     from cmq.routing import Broker, BrokerConfig
+
+    # What the broker refuses or drops is logged (rate-limited) to stderr.
+    logging.basicConfig(level=logging.WARNING, format="cmq broker: %(message)s", stream=sys.stderr)
 
     options: dict[str, Any] = {}
     if args.consumer_timeout is not None:
@@ -190,7 +213,12 @@ def _client_verb(args: argparse.Namespace) -> int:
                 f"exchange {args.name!r} {'deleted' if client.delete_exchange(args.name) else 'did not exist'}"
             )
         elif verb == "declare-queue":
-            options: dict[str, Any] = {"overflow": args.overflow}
+            options: dict[str, Any] = {
+                "overflow": args.overflow,
+                "dead_letter_exchange": args.dead_letter_exchange,
+                "dead_letter_routing_key": args.dead_letter_routing_key,
+                "message_ttl": args.message_ttl,
+            }
             if args.max_length is not None:
                 options["max_length"] = args.max_length
             info = client.declare_queue(args.name, **options)
@@ -221,24 +249,26 @@ def _publish(client: BrokerClient, args: argparse.Namespace) -> int:
     if texts == ["-"]:
         texts = [line.rstrip("\n") for line in sys.stdin]
     messages = [(args.exchange, args.routing_key, json.loads(t) if args.json else t) for t in texts]
+    routed = 0
     if args.confirm:
         results = client.publish_many(messages)
         errors = [r for r in results if isinstance(r, RemoteError)]
         routed = sum(r for r in results if isinstance(r, int))
-        print(
-            f"published {len(messages)} message(s), routed to {routed} queue(s) in all",
-            file=sys.stderr,
-        )
     else:
         for exchange, key, body in messages:
             client.publish(exchange, key, body)
         # One round trip: refusals the broker sent before its answer are in.
         client.stats()
         errors = client.errors()
-        print(f"published {len(messages)} message(s)", file=sys.stderr)
+    # The refusals first, and "published" only for what the broker took.
     for exc in errors:
         print(f"cmq broker publish: {exc}", file=sys.stderr)
-    return 1 if errors else 0
+    if errors:
+        print(f"cmq broker publish: {len(errors)} of {len(messages)} message(s) refused", file=sys.stderr)
+        return 1
+    where = f", routed to {routed} queue(s) in all" if args.confirm else ""
+    print(f"published {len(messages)} message(s){where}", file=sys.stderr)
+    return 0
 
 
 def _consume(client: BrokerClient, args: argparse.Namespace) -> int:

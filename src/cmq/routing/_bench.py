@@ -150,7 +150,7 @@ def _cmq_run(
         "sent": sent,
         "received": n,
         "msgs_per_s": n / (last - first) if last > first else 0.0,
-        "dropped": stats["dropped_new"] + stats["dropped_old"] + stats["rejected"],
+        "dropped": stats["dropped_old"] + stats["rejected"],
         # Less sensitive to neighbours than the rate: what the broker spent.
         "broker_cpu_us_per_msg": (cpu1 - cpu0) / n * 1e6
         if cpu0 is not None and cpu1 is not None and n

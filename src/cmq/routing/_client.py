@@ -59,11 +59,14 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Iterable, Iterator
 from typing import Any, Final, Protocol
 
+from msgpack import ExtType
+
 from cmq._errors import Closed, ConfigError, ProtocolError, RemoteError, Timeout
 from cmq.routing._protocol import (
     BROKER_MAILBOX,
     DELIVERY_MAILBOX,
     REPLY_MAILBOX,
+    SCALARS,
     Bind,
     Cancel,
     Cancelled,
@@ -86,6 +89,8 @@ from cmq.routing._protocol import (
     Unbind,
     decode,
     encode,
+    unwrap_body,
+    wrap_body,
 )
 
 __all__ = [
@@ -174,6 +179,50 @@ def _remote(reply: ErrorReply) -> RemoteError:
     return RemoteError(f"broker refused ({reply.code}): {reply.message}", code=reply.code)
 
 
+def _wire_bodies(bodies: list[Any]) -> list[Any]:
+    """``bodies`` in their wire form (:func:`~cmq.routing._protocol.wrap_body`).
+
+    Raises:
+        TypeError: a body is not MessagePack-able.
+    """
+    if SCALARS.issuperset(map(type, bodies)):
+        return bodies
+    return [wrap_body(b) for b in bodies]
+
+
+def _plain_bodies(bodies: list[Any]) -> list[Any]:
+    """Delivered bodies as their publishers gave them (wire form undone)."""
+    if ExtType in map(type, bodies):
+        return [unwrap_body(b) for b in bodies]
+    return bodies
+
+
+def _ms(seconds: float | None, what: str) -> int | None:
+    """Seconds as AMQP's milliseconds (None stays None).
+
+    Raises:
+        ConfigError: negative.
+    """
+    if seconds is None:
+        return None
+    if not seconds >= 0:
+        raise ConfigError(f"{what} must be >= 0 seconds, got {seconds!r}")
+    return round(seconds * 1000)
+
+
+def _queue_fields(
+    name: str, max_length: int, overflow: str, dlx: str | None, dlrk: str | None, ttl: float | None
+) -> dict[str, Any]:
+    arguments: dict[str, Any] = {}
+    if dlx is not None:
+        arguments["x-dead-letter-exchange"] = dlx
+    if dlrk is not None:
+        arguments["x-dead-letter-routing-key"] = dlrk
+    if ttl is not None:
+        arguments["x-message-ttl"] = _ms(ttl, "message_ttl")
+    return {"name": name, "max_length": max_length, "overflow": overflow, "arguments": arguments}
+
+
 def _run_ok(run: Any) -> bool:
     """Whether ``run`` is a well-formed run in wire form (as ``decode`` checks it)."""
     return (
@@ -219,6 +268,8 @@ class _ConsumerState:
         self.last: list[tuple[int, int]] = []
         self.cancelled_by: RemoteError | None = None
         self.cancelled = False
+        # Tags nacked while handed out: not auto-acked.
+        self.settled: set[int] = set()
         # Half the window: the broker refills while we work through the rest.
         self.ack_batch = max(1, spec.prefetch // 2) if spec.prefetch else 64
 
@@ -227,7 +278,7 @@ class _ConsumerState:
         buffer = self.buffer
         for first, ex, key, redelivered, bodies in runs:
             if bodies:
-                buffer.append(_Run(first, ex, key, redelivered, bodies))
+                buffer.append(_Run(first, ex, key, redelivered, _plain_bodies(bodies)))
 
     def settle(self) -> None:
         """Auto-ack what was handed out before; raise if this consumer was cancelled.
@@ -241,7 +292,11 @@ class _ConsumerState:
                 acks = self.acks
                 for first, n in self.last:
                     acks.extend(range(first, first + n))
+                if self.settled:
+                    settled = self.settled
+                    self.acks = [t for t in acks if t not in settled]
             self.last = []
+            self.settled.clear()
         if self.cancelled_by is not None:
             raise self.cancelled_by
         if self.cancelled:
@@ -420,7 +475,9 @@ class _Window:
         self.pending: dict[int, tuple[int, list[Any]]] = {}
         for i in range(start, min(start + size, len(messages))):
             exchange, key, body = messages[i]
-            rid, payload = session.request(Publish, exchange=exchange, routing_key=key, body=body)
+            rid, payload = session.request(
+                Publish, exchange=exchange, routing_key=key, body=wrap_body(body)
+            )
             self.pending[rid] = (i, payload)
 
     def payloads(self) -> list[list[Any]]:
@@ -548,6 +605,7 @@ class _ClientBase:
     def _push_batches(self, exchange: str, routing_key: str, bodies: list[Any], rid: int) -> None:
         """Push ``bodies`` as unconfirmed batch publishes of at most ``_BATCH_BYTES`` each."""
         push, broker = self.endpoint.push, self._s.broker
+        bodies = _wire_bodies(bodies)
         start, size = 0, 0
         for i, body in enumerate(bodies):
             n = len(body) if type(body) is bytes else 16
@@ -643,23 +701,41 @@ class BrokerClient(_ClientBase):
         return bool(self._request(DeleteExchange, name=name)["deleted"])
 
     def declare_queue(
-        self, name: str, *, max_length: int = DEFAULT_MAX_LENGTH, overflow: str = "drop-old"
+        self,
+        name: str,
+        *,
+        max_length: int = DEFAULT_MAX_LENGTH,
+        overflow: str = "drop-head",
+        dead_letter_exchange: str | None = None,
+        dead_letter_routing_key: str | None = None,
+        message_ttl: float | None = None,
     ) -> dict[str, Any]:
         """Declare queue ``name``; return ``{"created", "messages", "consumers"}``.
 
-        ``overflow`` is what a full queue does with one more message:
-        ``"drop-old"`` (RabbitMQ's default), ``"drop-new"`` or ``"reject"``
-        (the publisher gets a ``queue-full`` error). Every drop is counted in
+        ``overflow`` is what a full queue does with one more message, as
+        RabbitMQ's ``x-overflow``: ``"drop-head"`` (the default: the oldest
+        ready message is dropped or dead-lettered), ``"reject-publish"`` (the
+        newcomer is refused: a confirmed publish raises ``queue-full``, an
+        unconfirmed one is reported by :meth:`errors`) or
+        ``"reject-publish-dlx"`` (the same, and the newcomer is
+        dead-lettered). The older names are aliases: ``"drop-old"`` is
+        drop-head, ``"reject"`` and ``"drop-new"`` are reject-publish.
+
+        ``dead_letter_exchange`` (and ``dead_letter_routing_key``) receive
+        the messages this queue drops: rejected by a consumer without
+        requeue, expired, or over ``max_length`` (``x-dead-letter-exchange``,
+        ``x-dead-letter-routing-key``). ``message_ttl``: seconds a message
+        may wait in this queue (``x-message-ttl``). Every drop is counted in
         the broker's stats.
 
         Raises:
             RemoteError: ``precondition-failed`` (exists with other
-                arguments), ``bad-request`` (bad overflow or max_length).
+                arguments), ``bad-request`` (bad overflow, max_length or argument).
             Timeout: the broker did not answer.
         """
-        return dict(
-            self._request(DeclareQueue, name=name, max_length=max_length, overflow=overflow)
-        )
+        return dict(self._request(DeclareQueue, **_queue_fields(
+            name, max_length, overflow, dead_letter_exchange, dead_letter_routing_key, message_ttl
+        )))  # fmt: skip
 
     def delete_queue(self, name: str) -> int:
         """Delete queue ``name``; return how many messages went with it.
@@ -707,12 +783,14 @@ class BrokerClient(_ClientBase):
         return dict(self._request(GetStats))
 
     def publish(
-        self, exchange: str, routing_key: str, body: Any, *, confirm: bool = False
+        self, exchange: str, routing_key: str, body: Any, *, confirm: bool = False, ttl: float | None = None
     ) -> int | None:
         """Publish ``body`` (any MessagePack value) to ``exchange`` with ``routing_key``.
 
         Without ``confirm``, returns None at once (see :meth:`errors`). With
-        it, waits and returns the number of queues the message went to.
+        it, waits and returns the number of queues that kept the message.
+        ``ttl``: seconds the message may wait in a queue before it expires
+        (AMQP's per-message ``expiration``).
 
         Raises:
             RemoteError: (confirm only) ``not-found`` (no such exchange) or
@@ -720,10 +798,16 @@ class BrokerClient(_ClientBase):
             Timeout: (confirm only) the broker did not answer.
             TypeError: ``body`` is not MessagePack-able.
         """
-        if confirm:
-            result = self._request(Publish, exchange=exchange, routing_key=routing_key, body=body)
-            return int(result["routed"])
+        if confirm or ttl is not None:
+            event = dict(exchange=exchange, routing_key=routing_key, body=wrap_body(body),
+                         expiration=_ms(ttl, "ttl"))  # fmt: skip
+            if not confirm:
+                self._send(encode(Publish(rid=0, **event)))
+                return None
+            return int(self._request(Publish, **event)["routed"])
         # The wire form of Publish(rid=0, ...), built inline: this is the hot path.
+        if type(body) not in SCALARS:
+            body = wrap_body(body)
         self.endpoint.push(self._s.broker, ["p", 0, exchange, routing_key, body], BROKER_MAILBOX)
         self._s.unconfirmed += 1
         if self._s.unconfirmed & 63 == 0:
@@ -751,7 +835,10 @@ class BrokerClient(_ClientBase):
         items = bodies if type(bodies) is list else list(bodies)
         if confirm:
             result = self._request(
-                PublishBatch, exchange=exchange, routing_key=routing_key, bodies=tuple(items)
+                PublishBatch,
+                exchange=exchange,
+                routing_key=routing_key,
+                bodies=tuple(_wire_bodies(items)),
             )
             return int(result["routed"])
         if items:
@@ -865,7 +952,7 @@ class BrokerClient(_ClientBase):
                 run = runs[0]
                 if _run_ok(run) and 0 < len(bodies := run[4]) <= limit:
                     c.last.append((run[0], len(bodies)))
-                    return bodies  # type: ignore[no-any-return]
+                    return _plain_bodies(bodies)
         self._s.deliver(payload)
         return None
 
@@ -900,6 +987,23 @@ class _ConsumerBase:
         """Acknowledge ``delivery`` (sent with the next batch of acks)."""
         if self._c.ack(delivery):
             self.client._send(self._c.ack_payload())
+
+    def nack(self, delivery: Delivery, *, requeue: bool = True) -> None:
+        """Give ``delivery`` back (AMQP's basic.nack; basic.reject is the same for one).
+
+        With ``requeue``, it goes back to the front of its queue, marked
+        redelivered; without, to the queue's dead-letter exchange (dropped,
+        and counted, when the queue has none). Sent at once; with
+        ``auto_ack`` it is then not acknowledged.
+        """
+        if self._c.spec.no_ack:
+            raise ConfigError("a no_ack consumer cannot nack: its deliveries are settled on sending")
+        self._c.settled.add(delivery.delivery_tag)
+        self.client._send(["n", self._c.spec.tag, [delivery.delivery_tag], requeue])
+
+    def reject(self, delivery: Delivery, *, requeue: bool = True) -> None:
+        """Give ``delivery`` back: :meth:`nack` (AMQP's basic.reject)."""
+        self.nack(delivery, requeue=requeue)
 
     def _send_due_acks(self) -> None:
         """Send the acknowledgements held back once a batch of them is due."""
@@ -1130,12 +1234,19 @@ class AsyncBrokerClient(_ClientBase):
         return bool((await self._request(DeleteExchange, name=name))["deleted"])
 
     async def declare_queue(
-        self, name: str, *, max_length: int = DEFAULT_MAX_LENGTH, overflow: str = "drop-old"
+        self,
+        name: str,
+        *,
+        max_length: int = DEFAULT_MAX_LENGTH,
+        overflow: str = "drop-head",
+        dead_letter_exchange: str | None = None,
+        dead_letter_routing_key: str | None = None,
+        message_ttl: float | None = None,
     ) -> dict[str, Any]:
         """As :meth:`BrokerClient.declare_queue` (raises RemoteError, Timeout)."""
-        return dict(
-            await self._request(DeclareQueue, name=name, max_length=max_length, overflow=overflow)
-        )
+        return dict(await self._request(DeclareQueue, **_queue_fields(
+            name, max_length, overflow, dead_letter_exchange, dead_letter_routing_key, message_ttl
+        )))  # fmt: skip
 
     async def delete_queue(self, name: str) -> int:
         """As :meth:`BrokerClient.delete_queue` (raises Timeout)."""
@@ -1174,7 +1285,7 @@ class AsyncBrokerClient(_ClientBase):
         """
         if confirm:
             result = await self._request(
-                Publish, exchange=exchange, routing_key=routing_key, body=body
+                Publish, exchange=exchange, routing_key=routing_key, body=wrap_body(body)
             )
             return int(result["routed"])
         self.publish_nowait(exchange, routing_key, body)
@@ -1223,7 +1334,10 @@ class AsyncBrokerClient(_ClientBase):
         items = bodies if type(bodies) is list else list(bodies)
         if confirm:
             result = await self._request(
-                PublishBatch, exchange=exchange, routing_key=routing_key, bodies=tuple(items)
+                PublishBatch,
+                exchange=exchange,
+                routing_key=routing_key,
+                bodies=tuple(_wire_bodies(items)),
             )
             return int(result["routed"])
         if items:
@@ -1236,6 +1350,8 @@ class AsyncBrokerClient(_ClientBase):
         Raises:
             TypeError: ``body`` is not MessagePack-able.
         """
+        if type(body) not in SCALARS:
+            body = wrap_body(body)
         self.endpoint.push(self._s.broker, ["p", 0, exchange, routing_key, body], BROKER_MAILBOX)
         self._s.unconfirmed += 1
         if self._s.unconfirmed & 63 == 0:

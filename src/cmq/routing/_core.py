@@ -25,7 +25,25 @@ Bounded queues. Every queue is bounded: ``max_length`` (at least 1) bounds the r
 ``x-max-length``: messages out with a consumer are not counted, and messages
 requeued after a consumer is lost are always taken back). When a message
 arrives at a full queue, the queue's overflow policy decides (table
-``_OVERFLOW``), and every message not taken is counted.
+``_OVERFLOW``, RabbitMQ's ``x-overflow``), and every message not taken is
+counted. A publish confirm means every queue it was routed to kept it: a
+queue that refuses a message (``reject-publish``, ``reject-publish-dlx``)
+makes the confirm a ``queue-full`` refusal (AMQP's basic.nack), though the
+other queues keep their copies, as in RabbitMQ.
+
+Dead letters and TTL (RabbitMQ's semantics). A message leaves its queue
+unconsumed when a consumer rejects it without requeue (``rejected``), when
+it expires (``expired``: the queue's ``x-message-ttl`` or the message's
+``expiration``, whichever is shorter, counted from when it entered the
+queue; only a message at the head of the queue expires, and a message out
+with a consumer does not), or when the queue overflows (``maxlen``:
+``drop-head``'s dropped oldest, ``reject-publish-dlx``'s refused newest).
+Such a message is republished to the queue's ``x-dead-letter-exchange`` with
+its ``x-dead-letter-routing-key`` (else its own key), without its
+expiration; a queue with no dead-letter exchange, or one that does not
+exist, drops it (counted). A message that would come back to a queue it was
+already dead-lettered from, with no rejection on the way, is dropped
+(counted), as RabbitMQ does, so a cycle cannot loop.
 
 Consumers and delivery guarantees. A consumer with ``no_ack`` gets messages as
 fast as they come, at most once (a lost datagram is a lost message). Other
@@ -59,6 +77,8 @@ from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any, Final
 
+from msgpack import ExtType
+
 from cmq._errors import ConfigError, ProtocolError
 from cmq.routing._protocol import (
     DELIVERY_MAILBOX,
@@ -77,13 +97,16 @@ from cmq.routing._protocol import (
     ErrorReply,
     GetStats,
     Heartbeat,
+    Nack,
     OkReply,
     Publish,
     PublishBatch,
     PurgeQueue,
     Unbind,
+    brief,
     decode,
     encode,
+    wrap_body,
 )
 from cmq.routing.exchanges import Exchange, ExchangeType, make_exchange
 
@@ -96,6 +119,7 @@ __all__ = [
     "BrokerConfig",
     "BrokerCore",
     "BrokerStats",
+    "Note",
     "Outgoing",
     "Overflow",
     "QueueStats",
@@ -132,26 +156,52 @@ MAX_NAME: Final = 255
 
 
 class Overflow(enum.StrEnum):
-    """What a full queue does with one more message."""
+    """What a full queue does with one more message (RabbitMQ's ``x-overflow``)."""
 
-    DROP_NEW = "drop-new"  # keep the queue, drop the newcomer (counted)
-    DROP_OLD = "drop-old"  # drop the oldest ready message, take the newcomer (counted)
-    REJECT = "reject"  # refuse the newcomer, tell the publisher (counted)
+    DROP_HEAD = "drop-head"  # drop (or dead-letter) the oldest ready message, take the newcomer
+    REJECT_PUBLISH = "reject-publish"  # refuse the newcomer: the publisher's confirm is a refusal
+    REJECT_PUBLISH_DLX = "reject-publish-dlx"  # as reject-publish, and dead-letter the newcomer
+    # Older names, kept as aliases. drop-new silently dropped the newcomer
+    # while confirming it; a confirm must mean the message was kept, so it
+    # is now reject-publish (the publisher hears of the refusal).
+    DROP_OLD = "drop-head"
+    REJECT = "reject-publish"
+    DROP_NEW = "reject-publish"
+
+
+#: The older spellings accepted on the wire, and what they mean now.
+_OVERFLOW_ALIASES: Final = {"drop-old": "drop-head", "reject": "reject-publish", "drop-new": "reject-publish"}
 
 
 @dataclass(frozen=True, slots=True)
 class _OverflowRule:
-    admit: bool  # the new message goes into the queue
-    evict_oldest: bool  # ... after the oldest ready message is dropped
-    tell_publisher: bool  # the publisher gets a queue-full error
+    evict_oldest: bool  # the oldest ready message goes to make room (else the newest is refused)
+    tell_publisher: bool  # the publisher gets a queue-full error (a nack)
+    dead_letter: bool  # what was not kept goes to the dead-letter exchange
     counter: str  # what is counted, per queue and in total
 
 
 _OVERFLOW: Final[dict[Overflow, _OverflowRule]] = {
-    Overflow.DROP_NEW: _OverflowRule(False, False, False, "dropped_new"),
-    Overflow.DROP_OLD: _OverflowRule(True, True, False, "dropped_old"),
-    Overflow.REJECT: _OverflowRule(False, False, True, "rejected"),
+    Overflow.DROP_HEAD: _OverflowRule(True, False, True, "dropped_old"),
+    Overflow.REJECT_PUBLISH: _OverflowRule(False, True, False, "rejected"),
+    Overflow.REJECT_PUBLISH_DLX: _OverflowRule(False, True, True, "rejected"),
 }
+
+#: Queue arguments the broker knows (RabbitMQ's names) and their checks.
+DLX_ARG: Final = "x-dead-letter-exchange"
+DLRK_ARG: Final = "x-dead-letter-routing-key"
+TTL_ARG: Final = "x-message-ttl"
+#: Most dead-letter hops a message keeps a record of (a cycle is cut well before).
+_MAX_DEATHS: Final = 32
+
+
+@dataclass(frozen=True, slots=True)
+class _Meta:
+    """What a queued message carries besides its routing: when it expires
+    (None: never) and where it was dead-lettered from, as (queue, reason)."""
+
+    expires: float | None
+    deaths: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -213,6 +263,20 @@ class Outgoing:
     payload: Any
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Note:
+    """Something the broker refused or failed at, for the driver to log.
+
+    ``reason`` is the counter it was added to (``malformed``, ``bad_body``,
+    ``internal_error``, ...); ``detail`` a one-line description that never
+    holds more than a short excerpt of what was received.
+    """
+
+    reason: str
+    sender: Address | None
+    detail: str
+
+
 # Outgoing's frozen __init__ sets each field through object.__setattr__;
 # the latency path fills the slots through their descriptors (the same object).
 _new_outgoing = object.__new__
@@ -235,10 +299,12 @@ _COUNTERS: Final = (
     "delivered",
     "acked",
     "redelivered",
-    "dropped_new",
     "dropped_old",
     "rejected",
     "purged",
+    "expired",
+    "nacked",
+    "dead_lettered",
 )
 
 
@@ -256,10 +322,15 @@ class QueueStats:
     delivered: int
     acked: int
     redelivered: int
-    dropped_new: int
     dropped_old: int
     rejected: int
     purged: int
+    expired: int
+    nacked: int
+    dead_lettered: int
+    dead_letter_exchange: str | None = None
+    dead_letter_routing_key: str | None = None
+    message_ttl: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -275,16 +346,21 @@ class BrokerStats:
     delivered: int
     acked: int
     redelivered: int
-    dropped_new: int
     dropped_old: int
     rejected: int
     purged: int
+    expired: int
+    nacked: int
+    dead_lettered: int
+    dead_letters_dropped: int
     consumers_expired: int
     consumers_reattached: int
     malformed: int
     resent_requests: int
     stale_acks: int
     send_failed: int
+    bad_bodies: int
+    internal_errors: int
     per_queue: tuple[QueueStats, ...] = field(default=())
 
     def as_dict(self) -> dict[str, Any]:
@@ -298,8 +374,9 @@ class BrokerStats:
         return out
 
 
-# A queued message: (exchange, routing_key, body, redelivered).
-_Msg = tuple[str, str, Any, bool]
+# A queued message: (exchange, routing_key, body, redelivered, meta); meta
+# is None for a message that neither expires nor was dead-lettered.
+_Msg = tuple[str, str, Any, bool, _Meta | None]
 
 
 class _Refused(Exception):
@@ -311,12 +388,27 @@ class _Refused(Exception):
 
 
 class _Queue:
-    __slots__ = ("bindings", "consumers", "counts", "handed", "max_length", "name", "overflow", "ready", "rr")
+    __slots__ = ("bindings", "consumers", "counts", "dlrk", "dlx", "expiring", "handed", "max_length",
+                 "name", "overflow", "ready", "rr", "ttl")  # fmt: skip
 
-    def __init__(self, name: str, max_length: int, overflow: Overflow) -> None:
+    def __init__(
+        self,
+        name: str,
+        max_length: int,
+        overflow: Overflow,
+        dlx: str | None = None,
+        dlrk: str | None = None,
+        ttl: float | None = None,
+    ) -> None:
         self.name = name
         self.max_length = max_length
         self.overflow = overflow
+        self.dlx = dlx  # dead-letter exchange
+        self.dlrk = dlrk  # dead-letter routing key (None: the message's own)
+        self.ttl = ttl  # seconds a message may wait here (None: no limit)
+        # Whether messages that expire may be in ``ready`` (a TTL, or one
+        # published with an expiration): only such queues are looked at by the timer.
+        self.expiring = ttl is not None
         self.ready: deque[_Msg] = deque()
         self.consumers: list[_Consumer] = []
         self.rr = 0  # round-robin position in consumers
@@ -361,14 +453,92 @@ def _approx_size(body: Any) -> int:
     """A cheap guess at a body's encoded size (exact for bytes and ASCII str)."""
     if isinstance(body, bytes | str | bytearray):
         return len(body)
+    if type(body) is ExtType:
+        return len(body.data) + 6
     if isinstance(body, list | tuple | dict):
         return 16 * len(body) + 16  # a guess; containers of big blobs are rare here
     return 9
 
 
+# A str of at most this many characters is at most MAX_NAME bytes of UTF-8
+# (4 bytes a character at most): only longer ones are encoded to be measured.
+_SURELY_SHORT: Final = MAX_NAME // 4
+
+
 def _check_name(what: str, name: str) -> None:
-    if len(name) > MAX_NAME and len(name.encode()) > MAX_NAME:
-        raise _Refused(ErrorCode.BAD_REQUEST, f"{what} is longer than {MAX_NAME} bytes")
+    """Refuse a name or key over 255 bytes of UTF-8 (AMQP's short string).
+
+    Raises:
+        _Refused: ``bad-request`` (AMQP answers a long name with a syntax error).
+    """
+    if len(name) > _SURELY_SHORT and len(name.encode("utf-8", "surrogatepass")) > MAX_NAME:
+        raise _Refused(ErrorCode.BAD_REQUEST, f"{what} is longer than {MAX_NAME} bytes of UTF-8")
+
+
+#: Bodies the broker keeps as they came (see ``_protocol.wrap_body``).
+_OPAQUE: Final = frozenset((bytes, str, int, float, bool, type(None), ExtType))
+#: Notes kept for the driver between two of its turns; past this, only counted.
+_MAX_NOTES: Final = 256
+
+
+def _opaque(body: Any) -> Any:
+    """``body`` in the form the broker keeps: a scalar or extension value as
+    it came; a container sent as such (a publisher that does not wrap its
+    bodies) packed once, here, so that every delivery carries the same bytes.
+
+    Raises:
+        _Refused: the body cannot be packed.
+    """
+    if type(body) in _OPAQUE:
+        return body
+    try:
+        return wrap_body(body)
+    except (TypeError, RecursionError) as exc:
+        raise _Refused(ErrorCode.BAD_REQUEST, f"message body refused: {exc}") from None
+
+
+def _opaque_all(bodies: list[Any]) -> list[Any]:
+    if _OPAQUE.issuperset(map(type, bodies)):
+        return bodies
+    return [_opaque(b) for b in bodies]
+
+
+def _ttl(expiration: int | None) -> float | None:
+    return None if expiration is None else expiration / 1000
+
+
+def _queue_arguments(args: dict[str, Any]) -> tuple[str | None, str | None, float | None]:
+    """(dead-letter exchange, dead-letter routing key, TTL in seconds) from queue arguments.
+
+    Raises:
+        _Refused: an unknown argument or a value of the wrong kind.
+    """
+    unknown = set(args) - {DLX_ARG, DLRK_ARG, TTL_ARG}
+    if unknown:
+        raise _Refused(ErrorCode.BAD_REQUEST, f"unknown queue argument {brief(sorted(unknown)[0])}"
+                       f" (known: {DLX_ARG}, {DLRK_ARG}, {TTL_ARG})")  # fmt: skip
+    dlx, dlrk, ttl = args.get(DLX_ARG), args.get(DLRK_ARG), args.get(TTL_ARG)
+    for what, v in ((DLX_ARG, dlx), (DLRK_ARG, dlrk)):
+        if v is not None:
+            if type(v) is not str:
+                raise _Refused(ErrorCode.BAD_REQUEST, f"{what} must be a string, got {brief(v)}")
+            _check_name(what, v)
+    if dlrk is not None and dlx is None:
+        raise _Refused(ErrorCode.BAD_REQUEST, f"{DLRK_ARG} needs {DLX_ARG}")
+    if ttl is not None and (type(ttl) is not int or ttl < 0):
+        raise _Refused(ErrorCode.BAD_REQUEST, f"{TTL_ARG} must be a non-negative integer (ms), got {brief(ttl)}")
+    return dlx, dlrk, _ttl(ttl)
+
+
+def _describe(max_length: int, overflow: Overflow, dlx: str | None, dlrk: str | None, ttl: float | None) -> str:
+    text = f"max_length={max_length} overflow={overflow.value!r}"
+    if dlx is not None:
+        text += f" {DLX_ARG}={dlx!r}"
+    if dlrk is not None:
+        text += f" {DLRK_ARG}={dlrk!r}"
+    if ttl is not None:
+        text += f" {TTL_ARG}={round(ttl * 1000)}"
+    return text
 
 
 def _reserved(name: str) -> bool:
@@ -408,15 +578,47 @@ class BrokerCore:
         # and re-attached) must never match a new delivery.
         self._next_dtag = 1
         self._handed = 0  # messages handed over on the latency path (see stats)
+        # What was refused or failed, for the driver to log (rate-limited
+        # there): bounded, the counters hold the rest.
+        self.notes: deque[Note] = deque(maxlen=_MAX_NOTES)
+        # Names of the queues whose ready messages may expire (see _Queue.expiring).
+        self._expiring: set[str] = set()
 
     # -- driver interface ----------------------------------------------------
 
     def receive(self, payload: Any, sender: Address, now: float) -> None:
-        """Take one received payload from ``sender``; never raises for bad input.
+        """Take one received payload from ``sender``; never raises.
 
         A payload that is not a broker message is counted as ``malformed``
-        (and answered with ``bad-request`` when it carries a request id).
+        (and answered with ``bad-request`` when it carries a request id); a
+        body that cannot be kept as ``bad_body``. An exception from handling
+        it (a bug: nothing a client sends should cause one) is counted as
+        ``internal_error`` and noted with what raised it, and the broker
+        goes on with the next payload.
         """
+        try:
+            self._receive(payload, sender, now)
+        except Exception as exc:  # noqa: BLE001 - the broker must outlive any one payload
+            self.note_internal_error(exc, sender, "handling a message")
+
+    def note_internal_error(self, exc: BaseException, sender: Address | None, doing: str) -> None:
+        """Count and note an unexpected exception (a bug) the driver caught."""
+        self._totals["internal_error"] += 1
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        where = f" at {tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}" if tb is not None else ""
+        text = str(exc)
+        if len(text) > 200:
+            text = text[:200] + "..."
+        detail = f"{type(exc).__name__} {doing}{where}: {text}"
+        self.notes.append(Note(reason="internal_error", sender=sender, detail=detail))
+
+    def _note(self, reason: str, sender: Address | None, detail: str) -> None:
+        self._totals[reason] += 1
+        self.notes.append(Note(reason=reason, sender=sender, detail=detail))
+
+    def _receive(self, payload: Any, sender: Address, now: float) -> None:
         # Hot path: an unconfirmed publish ["p", 0, exchange, key, body] or
         # batch ["P", 0, exchange, key, [bodies]] is checked inline and routed
         # without building an event object, which was a third of the cost
@@ -425,7 +627,7 @@ class BrokerCore:
             op, rid, exchange, key, body = payload
             if type(rid) is int and rid == 0 and type(exchange) is str and type(key) is str:
                 if op == "p":
-                    if self._hand_over(exchange, key, body, now):
+                    if type(body) in _OPAQUE and self._hand_over(exchange, key, body, now):
                         return
                     bodies = [body]
                 elif op == "P" and type(body) is list:
@@ -436,14 +638,14 @@ class BrokerCore:
                 bodies = None
             if bodies is not None:
                 try:
-                    self._route(exchange, key, bodies, now)
+                    self._route(exchange, key, self._bodies(bodies, sender), now)
                 except _Refused as exc:
                     self._reply(sender, ErrorReply(rid=0, code=exc.code, message=str(exc)))
                 return
         try:
             event = decode(payload)
         except ProtocolError as exc:
-            self._totals["malformed"] += 1
+            self._note("malformed", sender, str(exc))
             rid = payload[1] if isinstance(payload, list | tuple) and len(payload) > 1 else 0
             if type(rid) is int and rid > 0:
                 self._reply(
@@ -462,8 +664,8 @@ class BrokerCore:
         nothing, in any other case.
         """
         ex = self._exchanges.get(exchange)
-        if ex is None:
-            return False
+        if ex is None or len(key) > _SURELY_SHORT:
+            return False  # _route answers (or measures the key)
         names = ex.route(key)
         if len(names) != 1:
             return False
@@ -478,7 +680,7 @@ class BrokerCore:
         dtag = self._next_dtag
         self._next_dtag = dtag + 1
         if not c.no_ack:
-            unacked[dtag] = ((exchange, key, body, False), now)
+            unacked[dtag] = ((exchange, key, body, False, None), now)
         c.pending = [[dtag, exchange, key, False, [body]]]
         self._with_pending[(c.addr, c.tag)] = c
         q.handed += 1  # published, enqueued and delivered (see stats)
@@ -489,7 +691,7 @@ class BrokerCore:
         """Act on one decoded request from ``sender`` (see ``_HANDLERS``)."""
         handler = _HANDLERS.get(type(event))
         if handler is None:
-            self._totals["malformed"] += 1
+            self._note("malformed", sender, f"not a request: {type(event).__name__}")
             return
         rid: int = getattr(event, "rid", 0)
         if rid:
@@ -507,6 +709,12 @@ class BrokerCore:
                 # Nobody waits for this answer, but the publisher can act on
                 # it (stop, slow down, declare), so it is told anyway.
                 self._reply(sender, ErrorReply(rid=0, code=exc.code, message=str(exc)))
+            return
+        except Exception as exc:  # noqa: BLE001 - a bug: counted, noted, and the requester told
+            self.note_internal_error(exc, sender, f"handling {type(event).__name__}")
+            if rid:
+                message = f"the broker failed at this request ({type(exc).__name__}); see its log"
+                self._reply(sender, ErrorReply(rid=rid, code=ErrorCode.INTERNAL_ERROR, message=message))
             return
         if rid:
             self._reply(sender, OkReply(rid=rid, result=result))
@@ -557,6 +765,12 @@ class BrokerCore:
     def next_deadline(self) -> float | None:
         """The earliest time ``handle_timer`` has work to do, or None."""
         best: float | None = None
+        for name in self._expiring:
+            ready = self._queues[name].ready
+            if ready:
+                meta = ready[0][4]
+                if meta is not None and meta.expires is not None and (best is None or meta.expires < best):
+                    best = meta.expires
         timeout, ack_timeout = self.config.consumer_timeout, self.config.ack_timeout
         for c in self._consumers.values():
             t = c.last_seen + timeout
@@ -567,7 +781,9 @@ class BrokerCore:
         return best
 
     def handle_timer(self, now: float) -> None:
-        """Detach consumers gone silent and requeue overdue deliveries."""
+        """Detach consumers gone silent, requeue overdue deliveries, expire messages."""
+        for name in list(self._expiring):
+            self._expire(self._queues[name], now)
         timeout, ack_timeout = self.config.consumer_timeout, self.config.ack_timeout
         for key, c in list(self._consumers.items()):
             if c.last_seen + timeout <= now:
@@ -610,8 +826,11 @@ class BrokerCore:
                     "resent_requests",
                     "stale_acks",
                     "send_failed",
+                    "dead_letters_dropped",
                 )
             },
+            bad_bodies=t["bad_body"],
+            internal_errors=t["internal_error"],
         )
 
     # -- helpers ---------------------------------------------------------------
@@ -637,47 +856,72 @@ class BrokerCore:
             ready=len(q.ready),
             unacked=sum(len(c.unacked) for c in q.consumers),
             consumers=len(q.consumers),
+            dead_letter_exchange=q.dlx,
+            dead_letter_routing_key=q.dlrk,
+            message_ttl=q.ttl,
             **{name: q.counts[name] + (q.handed if name in _HANDED else 0) for name in _COUNTERS},
         )
 
     def _queue(self, name: str) -> _Queue:
         q = self._queues.get(name)
         if q is None:
-            raise _Refused(ErrorCode.NOT_FOUND, f"no queue {name!r}")
+            raise _Refused(ErrorCode.NOT_FOUND, f"no queue {brief(name)}")
         return q
 
     def _exchange(self, name: str) -> Exchange:
         ex = self._exchanges.get(name)
         if ex is None:
-            raise _Refused(ErrorCode.NOT_FOUND, f"no exchange {name!r}")
+            raise _Refused(ErrorCode.NOT_FOUND, f"no exchange {brief(name)}")
         return ex
 
-    def _enqueue(self, q: _Queue, exchange: str, key: str, bodies: Sequence[Any], now: float) -> int:
+    def _enqueue(
+        self,
+        q: _Queue,
+        exchange: str,
+        key: str,
+        bodies: Sequence[Any],
+        now: float,
+        ttl: float | None = None,
+        deaths: tuple[tuple[str, str], ...] = (),
+    ) -> int:
         """Put ``bodies`` in ``q`` under its overflow policy; return how many it refused.
 
         The batch goes in whole, the queue's consumers take what their credit
         allows, and only then is the bound applied: the same outcome as
-        taking the messages one at a time, at C speed.
+        taking the messages one at a time, at C speed. ``ttl`` is the
+        messages' own (seconds); ``deaths`` where they were dead-lettered from.
         """
         ready = q.ready
         n = len(bodies)
         consumers = q.consumers
+        if q.ttl is not None and (ttl is None or q.ttl < ttl):
+            ttl = q.ttl
+        if ttl is not None or deaths:
+            meta: _Meta | None = _Meta(None if ttl is None else now + ttl, deaths)
+            if ttl is not None:
+                q.expiring = True
+                self._expiring.add(q.name)
+        else:
+            meta = None
         if not ready and len(consumers) == 1:
             # Nothing waits and one consumer: when its credit covers the
             # batch, hand it over without passing through ``ready`` (the
             # same outcome, fewer steps: the latency path of a ping-pong).
             c = consumers[0]
             if c.no_ack or not c.prefetch or len(c.unacked) + n <= c.prefetch:
-                self._hand(c, [(exchange, key, body, False) for body in bodies], now)
+                self._hand(c, [(exchange, key, body, False, meta) for body in bodies], now)
                 counts, totals = q.counts, self._totals
                 counts["delivered"] += n
                 counts["enqueued"] += n
                 totals["delivered"] += n
                 totals["enqueued"] += n
                 return 0
-        ready.extend(zip(repeat(exchange), repeat(key), bodies, repeat(False)))
+        ready.extend(zip(repeat(exchange), repeat(key), bodies, repeat(False), repeat(meta)))
         if q.consumers:
             self._dispatch(q, now)
+        if ttl is not None and ttl <= 0:
+            # TTL 0: kept only if a consumer took it at once (RabbitMQ's rule).
+            self._expire(q, now)
         over = min(len(ready) - q.max_length, n)
         if over <= 0:
             self._count(q, "enqueued", n)
@@ -685,21 +929,65 @@ class BrokerCore:
         rule = _OVERFLOW[q.overflow]
         self._count(q, rule.counter, over)
         if rule.evict_oldest:
-            for _ in range(over):
-                ready.popleft()
+            popleft = ready.popleft
+            gone = [popleft() for _ in range(over)]
             self._count(q, "enqueued", n)
-            return 0
-        for _ in range(over):
-            ready.pop()  # the newest are the batch's last
-        self._count(q, "enqueued", n - over)
+        else:
+            pop = ready.pop
+            gone = [pop() for _ in range(over)]  # the newest are the batch's last
+            gone.reverse()
+            self._count(q, "enqueued", n - over)
+        if rule.dead_letter:
+            self._dead_letter(q, gone, "maxlen", now)
         return over if rule.tell_publisher else 0
 
     def _requeue(self, q: _Queue, msgs: list[_Msg]) -> None:
         # Back to the front in their original order, marked redelivered, and
-        # never dropped: the queue had already taken them.
-        for ex, key, body, _ in reversed(msgs):
-            q.ready.appendleft((ex, key, body, True))
+        # never dropped: the queue had already taken them. They keep their
+        # expiry (RabbitMQ's rule).
+        for ex, key, body, _, meta in reversed(msgs):
+            q.ready.appendleft((ex, key, body, True, meta))
         self._count(q, "redelivered", len(msgs))
+
+    def _expire(self, q: _Queue, now: float) -> None:
+        """Drop (dead-letter) the expired messages at the head of ``q``."""
+        ready = q.ready
+        gone: list[_Msg] = []
+        while ready:
+            meta = ready[0][4]
+            if meta is None or meta.expires is None or meta.expires > now:
+                break
+            gone.append(ready.popleft())
+        if gone:
+            self._count(q, "expired", len(gone))
+            self._dead_letter(q, gone, "expired", now)
+
+    def _dead_letter(self, q: _Queue, msgs: list[_Msg], reason: str, now: float) -> None:
+        """Republish ``msgs``, which left ``q`` for ``reason``, to its dead-letter exchange."""
+        dlx = q.dlx
+        ex = self._exchanges.get(dlx) if dlx is not None else None
+        if ex is None or dlx is None:
+            self._totals["dead_letters_dropped"] += len(msgs)
+            return
+        for _, key, body, _, meta in msgs:
+            deaths = (meta.deaths if meta is not None else ()) + ((q.name, reason),)
+            if len(deaths) > _MAX_DEATHS:
+                deaths = deaths[-_MAX_DEATHS:]
+            new_key = q.dlrk if q.dlrk is not None else key
+            rejected_on_the_way = any(r == "rejected" for _, r in deaths)
+            kept = 0
+            for name in ex.route(new_key):
+                target = self._queues.get(name)
+                if target is None:
+                    continue
+                if not rejected_on_the_way and any(n == name for n, _ in deaths):
+                    continue  # a cycle with no rejection in it: dropped, as RabbitMQ does
+                self._enqueue(target, dlx, new_key, [body], now, None, deaths)
+                kept += 1
+            if kept:
+                self._count(q, "dead_lettered")
+            else:
+                self._totals["dead_letters_dropped"] += 1
 
     def _hand(self, c: _Consumer, msgs: list[_Msg], now: float) -> None:
         """Give ``msgs`` to ``c``: delivery tags, unacked entries, pending runs."""
@@ -714,7 +1002,7 @@ class BrokerCore:
             last = pending[-1]
             if last[0] + len(last[4]) == dtag:
                 run = last
-        for ex, key, body, redelivered in msgs:
+        for ex, key, body, redelivered, _ in msgs:
             if run is not None and key == run[2] and ex == run[1] and redelivered is run[3]:
                 run[4].append(body)
             else:
@@ -724,9 +1012,12 @@ class BrokerCore:
         self._with_pending[(c.addr, c.tag)] = c
 
     def _dispatch(self, q: _Queue, now: float) -> None:
+        expiring = q.expiring
+        if expiring:
+            self._expire(q, now)
         consumers, ready = q.consumers, q.ready
         n = len(consumers)
-        if n == 1 and ready:
+        if n == 1 and ready and not expiring:
             self._dispatch_one(q, consumers[0], now)
             return
         i, idle, handed = q.rr, 0, 0
@@ -739,6 +1030,9 @@ class BrokerCore:
             idle = 0
             self._hand(c, [ready.popleft()], now)
             handed += 1
+            if expiring:
+                # Each message is looked at when it reaches the head (RabbitMQ's rule).
+                self._expire(q, now)
         if handed:
             self._count(q, "delivered", handed)
         q.rr = i % n if n else 0
@@ -788,7 +1082,7 @@ class BrokerCore:
         # in-flight messages are gone: that is what no_ack means).
         back = [msg for msg, _ in c.unacked.values()]
         if c.no_ack:
-            unsent = [(ex, key, body, again) for _, ex, key, again, bodies in c.pending
+            unsent = [(ex, key, body, again, None) for _, ex, key, again, bodies in c.pending
                       for body in bodies]  # fmt: skip
             back += unsent
             self._count(q, "delivered", -len(unsent))
@@ -839,24 +1133,28 @@ class BrokerCore:
         if _reserved(ev.name):
             raise _Refused(ErrorCode.ACCESS_REFUSED, f"queue name {ev.name!r} is reserved")
         try:
-            overflow = Overflow(ev.overflow)
+            overflow = Overflow(_OVERFLOW_ALIASES.get(ev.overflow, ev.overflow))
         except ValueError:
             known = ", ".join(o.value for o in Overflow)
             raise _Refused(
-                ErrorCode.BAD_REQUEST, f"unknown overflow policy {ev.overflow!r} (known: {known})"
+                ErrorCode.BAD_REQUEST, f"unknown overflow policy {brief(ev.overflow)} (known: {known})"
             ) from None
         if ev.max_length < 1:
             raise _Refused(ErrorCode.BAD_REQUEST, f"max_length must be >= 1, got {ev.max_length}")
+        dlx, dlrk, ttl = _queue_arguments(ev.arguments)
         q = self._queues.get(ev.name)
         if q is not None:
-            if (q.max_length, q.overflow) != (ev.max_length, overflow):
+            have = (q.max_length, q.overflow, q.dlx, q.dlrk, q.ttl)
+            want = (ev.max_length, overflow, dlx, dlrk, ttl)
+            if have != want:
                 raise _Refused(
                     ErrorCode.PRECONDITION_FAILED,
-                    f"queue {ev.name!r} exists with max_length={q.max_length} overflow={q.overflow.value!r},"
-                    f" not max_length={ev.max_length} overflow={overflow.value!r}",
+                    f"queue {ev.name!r} exists with {_describe(*have)}, not {_describe(*want)}",
                 )
             return {"created": False, "messages": len(q.ready), "consumers": len(q.consumers)}
-        q = self._queues[ev.name] = _Queue(ev.name, ev.max_length, overflow)
+        q = self._queues[ev.name] = _Queue(ev.name, ev.max_length, overflow, dlx, dlrk, ttl)
+        if ttl is not None:
+            self._expiring.add(ev.name)
         self._exchanges[""].bind(ev.name, ev.name)
         q.bindings.add(("", ev.name))
         return {"created": True, "messages": 0, "consumers": 0}
@@ -865,6 +1163,7 @@ class BrokerCore:
         q = self._queues.pop(ev.name, None)
         if q is None:
             return {"deleted": False, "messages": 0}
+        self._expiring.discard(ev.name)
         for ex_name, key in q.bindings:
             ex = self._exchanges.get(ex_name)
             if ex is not None:
@@ -915,12 +1214,25 @@ class BrokerCore:
         return {"deleted": ex.unbind(ev.queue, ev.key)}
 
     def _publish(self, ev: Publish, sender: Address, now: float) -> Any:
-        return {"routed": self._route(ev.exchange, ev.routing_key, [ev.body], now)}
+        bodies = self._bodies([ev.body], sender)
+        return {"routed": self._route(ev.exchange, ev.routing_key, bodies, now, _ttl(ev.expiration))}
 
     def _publish_batch(self, ev: PublishBatch, sender: Address, now: float) -> Any:
-        return {"routed": self._route(ev.exchange, ev.routing_key, ev.bodies, now)}
+        bodies = self._bodies(list(ev.bodies), sender)
+        return {"routed": self._route(ev.exchange, ev.routing_key, bodies, now, _ttl(ev.expiration))}
 
-    def _route(self, exchange: str, routing_key: str, bodies: Sequence[Any], now: float) -> int:
+    def _bodies(self, bodies: list[Any], sender: Address) -> list[Any]:
+        """``bodies`` as the broker keeps them (:func:`_opaque`), or refused whole (noted)."""
+        try:
+            return _opaque_all(bodies)
+        except _Refused as exc:
+            self._totals["published"] += len(bodies)
+            self._note("bad_body", sender, str(exc))
+            raise
+
+    def _route(
+        self, exchange: str, routing_key: str, bodies: Sequence[Any], now: float, ttl: float | None = None
+    ) -> int:
         """Put published messages in every queue they route to; return how many queues.
 
         One routing decision for the batch: the bodies share exchange and key.
@@ -928,10 +1240,12 @@ class BrokerCore:
         n = len(bodies)
         totals = self._totals
         totals["published"] += n
+        if len(routing_key) > _SURELY_SHORT:
+            _check_name("routing key", routing_key)
         ex = self._exchanges.get(exchange)
         if ex is None:
             totals["unroutable"] += n
-            raise _Refused(ErrorCode.NOT_FOUND, f"no exchange {exchange!r}")
+            raise _Refused(ErrorCode.NOT_FOUND, f"no exchange {brief(exchange)}")
         names = ex.route(routing_key)
         if not names:
             totals["unroutable"] += n
@@ -939,7 +1253,7 @@ class BrokerCore:
         queues = self._queues
         refused = {}
         for name in names:
-            r = self._enqueue(queues[name], exchange, routing_key, bodies, now)
+            r = self._enqueue(queues[name], exchange, routing_key, bodies, now, ttl)
             if r:
                 refused[name] = r
         if refused:
@@ -992,6 +1306,26 @@ class BrokerCore:
         self._dispatch(c.queue, now)
         return None
 
+    def _nack(self, ev: Nack, sender: Address, now: float) -> Any:
+        c = self._consumers.get((sender, ev.tag))
+        if c is None:
+            self._totals["stale_acks"] += len(ev.delivery_tags)
+            return None
+        c.last_seen = now
+        msgs = [m for m, _ in (c.unacked.pop(d, (None, 0.0)) for d in ev.delivery_tags) if m is not None]
+        stale = len(ev.delivery_tags) - len(msgs)
+        if stale:
+            self._totals["stale_acks"] += stale
+        q = c.queue
+        if msgs and self._queues.get(q.name) is q:
+            if ev.requeue:
+                self._requeue(q, msgs)
+            else:
+                self._count(q, "nacked", len(msgs))
+                self._dead_letter(q, msgs, "rejected", now)
+        self._dispatch(q, now)
+        return None
+
     def _cancel(self, ev: Cancel, sender: Address, now: float) -> Any:
         key = (sender, ev.tag)
         c = self._consumers.get(key)
@@ -1024,6 +1358,7 @@ _HANDLERS: Final[dict[type[Any], _Handler]] = {
     Consume: BrokerCore._consume,
     Heartbeat: BrokerCore._heartbeat,
     Ack: BrokerCore._ack,
+    Nack: BrokerCore._nack,
     Cancel: BrokerCore._cancel,
     GetStats: BrokerCore._get_stats,
 }

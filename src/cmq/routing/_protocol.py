@@ -35,8 +35,10 @@ either returns an event or raises :class:`~cmq.ProtocolError`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Final
+
+import msgpack
 
 from cmq._errors import ProtocolError
 
@@ -61,6 +63,7 @@ __all__ = [
     "Event",
     "GetStats",
     "Heartbeat",
+    "Nack",
     "OkReply",
     "Publish",
     "PublishBatch",
@@ -68,8 +71,11 @@ __all__ = [
     "Request",
     "Run",
     "Unbind",
+    "brief",
     "decode",
     "encode",
+    "unwrap_body",
+    "wrap_body",
 ]
 
 BROKER_MAILBOX: Final = 0
@@ -86,6 +92,7 @@ class ErrorCode:
     BAD_REQUEST: Final = "bad-request"  # unknown type, bad argument, malformed message
     QUEUE_FULL: Final = "queue-full"  # publish rejected by a queue with overflow=reject
     IN_USE: Final = "in-use"  # consumer tag already used for another queue
+    INTERNAL_ERROR: Final = "internal-error"  # the broker failed at the request (a bug; counted, logged)
 
 
 # -- client -> broker ---------------------------------------------------------
@@ -110,12 +117,18 @@ class DeleteExchange:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DeclareQueue:
-    """Create queue ``name`` holding at most ``max_length`` ready messages, or check it."""
+    """Create queue ``name`` holding at most ``max_length`` ready messages, or check it.
+
+    ``arguments`` are RabbitMQ's optional queue arguments that the broker
+    knows: ``x-dead-letter-exchange``, ``x-dead-letter-routing-key`` (str)
+    and ``x-message-ttl`` (milliseconds).
+    """
 
     rid: int
     name: str
     max_length: int
     overflow: str
+    arguments: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -156,12 +169,17 @@ class Unbind:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Publish:
-    """Route ``body`` through ``exchange`` with ``routing_key``; rid 0: no confirm."""
+    """Route ``body`` through ``exchange`` with ``routing_key``; rid 0: no confirm.
+
+    ``expiration``: milliseconds the message may wait in a queue before it
+    expires (AMQP's per-message TTL), None for no limit.
+    """
 
     rid: int
     exchange: str
     routing_key: str
     body: Any
+    expiration: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -176,6 +194,7 @@ class PublishBatch:
     exchange: str
     routing_key: str
     bodies: tuple[Any, ...]
+    expiration: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -215,6 +234,17 @@ class Ack:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Nack:
+    """Consumer ``tag`` gives ``delivery_tags`` back: to the queue (``requeue``,
+    marked redelivered) or, without, to the queue's dead-letter exchange
+    (dropped, counted, when it has none). AMQP's basic.nack and basic.reject."""
+
+    tag: str
+    delivery_tags: tuple[int, ...]
+    requeue: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Cancel:
     """Detach consumer ``tag``; its unacknowledged messages go back to the queue."""
 
@@ -242,6 +272,7 @@ Request = (
     | Consume
     | Heartbeat
     | Ack
+    | Nack
     | Cancel
     | GetStats
 )
@@ -327,12 +358,67 @@ class Cancelled:
 
 Event = Request | OkReply | ErrorReply | Deliver | Cancelled
 
+# -- bodies -------------------------------------------------------------------
+
+#: The MessagePack extension type that carries a body which is not a scalar
+#: (a list, a map, an extension value), packed by its publisher. The broker
+#: passes it on as the bytes it came as: it never decodes nor re-encodes a
+#: body, so a body's shape (a map nested 1,000 deep) cannot hurt it.
+BODY_EXT: Final = 67
+#: Bodies that travel as themselves: flat values, nothing nested to unpack.
+SCALARS: Final[frozenset[type[Any]]] = frozenset((bytes, str, int, float, bool, type(None)))
+_pack = msgpack.Packer(use_bin_type=True).pack
+
+
+def wrap_body(body: Any) -> Any:
+    """The wire form of a published body: a scalar as itself, anything else
+    packed into one ``BODY_EXT`` extension value.
+
+    Raises:
+        TypeError: ``body`` is not MessagePack-able (too deep, an unknown type).
+    """
+    if type(body) in SCALARS:
+        return body
+    try:
+        return msgpack.ExtType(BODY_EXT, _pack(body))
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise TypeError(f"cannot encode {type(body).__name__} as MessagePack: {exc}") from exc
+
+
+def unwrap_body(body: Any) -> Any:
+    """The body a publisher gave for its wire form (``wrap_body`` undone).
+
+    An extension value that does not unpack (only a hand-made publisher can
+    send one) is handed out as the :class:`msgpack.ExtType` it is.
+    """
+    if type(body) is msgpack.ExtType and body.code == BODY_EXT:
+        try:
+            return msgpack.unpackb(body.data, raw=False, strict_map_key=False)
+        except Exception:  # noqa: BLE001 - msgpack raises many kinds; keep what came
+            return body
+    return body
+
+
+def brief(v: Any) -> str:
+    """A short, safe description of a received value for an error message.
+
+    Never the ``repr`` of a container: a value nested 1,000 deep makes
+    ``repr`` raise ``RecursionError``, and a long one floods the log.
+    """
+    if type(v) is str or type(v) is bytes:
+        text = repr(v[:40])
+        return text + ("..." if len(v) > 40 else "")
+    if type(v) is int or type(v) is bool or type(v) is float or v is None:
+        return repr(v)
+    return f"a {type(v).__name__}"
+
+
 # -- wire layout --------------------------------------------------------------
 
 
 def _int(v: Any) -> int:
     if type(v) is not int or v < 0:
-        raise ProtocolError(f"expected a non-negative int, got {v!r}")
+        raise ProtocolError(f"expected a non-negative int, got {brief(v)}")
     return v
 
 
@@ -349,6 +435,16 @@ def _bool(v: Any) -> bool:
 
 
 def _any(v: Any) -> Any:
+    return v
+
+
+def _opt_int(v: Any) -> int | None:
+    return None if v is None else _int(v)
+
+
+def _args(v: Any) -> dict[str, Any]:
+    if type(v) is not dict or not all(type(k) is str for k in v):
+        raise ProtocolError("expected a map with string keys")
     return v
 
 
@@ -417,16 +513,17 @@ _Check = Callable[[Any], Any]
 _LAYOUT: dict[str, tuple[type[Any], tuple[_Check, ...]]] = {
     "exchange.declare": (DeclareExchange, (_int, _str, _str)),
     "exchange.delete": (DeleteExchange, (_int, _str)),
-    "queue.declare": (DeclareQueue, (_int, _str, _int, _str)),
+    "queue.declare": (DeclareQueue, (_int, _str, _int, _str, _args)),
     "queue.delete": (DeleteQueue, (_int, _str)),
     "queue.purge": (PurgeQueue, (_int, _str)),
     "bind": (Bind, (_int, _str, _str, _str)),
     "unbind": (Unbind, (_int, _str, _str, _str)),
-    "p": (Publish, (_int, _str, _str, _any)),
-    "P": (PublishBatch, (_int, _str, _str, _list)),
+    "p": (Publish, (_int, _str, _str, _any, _opt_int)),
+    "P": (PublishBatch, (_int, _str, _str, _list, _opt_int)),
     "consume": (Consume, (_int, _str, _str, _int, _bool)),
     "h": (Heartbeat, (_specs,)),
     "a": (Ack, (_str, _ints)),
+    "n": (Nack, (_str, _ints, _bool)),
     "cancel": (Cancel, (_int, _str)),
     "stats": (GetStats, (_int,)),
     "ok": (OkReply, (_int, _any)),
@@ -437,6 +534,16 @@ _LAYOUT: dict[str, tuple[type[Any], tuple[_Check, ...]]] = {
 _OP_OF: dict[type[Any], str] = {cls: op for op, (cls, _) in _LAYOUT.items()}
 _NAMES: dict[type[Any], tuple[str, ...]] = {
     cls: tuple(f.name for f in fields(cls)) for cls, _ in _LAYOUT.values()
+}
+# Fields with a default may be left off the end of a message (and are, when
+# they hold it): what lets a field be added without breaking older peers.
+_REQUIRED: dict[type[Any], int] = {
+    cls: sum(1 for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING)
+    for cls, _ in _LAYOUT.values()
+}
+_DEFAULTS: dict[type[Any], tuple[Any, ...]] = {
+    cls: tuple(f.default if f.default is not MISSING else None for f in fields(cls))
+    for cls, _ in _LAYOUT.values()
 }
 # Fields whose wire form is not the attribute itself.
 _OUT: dict[str, Callable[[Any], Any]] = {
@@ -455,6 +562,10 @@ def encode(event: Event) -> list[Any]:
         value = getattr(event, name)
         conv = _OUT.get(name)
         out.append(conv(value) if conv is not None else value)
+    # Trailing optional fields that hold their default are left off.
+    required, defaults = _REQUIRED[cls] + 1, _DEFAULTS[cls]
+    while len(out) > required and out[-1] in (defaults[len(out) - 2], {}):
+        out.pop()
     return out
 
 
@@ -469,12 +580,12 @@ def decode(payload: Any) -> Event:
     op = payload[0]
     entry = _LAYOUT.get(op) if type(op) is str else None
     if entry is None:
-        raise ProtocolError(f"unknown broker operation {op!r}")
+        raise ProtocolError(f"unknown broker operation {brief(op)}")
     cls, checks = entry
-    if len(payload) != len(checks) + 1:
+    if not _REQUIRED[cls] <= len(payload) - 1 <= len(checks):
         raise ProtocolError(f"{op!r} takes {len(checks)} fields, got {len(payload) - 1}")
     values = {
-        name: check(v) for name, check, v in zip(_NAMES[cls], checks, payload[1:], strict=True)
+        name: check(v) for name, check, v in zip(_NAMES[cls], checks, payload[1:], strict=False)
     }
     event: Event = cls(**values)
     return event

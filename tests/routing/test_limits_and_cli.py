@@ -1,0 +1,143 @@
+"""Limits in bytes, and the ``cmq broker`` command's reported faults."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from cmq import RemoteError
+from cmq.routing import Broker, BrokerClient, BrokerConfig, ErrorCode, _server
+from cmq.routing._protocol import DeclareExchange, DeclareQueue
+from tests.routing.test_core import Harness
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def broker() -> Iterator[Broker]:
+    with Broker(config=BrokerConfig(consumer_timeout=60.0)).start() as b:
+        yield b
+
+
+def cmq(*argv: str) -> int:
+    from cmq.cli import main
+
+    return main(list(argv))
+
+
+# -- limits in bytes -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "ok"),
+    [
+        ("a" * 255, True),
+        ("a" * 256, False),
+        ("é" * 127, True),  # 254 bytes
+        ("é" * 128, False),  # 128 characters, 256 bytes: was accepted (counted in characters)
+        ("€" * 85, True),  # 255 bytes
+        ("€" * 86, False),
+        ("😀" * 64, False),  # 64 characters, 256 bytes
+    ],
+)
+def test_names_are_measured_in_utf8_bytes(name: str, ok: bool) -> None:
+    h = Harness()
+    for make, fields in ((DeclareQueue, {"max_length": 1, "overflow": "drop-head"}), (DeclareExchange, {"type": "topic"})):
+        if ok:
+            h.ok(make, name=name, **fields)
+        else:
+            code, message = h.err(make, name=name, **fields)
+            assert code == ErrorCode.BAD_REQUEST and "longer than 255 bytes" in message
+
+
+def test_a_40000_byte_routing_key_is_refused(broker: Broker) -> None:
+    with BrokerClient(broker.address) as c:
+        c.declare_exchange("t", "topic")
+        c.declare_queue("q")
+        c.bind("q", "t", "#")
+        with pytest.raises(RemoteError) as info:
+            c.publish("t", "k" * 40_000, b"x", confirm=True)
+        assert info.value.code == ErrorCode.BAD_REQUEST and "routing key" in str(info.value)
+        assert len(str(info.value)) < 200  # the key is not echoed back
+        c.publish("", "é" * 128, b"x")  # unconfirmed, on the latency path: refused too
+        c.stats()
+        (err,) = c.errors()
+        assert "routing key is longer than 255 bytes" in str(err)
+        assert c.publish("t", "k" * 255, b"x", confirm=True) == 1
+
+
+# -- the command ------------------------------------------------------------------
+
+
+def test_publish_to_a_missing_exchange_does_not_claim_it_published(
+    broker: Broker, capsys: pytest.CaptureFixture[str]
+) -> None:
+    addr = f"{broker.address[0]}:{broker.address[1]}"
+    assert cmq("broker", "publish", "nope", "k", "v", "--broker", addr) == 1
+    err = capsys.readouterr().err
+    assert "published" not in err
+    assert "not-found" in err and "1 of 1 message(s) refused" in err
+    assert cmq("broker", "publish", "", "nowhere", "v", "--confirm", "--broker", addr) == 0
+    assert "published 1 message(s), routed to 0 queue(s)" in capsys.readouterr().err
+
+
+def test_broker_option_before_or_after_the_verb(broker: Broker, capsys: pytest.CaptureFixture[str]) -> None:
+    addr = f"{broker.address[0]}:{broker.address[1]}"
+    assert cmq("broker", "--broker", addr, "declare-queue", "before") == 0
+    assert cmq("broker", "declare-queue", "after", "--broker", addr) == 0
+    assert cmq("broker", "--broker", "127.0.0.1:1", "--timeout", "5", "declare-queue", "both", "--broker", addr) == 0
+    out = capsys.readouterr().out
+    assert "'before' created" in out and "'after' created" in out and "'both' created" in out
+
+
+def test_declare_queue_with_dead_letters_from_the_command(broker: Broker, capsys: pytest.CaptureFixture[str]) -> None:
+    addr = f"{broker.address[0]}:{broker.address[1]}"
+    assert cmq("broker", "--broker", addr, "declare-exchange", "dlx", "--type", "fanout") == 0
+    assert cmq("broker", "--broker", addr, "declare-queue", "q", "--max-length", "1",
+               "--dead-letter-exchange", "dlx", "--message-ttl", "30") == 0  # fmt: skip
+    (q,) = [q for q in broker.stats().per_queue if q.name == "q"]
+    assert (q.overflow, q.dead_letter_exchange, q.message_ttl) == ("drop-head", "dlx", 30.0)
+
+
+def test_the_broker_lingers_briefly_on_close() -> None:
+    """Closing waits for clients' acknowledgements at most _CLOSE_LINGER, not
+    the endpoint's 2 s default (a dead consumer never acknowledges)."""
+    with Broker() as b:
+        assert b.endpoint.config.linger == _server._CLOSE_LINGER <= 0.2  # type: ignore[attr-defined]
+
+
+def test_sigterm_flushes_confirms_and_exits_0_with_a_dead_consumer_behind() -> None:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "cmq", "broker", "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        addr = proc.stdout.readline().split()[-1]
+        consumer = subprocess.Popen([sys.executable, "-m", "cmq", "broker", "consume", "q", "--broker", addr],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        with BrokerClient(addr) as c:
+            c.declare_queue("q")
+            c.publish("", "q", b"first", confirm=True)  # waits in q until the consumer attaches
+            import time
+
+            deadline = time.monotonic() + 30
+            while c.stats()["queues"] and c.stats()["per_queue"][0]["delivered"] == 0:
+                assert time.monotonic() < deadline, "the consumer never attached"
+                time.sleep(0.01)
+            consumer.kill()  # gone without a word: what the broker sends it is never acknowledged
+            consumer.wait()
+            for _ in range(50):
+                c.publish("", "q", b"x" * 100)
+            assert c.publish("", "q", b"last", confirm=True) == 1
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        assert proc.stderr is not None
+        assert "Traceback" not in proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()
