@@ -56,6 +56,6 @@ def test_a_tiny_lab_run_writes_records_and_the_report(
 
     summary = captured.out
     assert "tiny (custom) profile, 3 experiments" in summary
-    assert "ping-pong 512 B, mean round trip: " in summary
+    assert "ping-pong 512 B, median round trip (runs): " in summary
     assert "[pass]" in summary or "[fail]" in summary
     assert summary.rstrip().endswith(f"report: {(out / 'report.html').resolve()}")

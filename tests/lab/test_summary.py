@@ -11,9 +11,10 @@ from cmq.pipeline.report import ReportData
 
 
 def _rt(experiment: str, system: str, size: int, mean_us: float, sd_us: float = 1.0,
-        **p: Any) -> dict[str, Any]:  # fmt: skip
+        p50_us: float | None = None, runs: int = 1, **p: Any) -> dict[str, Any]:  # fmt: skip
     return {"experiment": experiment, "scenario": "pingpong", "system": system, "size": size,
-            "p": p, "mean_ns": mean_us * 1e3, "stddev_ns": sd_us * 1e3, "msgs_per_s": None}  # fmt: skip
+            "p": p, "mean_ns": mean_us * 1e3, "stddev_ns": sd_us * 1e3, "msgs_per_s": None,
+            "p50_ns": (p50_us if p50_us is not None else mean_us) * 1e3, "runs": runs}  # fmt: skip
 
 
 def _tp(system: str, size: int, rate: float) -> dict[str, Any]:
@@ -25,7 +26,7 @@ def _tp(system: str, size: int, rate: float) -> dict[str, Any]:
 def test_headline_figures() -> None:
     data = ReportData(
         summary=[
-            _rt("cmq-fig5", "cmq", 512, 98.9), _rt("cmq-fig5", "udp", 512, 44.2),
+            _rt("cmq-fig5", "cmq", 512, 1_777.0, p50_us=41.0, runs=3), _rt("cmq-fig5", "udp", 512, 44.2),
             _rt("cmq-fig5", "cmq", 4, 50.0),
             _rt("cmq-fig6", "tcp", 512, 7097.0, 38227.0), _rt("cmq-fig6", "cmq", 512, 132.4, 526.6),
             _tp("cmq", 1, 391_000), _tp("zmq", 1, 1_020_000), _tp("zmq", 16384, 31_000),
@@ -42,7 +43,7 @@ def test_headline_figures() -> None:
         ],
     )  # fmt: skip
     assert headline_figures(data) == [
-        "ping-pong 512 B, mean round trip: udp 44.2 µs, cmq 98.9 µs",
+        "ping-pong 512 B, median round trip (runs): cmq 41.0 µs (3), udp 44.2 µs (1)",
         "ping-pong 512 B under loss, mean (sd): cmq 132 µs (527 µs), tcp 7,097 µs (38 ms)",
         "throughput 1 B: zmq 1,020k msgs/s (1.0 MB/s), cmq 391k msgs/s (0.4 MB/s)",
         "throughput 16384 B: zmq 31k msgs/s (507.9 MB/s)",

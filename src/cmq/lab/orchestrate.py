@@ -467,13 +467,15 @@ def _fmt_us(ns: float) -> str:
 def headline_figures(data: ReportData) -> list[str]:
     """A few lines of the figures a reader looks for first, from the aggregates."""
     lines: list[str] = []
-    rows = [r for r in data.rows("cmq-fig5", scenario="pingpong") if r["mean_ns"] is not None]
+    rows = [r for r in data.rows("cmq-fig5", scenario="pingpong") if r["p50_ns"] is not None]
     if rows:
+        # Medians, with their run counts: a mean of one run is one stall
+        # away from any value, and one run says nothing of the next.
         size = 512 if any(r["size"] == 512 for r in rows) else min(r["size"] for r in rows)
-        at = sorted((r for r in rows if r["size"] == size), key=lambda r: r["mean_ns"])
+        at = sorted((r for r in rows if r["size"] == size), key=lambda r: r["p50_ns"])
         lines.append(
-            f"ping-pong {size} B, mean round trip: "
-            + ", ".join(f"{r['system']} {_fmt_us(r['mean_ns'])}" for r in at)
+            f"ping-pong {size} B, median round trip (runs): "
+            + ", ".join(f"{r['system']} {_fmt_us(r['p50_ns'])} ({r['runs']})" for r in at)
         )
     lossy = [r for r in data.rows("cmq-fig6", scenario="pingpong") if r["mean_ns"] is not None]
     if lossy:

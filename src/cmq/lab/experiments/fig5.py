@@ -49,44 +49,43 @@ def _steps(ctx: Context) -> int:
     return 2 * (len(ctx.systems) + extra) * sizes
 
 
+def _measure(ctx: Context, book: RunBook, systems: list[str]) -> None:
+    """Both scenarios, every size, ``systems`` interleaved: one run each."""
+    p = ctx.profile
+    progress = step_progress(ctx.step)
+    book.add(
+        runner.run_pingpong(
+            systems, p.rt_sizes, count=p.rt_count, pin=ctx.pin, timeout=TIMEOUT, progress=progress
+        )
+    )
+    progress = step_progress(ctx.step)
+    book.add(
+        runner.run_pingping(
+            systems,
+            p.rt_sizes,
+            count=p.rt_count,
+            pin=ctx.pin,
+            timeout=TIMEOUT,
+            window=p.window,
+            progress=progress,
+        ),
+        params={"window": p.window},
+    )
+
+
 def _run(ctx: Context) -> None:
     p = ctx.profile
-    with RunBook(
-        ctx.out, EXPERIMENT.id, pin=ctx.pin, params={"count": p.rt_count, "timeout": TIMEOUT}
-    ) as book:
-        # Every system once (the figure), then more runs of the compared
-        # pair, alternating between the two (the claim's verdict is drawn
-        # from the spread between runs, see cmq.pipeline.stats).
-        passes = [(list(ctx.systems), 1)]
-        if p.rt_runs > 1 and _compared(ctx):
-            passes.append((_compared(ctx), p.rt_runs - 1))
-        for systems, rounds in passes:
-            progress = step_progress(ctx.step)
-            book.add(
-                runner.run_pingpong(
-                    systems,
-                    p.rt_sizes,
-                    count=p.rt_count,
-                    pin=ctx.pin,
-                    timeout=TIMEOUT,
-                    rounds=rounds,
-                    progress=progress,
-                )
-            )
-            progress = step_progress(ctx.step)
-            book.add(
-                runner.run_pingping(
-                    systems,
-                    p.rt_sizes,
-                    count=p.rt_count,
-                    pin=ctx.pin,
-                    timeout=TIMEOUT,
-                    window=p.window,
-                    rounds=rounds,
-                    progress=progress,
-                ),
-                params={"window": p.window},
-            )
+    params = {"count": p.rt_count, "timeout": TIMEOUT}
+    # Every system once (the figure), then more runs of the compared pair,
+    # alternating between the two, each round a book (so a run id) of its
+    # own: the claim's verdict is drawn from the spread between runs (see
+    # cmq.pipeline.stats).
+    with RunBook(ctx.out, EXPERIMENT.id, pin=ctx.pin, params=params) as book:
+        _measure(ctx, book, list(ctx.systems))
+    compared = _compared(ctx)
+    for _ in range(p.rt_runs - 1 if compared else 0):
+        with RunBook(ctx.out, EXPERIMENT.id, pin=ctx.pin, params=params) as book:
+            _measure(ctx, book, compared)
 
 
 EXPERIMENT: Final = register(
