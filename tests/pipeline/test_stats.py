@@ -61,3 +61,19 @@ def test_bad_input_is_refused() -> None:
         ratio_interval([], [1.0])
     with pytest.raises(ValueError, match="positive"):
         ratio_interval([0.0], [1.0])
+
+
+def test_a_band_passes_inside_fails_outside_and_combines() -> None:
+    from cmq.pipeline.stats import combine, decide_within
+
+    inside = Interval(point=4.0, lo=3.0, hi=5.5, runs_a=3, runs_b=3)
+    above = Interval(point=20.0, lo=12.0, hi=30.0, runs_a=3, runs_b=3)
+    straddling = Interval(point=7.0, lo=5.0, hi=11.0, runs_a=3, runs_b=3)
+    assert decide_within(inside, 2.0, 8.0) == "pass"
+    assert decide_within(above, 2.0, 8.0) == "fail"
+    assert decide_within(straddling, 2.0, 8.0) == "inconclusive"
+    assert decide_within(Interval(point=4.0, lo=3.0, hi=5.0, runs_a=1, runs_b=3), 2.0, 8.0) == "inconclusive"
+    assert combine(["pass", "pass"]) == "pass"
+    assert combine(["pass", "inconclusive"]) == "inconclusive"
+    assert combine(["inconclusive", "fail"]) == "fail"
+    assert combine([]) == "inconclusive"

@@ -51,7 +51,8 @@ class HostPair:
     """Two network namespaces ``a`` and ``b`` joined by a veth link.
 
     ``HostPair(loss=0.014)`` drops each incoming packet on both hosts with
-    probability 0.014 (the CMQ paper's Figure 6). Use as a context manager;
+    probability 0.014 (the CMQ paper's Figure 6); ``rule=True`` installs
+    the rule even at 0, and :meth:`set_loss` changes it between runs. Use as a context manager;
     run programs on a host with :meth:`command` (a prefix for
     ``subprocess``).
 
@@ -60,13 +61,17 @@ class HostPair:
             or a setup command failed.
     """
 
-    def __init__(self, *, loss: float = 0.0, mtu: int = 1500) -> None:
+    def __init__(self, *, loss: float = 0.0, mtu: int = 1500, rule: bool = False) -> None:
         if not 0.0 <= loss < 1.0:
             raise ConfigError(f"loss={loss!r}: must be a probability in [0, 1)")
-        why = unavailable(loss=loss > 0)
+        why = unavailable(loss=loss > 0 or rule)
         if why:
             raise ConfigError(why)
         self.loss = loss
+        # With rule=True the drop rule is installed even at probability 0: a
+        # lossless baseline's packets then take the lossy runs' path through
+        # netfilter, and set_loss changes it between runs.
+        self.rule = rule
         self.mtu = mtu
         tag = f"{os.getpid() % 100000}x{id(self) % 9973}"
         self.a = f"{_PREFIX}a{tag}"
@@ -99,11 +104,29 @@ class HostPair:
             _run("ip", "-n", ns, "link", "set", dev, "mtu", str(self.mtu), "up")
             # Multicast leaves through the veth (there is no default route).
             _run("ip", "-n", ns, "route", "add", "224.0.0.0/4", "dev", dev)
-            if self.loss > 0:
-                _run(
-                    "ip", "netns", "exec", ns, "iptables", "-A", "INPUT", "-m", "statistic",
-                    "--mode", "random", "--probability", f"{self.loss}", "-j", "DROP",
-                )
+            if self.loss > 0 or self.rule:
+                _run("ip", "netns", "exec", ns, "iptables", "-A", "INPUT", *self._rule(self.loss))
+
+    @staticmethod
+    def _rule(loss: float) -> tuple[str, ...]:
+        return ("-m", "statistic", "--mode", "random", "--probability", f"{loss}", "-j", "DROP")
+
+    def set_loss(self, loss: float) -> None:
+        """Change the drop probability of both hosts' rule (made with ``rule=True``
+        or a loss above 0), and forget what TCP learnt of the path: a run
+        after another in the same namespaces starts as in fresh ones.
+
+        Raises:
+            ConfigError: a bad probability, no rule to change, or iptables failed.
+        """
+        if not 0.0 <= loss < 1.0:
+            raise ConfigError(f"loss={loss!r}: must be a probability in [0, 1)")
+        if not (self.loss > 0 or self.rule):
+            raise ConfigError("this HostPair has no loss rule to change (make it with rule=True)")
+        for ns in (self.a, self.b):
+            _run("ip", "netns", "exec", ns, "iptables", "-R", "INPUT", "1", *self._rule(loss))
+            _run("ip", "-n", ns, "tcp_metrics", "flush", "all")
+        self.loss = loss
 
     def command(self, host: str) -> list[str]:
         """The prefix that runs a program on ``host`` (``"a"`` or ``"b"``)."""

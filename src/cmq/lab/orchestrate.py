@@ -477,7 +477,11 @@ def headline_figures(data: ReportData) -> list[str]:
             f"ping-pong {size} B, median round trip (runs): "
             + ", ".join(f"{r['system']} {_fmt_us(r['p50_ns'])} ({r['runs']})" for r in at)
         )
-    lossy = [r for r in data.rows("cmq-fig6", scenario="pingpong") if r["mean_ns"] is not None]
+    lossy = [
+        r
+        for r in data.rows("cmq-fig6", scenario="pingpong")
+        if r["mean_ns"] is not None and r["p"].get("loss") != 0
+    ]
     if lossy:
         size = 512 if any(r["size"] == 512 for r in lossy) else min(r["size"] for r in lossy)
         at = sorted((r for r in lossy if r["size"] == size), key=lambda r: r["mean_ns"])

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
-__all__ = ["LEVEL", "MIN_RUNS", "RESAMPLES", "Interval", "decide", "ratio_interval"]
+__all__ = ["LEVEL", "MIN_RUNS", "RESAMPLES", "Interval", "combine", "decide", "decide_within", "ratio_interval"]
 
 #: Fewer runs than this on either side: no verdict (a bootstrap of two
 #: values says nothing about their spread).
@@ -112,3 +112,25 @@ def decide(interval: Interval, threshold: float, side: Side) -> Literal["pass", 
     if interval.lo >= threshold:
         return "pass"
     return "fail" if interval.hi < threshold else "inconclusive"
+
+
+def decide_within(interval: Interval, low: float, high: float) -> Literal["pass", "fail", "inconclusive"]:
+    """The verdict of "the ratio is between ``low`` and ``high``" for ``interval``:
+    pass when the whole interval is inside, fail when it is wholly outside,
+    otherwise (or with too few runs) inconclusive."""
+    if not interval.enough:
+        return "inconclusive"
+    if low <= interval.lo and interval.hi <= high:
+        return "pass"
+    if interval.hi < low or interval.lo > high:
+        return "fail"
+    return "inconclusive"
+
+
+def combine(verdicts: Sequence[str]) -> Literal["pass", "fail", "inconclusive"]:
+    """A claim made of several cells: fail if any cell fails, pass if all pass, else inconclusive."""
+    if not verdicts:
+        return "inconclusive"
+    if "fail" in verdicts:
+        return "fail"
+    return "pass" if all(v == "pass" for v in verdicts) else "inconclusive"

@@ -1,12 +1,15 @@
 """CMQ paper, Figure 6: Figure 5's round trips under injected packet loss.
 
-Injected exactly as the paper did: every run (one system, one size, one
-scenario) gets a fresh pair of network namespaces
-(:class:`cmq.lab.netns.HostPair`) with
+Injected exactly as the paper did: every (system, size, scenario) gets a
+fresh pair of network namespaces (:class:`cmq.lab.netns.HostPair`) with
 ``iptables -A INPUT -m statistic --mode random --probability P -j DROP`` on
 both hosts; the echo server runs on host ``b``, the client on host ``a``.
-Fresh namespaces per run mean no TCP state (congestion window, RTO
-estimate) carries from one run to the next. The kernel reassembles IP
+The lossless baseline runs first in the same namespaces with the rule at
+probability 0 (the same path through netfilter), then the rule is set to P
+and TCP's cached path metrics are flushed, so no TCP state (congestion
+window, RTO estimate) carries from one run to the next. The whole is
+repeated ``profile.loss_runs`` times; rows carry ``{"loss": p}`` in their
+params, so the baseline and the lossy runs stay apart. The kernel reassembles IP
 fragments before the INPUT chain, so the rule drops whole datagrams (a
 16 KB cmq or UDP datagram is one chance of loss, not twelve), as it did in
 the paper's setup.
@@ -63,47 +66,46 @@ def _measured(ctx: Context) -> list[str]:
 
 
 def _steps(ctx: Context) -> int:
-    return len(SCENARIOS) * len(_measured(ctx)) * len(ctx.profile.loss_sizes)
+    p = ctx.profile
+    return 2 * p.loss_runs * len(SCENARIOS) * len(_measured(ctx)) * len(p.loss_sizes)
 
 
 def _timeout(system: str) -> float:
     return DATAGRAM_TIMEOUT if lab_systems.load(system).DATAGRAM else STREAM_TIMEOUT
 
 
-def _one(ctx: Context, system: str, size: int, scenario: str) -> list[runner.Result]:
-    """One run in fresh lossy namespaces: server on host b, client on host a."""
+def _one(ctx: Context, hosts: netns.HostPair, system: str, size: int, scenario: str) -> list[runner.Result]:
+    """One run in ``hosts``: server on host b, client on host a."""
     p = ctx.profile
-    with netns.HostPair(loss=ctx.loss) as hosts:
-        if scenario == "pingpong":
-            return runner.run_pingpong(
-                [system],
-                [size],
-                count=p.loss_count,
-                pin=ctx.pin,
-                timeout=_timeout(system),
-                server_prefix=hosts.command("b"),
-                client_prefix=hosts.command("a"),
-                bind=hosts.addr_b,
-            )
-        return runner.run_pingping(
+    if scenario == "pingpong":
+        return runner.run_pingpong(
             [system],
             [size],
             count=p.loss_count,
             pin=ctx.pin,
             timeout=_timeout(system),
-            window=p.window,
             server_prefix=hosts.command("b"),
             client_prefix=hosts.command("a"),
             bind=hosts.addr_b,
         )
+    return runner.run_pingping(
+        [system],
+        [size],
+        count=p.loss_count,
+        pin=ctx.pin,
+        timeout=_timeout(system),
+        window=p.window,
+        server_prefix=hosts.command("b"),
+        client_prefix=hosts.command("a"),
+        bind=hosts.addr_b,
+    )
 
 
 def _run(ctx: Context) -> None:
     p = ctx.profile
-    with RunBook(
-        ctx.out, EXPERIMENT.id, pin=ctx.pin, loss=ctx.loss, params={"count": p.loss_count}
-    ) as book:
-        usable: list[str] = []
+    params = {"count": p.loss_count}
+    usable: list[str] = []
+    with RunBook(ctx.out, EXPERIMENT.id, pin=ctx.pin, loss=ctx.loss, params=params) as book:
         for system in ctx.systems:
             if system in BROKERS:
                 book.skip(system, BROKER_REASON)
@@ -112,28 +114,41 @@ def _run(ctx: Context) -> None:
             why = lab_systems.load(system).available()
             if why is not None:
                 book.skip(system, why)
-                for _ in range(len(SCENARIOS) * len(p.loss_sizes)):
+                for _ in range(2 * p.loss_runs * len(SCENARIOS) * len(p.loss_sizes)):
                     ctx.step(f"{system} skipped")
                 continue
             usable.append(system)
-            book.open(system, params={"timeout": _timeout(system)})
-        # Interleaved as the runner does: each (size, scenario) visits every
-        # system before the next, in an order that rotates.
-        turn = 0
-        for size in p.loss_sizes:
-            for scenario in SCENARIOS:
-                k = turn % len(usable) if usable else 0
-                turn += 1
-                for system in usable[k:] + usable[:k]:
-                    try:
-                        results = _one(ctx, system, size, scenario)
-                    except ConfigError as exc:
-                        book.problem(system, f"{scenario} {size} B: network namespaces: {exc}")
-                    else:
-                        book.add(
-                            results, params={"window": p.window} if scenario == "pingping" else {}
-                        )
-                    ctx.step(f"{scenario} {system} {size} B, loss {ctx.loss:g}")
+    # Each round is a run (a book, so a run id) per system and loss: the
+    # verdicts are drawn from the spread between rounds. Within a round,
+    # each (size, scenario) visits every system, in an order that rotates,
+    # and each visit measures the lossless baseline, then the lossy run, in
+    # the same fresh namespaces (rule at 0, then at the loss).
+    turn = 0
+    for _ in range(p.loss_runs):
+        with (
+            RunBook(ctx.out, EXPERIMENT.id, pin=ctx.pin, loss=0.0, params=params) as base,
+            RunBook(ctx.out, EXPERIMENT.id, pin=ctx.pin, loss=ctx.loss, params=params) as lossy,
+        ):
+            for system in usable:
+                base.open(system, params={"timeout": _timeout(system)})
+                lossy.open(system, params={"timeout": _timeout(system)})
+            for size in p.loss_sizes:
+                for scenario in SCENARIOS:
+                    k = turn % len(usable) if usable else 0
+                    turn += 1
+                    for system in usable[k:] + usable[:k]:
+                        extra = {"window": p.window} if scenario == "pingping" else {}
+                        try:
+                            with netns.HostPair(loss=0.0, rule=True) as hosts:
+                                results = _one(ctx, hosts, system, size, scenario)
+                                base.add(results, params={**extra, "loss": 0.0})
+                                ctx.step(f"{scenario} {system} {size} B, no loss")
+                                hosts.set_loss(ctx.loss)
+                                results = _one(ctx, hosts, system, size, scenario)
+                                lossy.add(results, params={**extra, "loss": ctx.loss})
+                                ctx.step(f"{scenario} {system} {size} B, loss {ctx.loss:g}")
+                        except ConfigError as exc:
+                            lossy.problem(system, f"{scenario} {size} B: network namespaces: {exc}")
 
 
 EXPERIMENT: Final = register(
