@@ -264,7 +264,7 @@ class SpoolReceiver:
         """The queue's counters (``messages_received``, ``dropped``, ...) plus
         ``spooled`` and the log's committed ``offset``."""
         with self._cond:
-            out = self._queue.stats().as_dict() if not self._queue.closed else {}
+            out = self._queue.stats().as_dict()  # final counters after close too
             out.update(spooled=self._spooled, offset=self._offset)
             return out
 
