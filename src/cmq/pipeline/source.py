@@ -19,7 +19,10 @@ message from its queue: cmq does not stamp arrivals).
 Writing: ``df.writeStream.format("cmq").option("dest", "host:port")`` (or
 ``df.write``...) pushes each row's ``payload`` column (binary or string; the
 first column if there is no ``payload``) to ``dest``, mailbox
-``option("mailbox")``.
+``option("mailbox")``. Sink options: ``delivery`` (``"reliable"``,
+``"unordered"``, ``"best-effort"``), ``drainTimeout`` (seconds),
+``maxDatagram`` (bytes; 1472 keeps each datagram in one Ethernet frame on a
+lossy path), ``bind``.
 
 Theory of operation
 -------------------
@@ -39,16 +42,45 @@ port, sender_id, mailbox, seq, received_ns, payload]``.
 
 Delivery semantics
 ------------------
-*At most once* from the network into the spool: cmq is UDP without a
-reliability layer, so a datagram lost on the way, or dropped by a full
-receive queue, never reaches the spool. Nothing is lost silently: every drop
-cmq sees is counted in the receiver's ``stats()`` (and in
-``SPOOL/stats.json``), and the kernel's own drops where Linux reports them.
-From the spool on, the log is replayable by offset, so a query restarted from
-its checkpoint rereads the same rows: exactly once into a sink whose writes
-are idempotent by batch id, at least once otherwise. The cmq *sink* is at
-most once (UDP again): its commit messages count what each task sent and what
-its endpoint dropped.
+*Into the spool.* What holds is chosen by the *sender*'s ``delivery``
+(every cmq endpoint receives all three modes). From a ``"reliable"`` sender
+(cmq's default) every message reaches the spool exactly once and in push
+order per sender stream (sender, spool address, mailbox), through loss,
+reordering and duplication on the network, as long as the spool receiver
+lives; a message cmq cannot confirm is reported to the sender
+(``Queue.failures()``, ``stats().in_doubt``), never dropped silently.
+``"unordered"`` gives the same but in arrival order; ``"best-effort"`` is
+at most once (UDP), and what cmq sees missing is counted
+(``datagrams_missing``, ``dropped``, ``kernel_drops`` in the receiver's
+``stats()`` and ``SPOOL/stats.json``).
+
+*If the spool receiver dies.* Its endpoint acknowledges a message when the
+message arrives in its queue, before the spool thread writes it. A receiver
+killed at the wrong moment therefore loses, without the sender hearing of
+it, what it had acknowledged and not yet written: the messages waiting in
+its queue (at most ``max_buffered_bytes``, 4 MiB by default, which its
+credit keeps senders under) and the one batch the thread is writing. What
+it had not acknowledged the sender reports in doubt (``"peer_dead"`` after
+its probes go unanswered, or ``"peer_reset"`` when a restarted receiver
+answers), without sending it again. What was written survives the process
+(the log is flushed to the operating system after every batch, not
+``fsync``-ed: a machine crash can lose the last writes); a record torn by
+the kill is cut off when a receiver next opens the spool.
+
+*From the spool on,* the log is replayable by offset, so a query restarted
+from its checkpoint rereads the same rows: exactly once into a sink whose
+writes are idempotent by batch id, at least once otherwise.
+
+*The sink* pushes reliably by default (option ``delivery``) and each task
+waits, after pushing its rows, until the destination has acknowledged all of
+them (``drainTimeout`` seconds, 30 by default). When some are not confirmed
+in time, or the receiver stops answering or restarts, the task fails with an
+error saying how many, so Spark runs it again: at least once into the
+receiving endpoint (a retried task sends all its rows again, including those
+that arrived). Spark retries a failed task ``spark.task.maxFailures`` times
+(4 on a cluster; local mode does not retry unless the master is
+``local[N,F]``). A task's commit message (:class:`SendResult`) counts what
+it sent, what was confirmed and what its endpoint dropped.
 """
 
 from __future__ import annotations
@@ -70,7 +102,9 @@ from typing import TYPE_CHECKING, Any, Final
 
 import msgpack
 
-from cmq._errors import Closed, ConfigError, Timeout
+from cmq._config import DEFAULT_DELIVERY, DEFAULT_MAX_DATAGRAM
+from cmq._errors import Closed, CmqError, ConfigError, Timeout
+from cmq._types import Message
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -117,6 +151,26 @@ _SPOOL_BATCH: Final = 4096
 _WAIT: Final = 0.1
 #: Bytes of log per Spark partition of one micro-batch.
 DEFAULT_PARTITION_BYTES: Final = 16 * 1024 * 1024
+_DELIVERIES: Final = ("reliable", "unordered", "best-effort")
+#: Received messages the spool receiver's endpoint holds before its thread
+#: writes them (cmq's max_buffered_bytes). The endpoint acknowledges a
+#: message when it arrives, not when it is written, so this is the most a
+#: crash of the receiver process can lose unreported; credit, which follows
+#: what the thread has taken, keeps senders under it. 4 MiB is still many
+#: round trips of a fast sender's output.
+DEFAULT_SPOOL_BUFFERED: Final = 4 * 1024 * 1024
+#: How long a sink task waits, after pushing its rows, for the destination
+#: to acknowledge them before it fails (and Spark retries it). A live
+#: receiver acknowledges within milliseconds, and repairs under a few per
+#: cent loss take a few round trips; a dead one is declared dead by cmq's
+#: probes within about 3-5 s, which this leaves room for.
+DEFAULT_DRAIN_TIMEOUT: Final = 30.0
+#: What a sink task's error says for each reason a message is in doubt.
+_WHY: Final = {
+    "closed": "no acknowledgement within drainTimeout",
+    "peer_dead": "the receiver stopped answering",
+    "peer_reset": "the receiver restarted",
+}
 
 
 def _payload_bytes(payload: Any) -> bytes:
@@ -140,6 +194,19 @@ class SpoolReceiver:
     own: ``python -m cmq.pipeline.source --port P --spool DIR``) and point
     ``readStream.format("cmq").option("spool", DIR)`` at the directory.
 
+    With reliable senders (cmq's default) the log holds every message once,
+    in push order per sender stream, while this receiver lives; if its
+    process dies, what it had acknowledged but not yet written (at most
+    ``max_buffered_bytes`` and one write batch) is lost unreported, and what
+    it had not acknowledged is reported to the senders in doubt (see the
+    module's "Delivery semantics"). Opening a spool cuts off a record torn
+    by such a death (:attr:`recovered` says how many bytes).
+
+    ``delivery`` is this endpoint's own mode (``"reliable"`` by default),
+    for what it sends; what it receives is delivered as each sender's mode
+    says. ``max_buffered_bytes`` and the other keyword options are
+    :class:`cmq.QueueConfig` fields.
+
     Raises:
         ConfigError: a bad option for the queue.
         TransportError: the port is in use.
@@ -152,6 +219,8 @@ class SpoolReceiver:
         port: int = 0,
         host: str = "127.0.0.1",
         mailbox: int = 0,
+        delivery: str = DEFAULT_DELIVERY,
+        max_buffered_bytes: int = DEFAULT_SPOOL_BUFFERED,
         **queue_options: Any,
     ) -> None:
         from cmq.net.queue import Queue
@@ -159,8 +228,19 @@ class SpoolReceiver:
         self.spool = Path(spool)
         self.spool.mkdir(parents=True, exist_ok=True)
         self.mailbox = mailbox
-        self._queue = Queue(port=port, host=host, **queue_options)
-        self._log = open(self.spool / LOG_NAME, "ab")  # noqa: SIM115 - closed in close()
+        self.recovered = _recover(self.spool)
+        self._queue = Queue(
+            port=port,
+            host=host,
+            delivery=delivery,
+            max_buffered_bytes=max_buffered_bytes,
+            **queue_options,
+        )
+        try:
+            self._log = open(self.spool / LOG_NAME, "ab")  # noqa: SIM115 - closed in close()
+        except BaseException:
+            self._queue.close()
+            raise
         self._offset = self._log.tell()
         self._spooled = 0
         self._cond = threading.Condition()
@@ -184,7 +264,7 @@ class SpoolReceiver:
         """The queue's counters (``messages_received``, ``dropped``, ...) plus
         ``spooled`` and the log's committed ``offset``."""
         with self._cond:
-            out = self._queue.stats().as_dict() if not self._queue.closed else {}
+            out = self._queue.stats().as_dict()  # final counters after close too
             out.update(spooled=self._spooled, offset=self._offset)
             return out
 
@@ -203,29 +283,26 @@ class SpoolReceiver:
                 continue
             except Closed:
                 return
-            batch = [first]
-            while len(batch) < _SPOOL_BATCH:
-                m = q.pop_message(self.mailbox)
-                if m is None:
-                    break
-                batch.append(m)
-            now = time.time_ns()
-            chunks = []
-            for m in batch:
-                host, port = m.sender[0], m.sender[1]
-                body = msgpack.packb(
-                    [host, port, m.sender_id, m.mailbox, m.seq, now, _payload_bytes(m.payload)],
-                    use_bin_type=True,
-                )
-                chunks.append(_LEN.pack(len(body)))
-                chunks.append(body)
-            self._log.write(b"".join(chunks))
-            self._log.flush()
-            with self._cond:
-                self._offset = self._log.tell()
-                self._spooled += len(batch)
-                self._cond.notify_all()
-            self._publish()
+            self._write([first, *q.pop_many_messages(_SPOOL_BATCH - 1, self.mailbox)])
+
+    def _write(self, batch: list[Message]) -> None:
+        now = time.time_ns()
+        chunks = []
+        for m in batch:
+            host, port = m.sender[0], m.sender[1]
+            body = msgpack.packb(
+                [host, port, m.sender_id, m.mailbox, m.seq, now, _payload_bytes(m.payload)],
+                use_bin_type=True,
+            )
+            chunks.append(_LEN.pack(len(body)))
+            chunks.append(body)
+        self._log.write(b"".join(chunks))
+        self._log.flush()
+        with self._cond:
+            self._offset = self._log.tell()
+            self._spooled += len(batch)
+            self._cond.notify_all()
+        self._publish()
 
     def _publish(self) -> None:
         # Readers in other processes learn the committed length from this
@@ -237,13 +314,25 @@ class SpoolReceiver:
         _atomic_write(self.spool / STATS_NAME, json.dumps(stats, sort_keys=True))
 
     def close(self) -> None:
-        """Stop receiving, write the final counters and close the log. Idempotent."""
+        """Stop receiving, write every message received so far, the final
+        counters, and close the log. Idempotent."""
         if self._stop.is_set():
             return
         self._stop.set()
         self._thread.join()
-        self._publish()
+        # Close the endpoint first (it acknowledges what it received), then
+        # write everything it still holds: a clean close loses nothing it
+        # acknowledged.
         self._queue.close()
+        while True:
+            try:
+                rest = self._queue.pop_many_messages(_SPOOL_BATCH, self.mailbox)
+            except Closed:
+                break
+            if not rest:
+                break
+            self._write(rest)
+        self._publish()
         self._log.close()
 
     def __enter__(self) -> SpoolReceiver:
@@ -256,6 +345,30 @@ class SpoolReceiver:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _recover(spool: Path) -> int:
+    """Cut a torn record off the end of the log (a receiver killed while
+    writing), so that appends start at a record boundary; returns the bytes
+    cut. Complete records after the published offset are kept (they were
+    written, only the offset file lagged) and the offset is republished on
+    start."""
+    path = spool / LOG_NAME
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return 0
+    pos = min(committed_offset(spool), size)
+    with open(path, "rb") as f:
+        while pos + _LEN.size <= size:
+            f.seek(pos)
+            (n,) = _LEN.unpack(f.read(_LEN.size))
+            if pos + _LEN.size + n > size:
+                break
+            pos += _LEN.size + n
+    if pos < size:
+        os.truncate(path, pos)
+    return size - pos
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -378,6 +491,7 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 port=self.port,
                 host=self.options.get("host", "127.0.0.1"),
                 mailbox=_int_option(self.options, "mailbox", 0),
+                delivery=_delivery_option(self.options),
             )
 
     def initialOffset(self) -> dict[str, int]:
@@ -425,28 +539,90 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 @dataclass
 class SendResult(WriterCommitMessage):
-    """What one write task did: messages pushed and messages its endpoint dropped."""
+    """What one write task did: messages pushed (``sent``), messages the
+    destination acknowledged (``confirmed``; 0 with ``delivery``
+    ``"best-effort"``, which has no acknowledgements) and messages its
+    endpoint dropped."""
 
     sent: int
+    confirmed: int
     dropped: int
 
 
+def _delivery_option(options: Mapping[str, str]) -> str:
+    delivery = options.get("delivery", DEFAULT_DELIVERY)
+    if delivery not in _DELIVERIES:
+        raise ConfigError(
+            f"option 'delivery' must be one of {', '.join(_DELIVERIES)}, got {delivery!r}"
+        )
+    return delivery
+
+
+def _float_option(options: Mapping[str, str], name: str, default: float) -> float:
+    raw = options.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError as exc:
+        raise ConfigError(f"option {name!r} must be a number, got {raw!r}") from exc
+    if not value >= 0:  # also refuses NaN
+        raise ConfigError(f"option {name!r} must not be negative, got {raw!r}")
+    return value
+
+
 def _send_rows(options: Mapping[str, str], rows: Iterator[Any]) -> SendResult:
+    """Push ``rows`` to the sink's ``dest`` and, in the reliable modes, wait
+    until the destination has acknowledged every one.
+
+    Raises:
+        ConfigError: a missing or bad option.
+        Timeout: some messages were not confirmed within ``drainTimeout``
+            seconds (or their receiver was declared dead, or restarted):
+            the task fails, and Spark runs it again (at least once).
+        WouldBlock: the send buffer stayed full for ``push_timeout``.
+    """
     from cmq.net.queue import Queue
 
     dest = options.get("dest")
     if not dest:
         raise ConfigError("format('cmq') as a sink needs option 'dest' (host:port)")
     mailbox = _int_option(options, "mailbox", 0)
+    delivery = _delivery_option(options)
+    drain_timeout = _float_option(options, "draintimeout", DEFAULT_DRAIN_TIMEOUT)
+    max_datagram = _int_option(options, "maxdatagram", DEFAULT_MAX_DATAGRAM)
     sent = 0
-    with Queue(port=0, host=options.get("bind", "0.0.0.0"), codec="raw") as q:
+    # linger=0: the wait for acknowledgements is the drain below, bounded by
+    # drainTimeout; close() then reports whatever is still unconfirmed.
+    q = Queue(
+        port=0,
+        host=options.get("bind", "0.0.0.0"),
+        codec="raw",
+        delivery=delivery,
+        max_datagram=max_datagram,
+        linger=0.0,
+    )
+    try:
         for row in rows:
             value = row["payload"] if "payload" in row.__fields__ else row[0]
             q.push(dest, _payload_bytes(value), mailbox=mailbox)
             sent += 1
-        q.flush()
-        dropped = q.stats().total_dropped
-    return SendResult(sent=sent, dropped=dropped)
+        if delivery != "best-effort":
+            q.drain(drain_timeout)
+    finally:
+        q.close()
+    stats = q.stats()
+    if delivery == "best-effort":
+        return SendResult(sent=sent, confirmed=0, dropped=stats.total_dropped)
+    unconfirmed = stats.in_doubt
+    if unconfirmed:
+        why = sorted({_WHY.get(f.reason, f.reason) for f in q.failures()})
+        raise Timeout(
+            f"format('cmq') sink: {unconfirmed} of {sent} messages to {dest} not confirmed "
+            f"({'; '.join(why) or f'no acknowledgement within drainTimeout={drain_timeout:g}s'}); "
+            "the task fails so that Spark runs it again"
+        )
+    return SendResult(sent=sent, confirmed=sent - unconfirmed, dropped=stats.total_dropped)
 
 
 class _StreamWriter(DataSourceStreamWriter):
@@ -457,7 +633,9 @@ class _StreamWriter(DataSourceStreamWriter):
         return _send_rows(self.options, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        # At most once: there is nothing to make durable or to undo.
+        # Each task returned only once its destination acknowledged every
+        # row (reliable modes): nothing is left to make durable. A batch
+        # replayed after a failure is pushed again (at least once).
         return None
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
@@ -477,9 +655,11 @@ class CmqDataSource(DataSource):
     (batch and streaming) sink that pushes rows to a cmq destination.
 
     Options: ``spool`` (directory of a :class:`SpoolReceiver`) or ``port``
-    (+ ``host``, ``mailbox``) to receive; ``startingOffsets`` ``earliest``
-    (default) or ``latest``; ``maxPartitionBytes``. Sink: ``dest``,
-    ``mailbox``, ``bind``.
+    (+ ``host``, ``mailbox``, ``delivery``) to receive; ``startingOffsets``
+    ``earliest`` (default) or ``latest``; ``maxPartitionBytes``. Sink:
+    ``dest``, ``mailbox``, ``delivery`` (``reliable`` by default),
+    ``drainTimeout`` (seconds a task waits for acknowledgements, 30),
+    ``maxDatagram``, ``bind``.
     """
 
     @classmethod
@@ -513,10 +693,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--mailbox", type=int, default=0)
+    parser.add_argument(
+        "--delivery",
+        choices=_DELIVERIES,
+        default=DEFAULT_DELIVERY,
+        help="this endpoint's own delivery mode; what it receives follows each sender's (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-buffered-bytes",
+        type=int,
+        default=DEFAULT_SPOOL_BUFFERED,
+        help="received messages held before they are written; the most a crash can lose unreported "
+        "(default: %(default)s)",
+    )
     args = parser.parse_args(argv)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
-    with SpoolReceiver(args.spool, port=args.port, host=args.host, mailbox=args.mailbox) as rx:
+    try:
+        rx = SpoolReceiver(
+            args.spool,
+            port=args.port,
+            host=args.host,
+            mailbox=args.mailbox,
+            delivery=args.delivery,
+            max_buffered_bytes=args.max_buffered_bytes,
+        )
+    except CmqError as exc:
+        print(f"python -m cmq.pipeline.source: {exc}", file=sys.stderr)
+        return 2
+    with rx:
         print(
             f"spooling {rx.address[0]}:{rx.address[1]} into {args.spool}",
             file=sys.stderr,

@@ -1,0 +1,88 @@
+"""What a spool receiver killed mid-stream loses, and what its sender reports.
+
+The receiver acknowledges a message when it arrives, before its thread
+writes it, so after ``kill -9`` the spool holds a prefix of what was pushed,
+the sender reports a suffix in doubt, and only what lay between (messages
+acknowledged, not yet written) is lost unreported: at most the receiver's
+``max_buffered_bytes`` plus the one batch its thread was writing.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import cmq
+from cmq.pipeline.source import _SPOOL_BATCH, committed_offset, read_spool
+
+SIZE = 1000
+#: A small budget (the default is 4 MiB): the receiver's credit
+#: keeps the sender far behind what it pushes, so the kill finds messages
+#: in every state.
+BUFFERED = 1 << 20
+DEADLINE = 60.0
+
+
+def test_a_killed_spool_receiver_loses_at_most_its_buffer_and_the_sender_reports_the_rest(
+    tmp_path: Path,
+) -> None:
+    cmd = [sys.executable, "-m", "cmq.pipeline.source", "--spool", str(tmp_path)]
+    cmd += ["--port", "0", "--max-buffered-bytes", str(BUFFERED)]
+    rx = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    try:
+        assert rx.stderr is not None
+        line = rx.stderr.readline()
+        assert line.startswith("spooling "), line
+        host, port = line.split()[1].rsplit(":", 1)
+        # max_probes=3: the dead receiver is declared dead in about a second.
+        with cmq.Queue(0, "127.0.0.1", max_probes=3, send_buffer=1 << 20) as tx:
+            stop, pushed = threading.Event(), []
+
+            def push() -> None:
+                i = 0
+                while not stop.is_set():
+                    payload = b"%08d" % i + b"." * (SIZE - 8)
+                    try:
+                        tx.push((host, int(port)), payload)
+                    except cmq.CmqError:
+                        return
+                    pushed.append(payload)
+                    i += 1
+
+            pusher = threading.Thread(target=push)
+            pusher.start()
+            try:
+                # Polls a file another process writes, with a deadline.
+                deadline = time.monotonic() + DEADLINE
+                while committed_offset(tmp_path) < 100 * SIZE and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                assert committed_offset(tmp_path) >= 100 * SIZE
+                rx.send_signal(signal.SIGKILL)
+                rx.wait(timeout=DEADLINE)
+            finally:
+                stop.set()
+                pusher.join(timeout=DEADLINE)
+            assert tx.drain(timeout=DEADLINE)  # everything acknowledged or reported
+            failures = tx.failures()
+    finally:
+        if rx.poll() is None:
+            rx.kill()
+        rx.wait(timeout=DEADLINE)
+        if rx.stderr is not None:
+            rx.stderr.close()
+    spooled = [
+        r[4] for r in read_spool(tmp_path, 0, tmp_path.joinpath("messages.log").stat().st_size)
+    ]
+    in_doubt = [m for f in failures for m in f.messages]
+    assert {f.reason for f in failures} <= {"peer_dead", "closed"}
+    # The spool: a prefix of what was pushed, once each, in order.
+    assert spooled == pushed[: len(spooled)]
+    # Reported: a suffix of what was pushed, in order.
+    assert in_doubt and in_doubt == pushed[len(pushed) - len(in_doubt) :]
+    # Lost unreported: only what lay between.
+    unreported = len(pushed) - len(spooled) - len(in_doubt)
+    assert 0 <= unreported * SIZE <= BUFFERED + _SPOOL_BATCH * SIZE
