@@ -8,6 +8,7 @@ pipeline's, built here with the numbers each rule turns on.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -248,11 +249,13 @@ def test_registered_with_the_lab_and_the_report_under_one_id() -> None:
     assert REPORT.id == EXPERIMENT.id and len(REPORT.claims) == len(C.CLAIMS) == 12
 
 
-def test_without_root_it_is_skipped_with_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_root_only_the_loopback_runs_are_planned(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(netns, "unavailable", lambda loss=False: "network namespaces need root")
+    monkeypatch.setattr(measure, "delivery_modes", lambda: True)
     ctx = Context(out=Path("/nonexistent"), profile=PROFILES["quick"], systems=("cmq",))
-    why = EXPERIMENT.unavailable(ctx)
-    assert why == "network namespaces need root; the lossy experiment reliability is skipped"
+    assert EXPERIMENT.unavailable(ctx) is None
+    quick = measure.SCALES["quick"]
+    assert measure.steps(ctx) == quick.slow_repeats + quick.restart_repeats == 6
 
 
 # -- scale, options, records --------------------------------------------------------
@@ -276,11 +279,13 @@ def test_scales() -> None:
 
 def test_steps_match_the_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(measure, "delivery_modes", lambda: True)
+    monkeypatch.setattr(netns, "unavailable", lambda loss=False: None)
     ctx = Context(out=Path("/nonexistent"), profile=PROFILES["quick"],
                   systems=("cmq", "tcp", "zmq", "nats"))  # fmt: skip
     # Throughput: 2 reliable modes x (3 + 3 + 1 + 3 + 1) runs and best-effort once per
     # loss; round trips: 3 modes x 5 losses of cmq, 3 peers x 2 losses (nats as skipped).
-    assert measure.steps(ctx) == 22 + 5 + 15 + 6
+    # And on loopback, 3 slow-receiver and 3 restart runs (reliable only).
+    assert measure.steps(ctx) == 22 + 5 + 15 + 6 + 6
     monkeypatch.setattr(measure, "delivery_modes", lambda: False)
     assert measure.steps(ctx) == 5 + 5 + 6
 
@@ -350,17 +355,55 @@ def test_the_peer_refuses_bad_usage(capsys: pytest.CaptureFixture[str]) -> None:
 # -- for real ----------------------------------------------------------------------
 
 WHY = netns.unavailable(loss=True)
+#: The smallest real runs: seconds each.
+TINY = measure.SCALES["tiny"]
+
+
+def test_a_tiny_loopback_run_slow_receiver_and_restart(tmp_path: Path) -> None:
+    """Both loopback scenarios for real (no root needed): the slow receiver
+    takes every message once, in order, and was paced; the restarted
+    receiver is reported, and what the failure names, what each incarnation
+    took and what was pushed add up."""
+    from cmq.lab.experiments.reliability import loopback
+
+    ctx = Context(out=tmp_path, profile=PROFILES["tiny"], systems=("cmq",))
+    loopback.run(ctx, TINY, measure.queue_options("reliable", True), {"scale": "tiny"})
+    runs = read_table(tmp_path, "runs").to_pylist()
+    assert [r["status"] for r in runs] == ["ok", "ok"], [r["reason"] for r in runs]
+    records = read_table(tmp_path, "records").to_pylist()
+    slow = [r for r in records if r["scenario"] == "slow"]
+    assert slow and not any(r["lost"] for r in slow)
+    assert [r["seq"] for r in sorted(slow, key=lambda r: r["recv_ns"])] == list(range(len(slow)))
+    scalars = {(r["scenario"], r["metric"]): r["value"]
+               for r in read_table(tmp_path, "samples").to_pylist() if r["x"] is None}  # fmt: skip
+    assert scalars["slow", "pace_rate"] == pytest.approx(
+        C.SLOW_SHARE * scalars["slow", "calib_rate"]
+    )
+    assert 0 < scalars["slow", "pace_from_s"] < scalars["slow", "pace_until_s"] == TINY.slow_seconds
+    r = {m: v for (s, m), v in scalars.items() if s == "restart"}
+    assert r["detected"] == 1 and r["pto_s"] > 0 and r["detect_from_kill_s"] > 0
+    assert r["named_twice"] == r["named_unpushed"] == r["named_taken_second"] == 0
+    assert r["taken_both"] == 0 and r["taken_first"] >= TINY.restart_kill_after
+    assert (
+        r["taken_first"]
+        + r["taken_second"]
+        + r["named"]
+        - r["named_taken_first"]
+        + r["unaccounted"]
+        == r["pushed"]
+    )
 
 
 @pytest.mark.root
 @pytest.mark.skipif(WHY is not None, reason=f"lossy namespaces unavailable: {WHY}")
 def test_a_tiny_run_in_lossy_namespaces(tmp_path: Path) -> None:
-    scale = measure.Scale(name="test", losses=(0.0, 0.03), tp_count=600, tp_repeats=1,
-                          rt_count=40, rt_count_other=40, peer_count=10)  # fmt: skip
+    scale = dataclasses.replace(TINY, losses=(0.0, 0.03), tp_count=600, rt_count=40,
+                                rt_count_other=40, peer_count=10)  # fmt: skip
     ctx = Context(out=tmp_path, profile=PROFILES["tiny"], systems=("cmq",))
     measure.run(ctx, scale)
     modes = measure.modes(measure.delivery_modes())
-    records = read_table(tmp_path, "records").to_pylist()
+    records = [r for r in read_table(tmp_path, "records").to_pylist()
+               if r["scenario"] in ("throughput", "pingpong")]  # fmt: skip
     groups = {(r["scenario"], json.loads(r["params"])["delivery"], json.loads(r["params"])["loss"])
               for r in records}  # fmt: skip
     assert groups == {(s, m, p) for s in ("throughput", "pingpong") for m in modes

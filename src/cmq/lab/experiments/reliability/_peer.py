@@ -251,43 +251,46 @@ class _Sampler:
 
 
 class _Taker:
-    """What a receiver took: seqs with their send and take stamps (take
-    stamps strictly increasing, as in :func:`receiver`), and whether the
-    end marker came."""
+    """What a receiver took, logged: one :data:`RECORD` (seq, send stamp,
+    take stamp) per message, a batch's in one write(2) to the ``log`` file
+    descriptor before the next pop (so a SIGKILL loses none it took, and the
+    receiver's memory does not grow with what it took). Take stamps are
+    strictly increasing, as in :func:`receiver`. The send stamps of the
+    first ``keep`` messages are kept (a calibration)."""
 
-    def __init__(self) -> None:
-        self.seqs: list[int] = []
+    def __init__(self, log: int, keep: int = 0) -> None:
+        self.log = log
+        self.count = 0
         self.sends: list[int] = []
-        self.recvs: list[int] = []
         self.ended = False
+        self._keep = keep
         self._last = 0
 
-    def take(self, got: list[Any]) -> int:
-        """Record a batch just popped; returns the index of its first message."""
-        first = len(self.seqs)
+    def take(self, got: list[Any]) -> None:
+        """Log a batch just popped."""
         now = time.monotonic_ns()
         if now <= self._last:
             now = self._last + 1
+        out = []
+        pack, unpack = RECORD.pack, HEAD.unpack_from
         for m in got:
             if len(m) < HEAD.size:
                 self.ended = True
                 continue
-            seq, sent = HEAD.unpack_from(m)
-            self.seqs.append(seq)
-            self.sends.append(sent)
-            self.recvs.append(now)
+            seq, sent = unpack(m)
+            out.append(pack(seq, sent, now))
+            if len(self.sends) < self._keep:
+                self.sends.append(sent)
             now += 1
         self._last = now - 1
-        return first
+        if out:
+            os.write(self.log, b"".join(out))
+            self.count += len(out)
 
 
-def _flat_out(
-    q: Any, taker: _Taker, *, idle: float, linger: float, stop_at: int, log: int | None = None
-) -> str:
+def _flat_out(q: Any, taker: _Taker, *, idle: float, linger: float, stop_at: int) -> str:
     """Take everything as it comes until the end marker and ``linger`` quiet
-    seconds, an ``idle`` gap, or ``stop_at`` (monotonic ns); why it stopped.
-    With ``log`` (a file descriptor), each batch's :data:`RECORD`s are
-    written there in one write(2) before the next pop, so a SIGKILL loses none."""
+    seconds, an ``idle`` gap, or ``stop_at`` (monotonic ns); why it stopped."""
     import cmq
 
     pop_many, get = q.pop_many, q.get
@@ -298,17 +301,15 @@ def _flat_out(
             try:
                 got = [get(timeout=wait)]
             except cmq.Timeout:
-                return "end" if taker.ended else ("idle" if taker.seqs else "startup")
-        first = taker.take(got)
-        if log is not None and len(taker.seqs) > first:
-            pack = RECORD.pack
-            os.write(log, b"".join(
-                pack(taker.seqs[i], taker.sends[i], taker.recvs[i])
-                for i in range(first, len(taker.seqs))
-            ))  # fmt: skip
+                return "end" if taker.ended else ("idle" if taker.count else "startup")
+        taker.take(got)
         wait = linger if taker.ended else idle
         if time.monotonic_ns() > stop_at:
             return "deadline"
+
+
+def _open_log(path: str) -> int:
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
 
 
 def slow_receiver(
@@ -319,6 +320,7 @@ def slow_receiver(
     share: float,
     seconds: float,
     interval: float,
+    log: str,
     startup: float,
     idle: float,
     linger: float,
@@ -327,12 +329,12 @@ def slow_receiver(
     """Take the first ``calib`` messages as they come (the sender's unthrottled
     rate, from their send stamps), then ``share`` of that rate, paced, until
     ``seconds`` after the first message's send stamp; then everything as it
-    comes until the end marker. Samples taken, kernel drops, held bytes and
-    RSS every ``interval`` seconds."""
+    comes until the end marker; every take logged in ``log``. Samples taken,
+    kernel drops, held bytes and RSS every ``interval`` seconds."""
     import cmq
 
     clock = time.monotonic_ns
-    taker = _Taker()
+    taker = _Taker(_open_log(log), keep=calib)
     queue: Any = cmq.Queue
     with queue(port=0, host=bind, **options) as q:
         host, port = q.address
@@ -341,7 +343,7 @@ def slow_receiver(
 
         def read() -> list[Any]:
             st = q.stats()
-            return [len(taker.seqs), st.kernel_drops, st.held_bytes, _rss()]
+            return [taker.count, st.kernel_drops, st.held_bytes, _rss()]
 
         sampler = _Sampler(interval, read)
         result: dict[str, Any] = {"calib_rate": None, "pace_rate": None,
@@ -354,15 +356,17 @@ def slow_receiver(
             sampler.start()
             taker.take([first])
             stopped = ""
-            while len(taker.seqs) < calib and not taker.ended:
-                got = q.pop_many(calib - len(taker.seqs)) or [q.get(timeout=idle)]
+            while taker.count < calib and not taker.ended:
+                got = q.pop_many(calib - taker.count) or [q.get(timeout=idle)]
                 taker.take(got)
             sends = taker.sends
-            # Send stamps are per chunk: count the messages before the last chunk's stamp.
-            before = sends.index(sends[-1])
-            span = (sends[-1] - sends[0]) / 1e9
-            if before and span > 0:
-                rate = before / span
+            # Over the second half of them (past the sender's start-up); send
+            # stamps are per chunk: messages from one chunk's stamp to another's.
+            i0 = sends.index(sends[len(sends) // 2])
+            i1 = sends.index(sends[-1])
+            span = (sends[i1] - sends[i0]) / 1e9
+            if i1 > i0 and span > 0:
+                rate = (i1 - i0) / span
                 pace = share * rate
                 pace_from = clock()
                 pace_until = sends[0] + int(seconds * 1e9)
@@ -379,11 +383,12 @@ def slow_receiver(
                     time.sleep(_PACE_TICK)
             stopped = _flat_out(q, taker, idle=idle, linger=linger, stop_at=stop_at)
         sampler.stop()
+        os.close(taker.log)
         stats = _stats(q)
-    columns = list(zip(*sampler.rows, strict=True)) if sampler.rows else [[]] * 5
+    columns: list[Any] = list(zip(*sampler.rows, strict=True)) if sampler.rows else [()] * 5
     return {
-        "seq": taker.seqs, "send_ns": taker.sends, "recv_ns": taker.recvs, "stopped": stopped,
-        "stats": stats, "origin_ns": taker.sends[0] if taker.sends else None,
+        "taken": taker.count, "stopped": stopped, "stats": stats,
+        "origin_ns": taker.sends[0] if taker.sends else None,
         "samples": {"t_ns": columns[0], "taken": columns[1], "kernel_drops": columns[2],
                     "held_bytes": columns[3], "rss": columns[4]},
         **result,
@@ -491,18 +496,17 @@ def incarnation(
 
     if go:
         sys.stdin.readline()
-    taker = _Taker()
     queue: Any = cmq.Queue
     with queue(port=port, host=bind, **options) as q:
         ready = time.monotonic_ns()
         host, bound = q.address
         _emit("READY", {"host": host, "port": bound, "ready_ns": ready})
-        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        taker = _Taker(_open_log(log))
         try:
             stopped = _flat_out(q, taker, idle=idle, linger=linger,
-                                stop_at=ready + int(deadline * 1e9), log=fd)  # fmt: skip
+                                stop_at=ready + int(deadline * 1e9))  # fmt: skip
         finally:
-            os.close(fd)
+            os.close(taker.log)
         stats = _stats(q)
     return {"stopped": stopped, "ready_ns": ready, "stats": stats}
 

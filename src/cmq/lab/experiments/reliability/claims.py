@@ -539,7 +539,8 @@ def _memory_cell(data: ReportData, k: int) -> Cell:
     paced = _paced(data, k)
     if paced is None:
         return "inconclusive", f"run {k}: no paced phase"
-    parts, status = [], "pass"
+    parts: list[str] = []
+    status: Status = "pass"
     for who in ("sender", "receiver"):
         growth = _rss_growth(series(data, "slow", k, f"{who}_rss"), *paced)
         if isinstance(growth, str):
