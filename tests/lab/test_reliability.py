@@ -422,3 +422,119 @@ def test_a_tiny_run_in_lossy_namespaces(tmp_path: Path) -> None:
     # The baseline has the same rule, at probability 0.
     assert {v for x, v in drop if x == 0.0} == {0.0}
     assert all(0 < v < 0.2 for x, v in drop if x == 0.03)
+
+
+# -- the loopback claims on hand-made rows ------------------------------------------
+
+
+def sample(
+    scenario: str, k: int, metric: str, value: float, x: float | None = None
+) -> dict[str, Any]:
+    p = {"delivery": "reliable", "repeat": k}
+    return {"experiment": C.EXPERIMENT_ID, "scenario": scenario, "system": "cmq",
+            "params": json.dumps(p), "p": p, "metric": metric, "x": x, "n": 1, "mean": value,
+            "stddev": None, "min": value, "max": value}  # fmt: skip
+
+
+def slow_run(k: int, *, push: float = 1000.0, take: float = 1000.0, rss_growth: float = 0.0,
+             drops: float = 0.0) -> list[dict[str, Any]]:  # fmt: skip
+    """Samples of one slow-receiver run: paced from 1 s to 10 s, 0.1 s apart."""
+    rows = [sample("slow", k, "pace_from_s", 1.0), sample("slow", k, "pace_until_s", 10.0),
+            sample("slow", k, "calib_rate", 10 * take)]  # fmt: skip
+    for i in range(101):
+        x = i / 10
+        grow = rss_growth if x > 7 else 0.0
+        rows += [sample("slow", k, "sender_pushed", push * x, x),
+                 sample("slow", k, "receiver_taken", take * x, x),
+                 sample("slow", k, "sender_rss", 40e6 + grow, x),
+                 sample("slow", k, "receiver_rss", 50e6, x),
+                 sample("slow", k, "receiver_kernel_drops", drops if x > 5 else 0.0, x)]  # fmt: skip
+    return rows
+
+
+def restart_run(k: int, **change: float) -> list[dict[str, Any]]:
+    counts = C.classify_restart(range(1000), range(300), range(600, 1000), list(range(290, 600)),
+                                bound=512)  # fmt: skip
+    values = {**counts, "detected": 1, "detect_from_ready_s": 0.01, "detect_from_kill_s": 0.05,
+              "pto_s": 0.01, **change}  # fmt: skip
+    return [sample("restart", k, m, float(v)) for m, v in values.items()]
+
+
+def loopback_data(slow: list[dict[str, Any]] | None = None,
+                  restart: list[dict[str, Any]] | None = None, runs: int = 3) -> ReportData:  # fmt: skip
+    samples = []
+    rows = []
+    for k in range(runs):
+        samples += slow_run(k) + restart_run(k)
+        for scenario in ("slow", "restart"):
+            r = row(scenario, "reliable", 0.0)
+            r["p"] = {"delivery": "reliable", "repeat": k}
+            rows.append(r)
+    return ReportData(summary=rows, samples=[*samples, *(slow or []), *(restart or [])])
+
+
+def loopback_verdicts(data: ReportData) -> list[str]:
+    return [c.judge(data).status for c in C.CLAIMS[5:]]
+
+
+def test_the_loopback_claims_pass_and_need_three_runs() -> None:
+    assert loopback_verdicts(loopback_data()) == ["pass"] * 7
+    assert loopback_verdicts(loopback_data(runs=2)) == ["inconclusive"] * 7
+
+
+def test_the_restart_classification() -> None:
+    # Pushed 0-999; the first took 0-299, the second 600-999; named 290-599.
+    c = C.classify_restart(range(1000), range(300), range(600, 1000), list(range(290, 600)), 512)
+    assert (c["named"], c["named_taken_first"], c["named_taken_first_in_place"]) == (310, 10, 1)
+    assert (c["unaccounted"], c["named_twice"], c["taken_both"]) == (0, 0, 0)
+    # 300-349 neither taken nor named: right after what the first took.
+    c = C.classify_restart(range(1000), range(300), range(600, 1000), list(range(350, 600)), 512)
+    assert (c["unaccounted"], c["unaccounted_in_place"]) == (50, 1)
+    # A hole further on is not in place; a message named twice is counted.
+    c = C.classify_restart(range(1000), range(300), range(600, 1000),
+                           [*range(300, 401), 400, *range(402, 600)], 512)  # fmt: skip
+    assert (c["unaccounted"], c["unaccounted_in_place"], c["named_twice"]) == (1, 0, 1)
+
+
+@pytest.mark.parametrize(
+    ("slow", "restart", "claim"),
+    [
+        (slow_run(1, drops=3.0), None, 0),  # kernel drops
+        (slow_run(1, push=1201.0), None, 1),  # pushes 20.1 % over what is taken
+        (slow_run(1, rss_growth=10.5 * 2**20), None, 2),  # the sender's RSS grew
+        (None, restart_run(1, detect_from_ready_s=0.0301), 4),  # 3.01 PTO
+        (None, restart_run(1, detected=0), 4),
+        (None, restart_run(1, named_twice=1), 5),
+        (None, restart_run(1, unaccounted=513), 5),
+        (None, restart_run(1, unaccounted_in_place=0, unaccounted=1), 5),
+        (None, restart_run(1, named_taken_second=1), (5, 6)),  # named, then taken again
+        (None, restart_run(1, taken_both=1), 6),
+    ],
+)
+def test_each_loopback_rule_fails(
+    slow: list[dict[str, Any]] | None,
+    restart: list[dict[str, Any]] | None,
+    claim: int | tuple[int, ...],
+) -> None:
+    data = loopback_data()
+    scenario = "slow" if slow else "restart"
+    # Swap run 1's samples of that scenario for the changed ones.
+    kept = [s for s in data.samples if not (s["scenario"] == scenario and s["p"]["repeat"] == 1)]
+    data = ReportData(summary=data.summary, samples=[*kept, *(slow or restart or [])])
+    failing = claim if isinstance(claim, tuple) else (claim,)
+    expected = ["fail" if i in failing else "pass" for i in range(7)]
+    assert loopback_verdicts(data) == expected
+
+
+def test_a_duplicate_in_the_pipeline_fails_the_restart_and_the_slow_delivery() -> None:
+    data = loopback_data()
+    rows = [{**r, "duplicates": 1} if r["p"]["repeat"] == 2 else r for r in data.summary]
+    data = ReportData(summary=rows, samples=data.samples)
+    assert loopback_verdicts(data) == ["pass"] * 3 + ["fail", "pass", "pass", "fail"]
+
+
+def test_the_section_draws_the_loopback_figures() -> None:
+    section = render(loopback_data(), C.EXPERIMENT_ID)
+    assert len(section.figures) == 2 and all(f.startswith("<svg") for f in section.figures)
+    (table,) = section.tables
+    assert [r[0] for r in table.rows] == ["slow receiver"] * 3 + ["restart"] * 3
