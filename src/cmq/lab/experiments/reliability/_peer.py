@@ -491,16 +491,21 @@ def incarnation(
     write(2) per batch, so a SIGKILL loses none it took). With ``go`` it
     binds only once a line arrives on stdin (a restart on a port another
     incarnation held: started early, so that the restart is a bind, not an
-    interpreter's start-up). ``READY`` says when it listened (``ready_ns``)."""
+    interpreter's start-up). ``READY`` says when it began to open its
+    endpoint (``ready_ns``: it listens from then on, at the latest by
+    ``opened_ns``)."""
     import cmq
 
     if go:
         sys.stdin.readline()
     queue: Any = cmq.Queue
+    # Stamped before the endpoint opens: its reader may answer a probe
+    # before the constructor returns, so "listening" is at or after this.
+    ready = time.monotonic_ns()
     with queue(port=port, host=bind, **options) as q:
-        ready = time.monotonic_ns()
+        opened = time.monotonic_ns()
         host, bound = q.address
-        _emit("READY", {"host": host, "port": bound, "ready_ns": ready})
+        _emit("READY", {"host": host, "port": bound, "ready_ns": ready, "opened_ns": opened})
         taker = _Taker(_open_log(log))
         try:
             stopped = _flat_out(q, taker, idle=idle, linger=linger,

@@ -55,8 +55,9 @@ Receiver restart
     incarnation took (A1, A2) and what the sender's DeliveryFailures named
     (D), :func:`classify_restart` counts the cases, and:
 
-    - detection: the time from the second incarnation listening to the
-      sender's first failure report is at most :data:`DETECT_PTOS` times the
+    - detection: the time from the second incarnation starting to open its
+      endpoint (it listens from then on; its reader may answer before the
+      constructor returns) to the sender's first failure report is at most :data:`DETECT_PTOS` times the
       sender's base PTO then (``stats().pto``: srtt + max(4 rttvar, 1 ms) +
       max_ack_delay; no STATUS arrives between the kill and the report, so
       it is the PTO of the moment of the kill too);
