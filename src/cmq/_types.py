@@ -88,6 +88,10 @@ class Stats:
     overruns: int = 0
     #: Smoothed round-trip time of reliable streams, in seconds.
     srtt: float = 0.0
+    #: The base probe timeout of reliable streams, in seconds (RFC 9002's PTO:
+    #: ``srtt + max(4 rttvar, 1 ms) + max_ack_delay``); each expiry in a row
+    #: without an acknowledgement doubles a stream's, up to 1 s.
+    pto: float = 0.0
     #: Bytes of received, unconsumed data held (mailboxes, reorder and reassembly buffers).
     held_bytes: int = 0
 

@@ -103,6 +103,19 @@ def test_spaced_pushes_are_acknowledged_and_the_link_goes_quiet(net: SimNetwork)
     assert a.stats().retransmits == 0
 
 
+def test_stats_give_the_base_probe_timeout(net: SimNetwork) -> None:
+    """``stats().pto`` is RFC 9002's srtt + max(4 rttvar, 1 ms) + max_ack_delay:
+    from the initial RTT guess (10 ms, rttvar 5 ms) before any sample, from
+    the samples after."""
+    a, b = net.add(**SMALL), net.add(**SMALL)
+    assert a.stats().pto == pytest.approx(0.010 + 4 * 0.005 + 0.002)
+    msgs = messages(100)
+    push_all(a, b, msgs)
+    settle(net, a, b)
+    st = a.stats()
+    assert st.srtt + 0.001 + 0.002 <= st.pto < 0.032
+
+
 # -- data loss ----------------------------------------------------------------------
 
 

@@ -911,6 +911,7 @@ class Endpoint(ABC):
             duplicates=r.duplicates,
             overruns=r.overruns,
             srtt=rel.srtt,
+            pto=rel.pto(),
             held_bytes=r.held_bytes(),
             messages_sent=b.messages_sent,
             messages_received=r.messages_received,

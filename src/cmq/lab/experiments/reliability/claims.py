@@ -20,6 +20,61 @@ How a claim is judged:
 3. The claim's verdict combines its cells (:func:`combine`): ``fail`` if
    any cell fails, else ``inconclusive`` if any is, else ``pass``.
 
+The loopback scenarios (``"slow"``, ``"restart"``) are judged per run: each
+run's rows carry ``{"delivery": "reliable", "repeat": k}`` as params, its
+time series are samples whose ``x`` is seconds since the sender's first
+push (both processes read CLOCK_MONOTONIC on one host), and its scalars are
+samples without ``x``. Every run is one cell; a claim over fewer than
+:data:`MIN_LOOPBACK_RUNS` runs is inconclusive unless one of them fails.
+
+Slow receiver
+    The receiver takes the first messages as they come, which measures the
+    sender's unthrottled push rate from their send stamps; then it takes
+    :data:`SLOW_SHARE` of that rate, paced, until the sender stops (the
+    *paced phase*); then the rest as it comes. The rules:
+
+    - kernel drops: the receiver socket's drop counter did not move over
+      the run;
+    - held back: over the second half of the paced phase, the sender's push
+      rate (pushes returned per second) is within :data:`HELD_BACK_TOLERANCE`
+      of the receiver's consumption rate, either way;
+    - memory flat: for each process, the largest RSS sample of the paced
+      phase's last third is at most :data:`RSS_GROWTH_BOUND` above the
+      largest of its first third;
+    - delivered: every message pushed was taken once, in order.
+
+    A window (half, third) with fewer than :data:`MIN_WINDOW_SAMPLES`
+    samples leaves its cell inconclusive.
+
+Receiver restart
+    The first incarnation of the receiver takes every message as it comes,
+    logging each (seq) with one write(2) per batch, so what its application
+    took survives its SIGKILL; a second incarnation, started beforehand
+    and waiting, binds the same port right after the kill and logs the same
+    way. The sender pushes throughout. From what was pushed (P), what each
+    incarnation took (A1, A2) and what the sender's DeliveryFailures named
+    (D), :func:`classify_restart` counts the cases, and:
+
+    - detection: the time from the second incarnation starting to open its
+      endpoint (it listens from then on; its reader may answer before the
+      constructor returns) to the sender's first failure report is at most :data:`DETECT_PTOS` times the
+      sender's base PTO then (``stats().pto``: srtt + max(4 rttvar, 1 ms) +
+      max_ack_delay; no STATUS arrives between the kill and the report, so
+      it is the PTO of the moment of the kill too);
+    - exactly the messages in doubt: D names no message twice, none that
+      was not pushed, none the second incarnation took; every message of P
+      that neither incarnation took is named, except the ones the first
+      incarnation's endpoint had acknowledged but its application had not
+      yet taken at the kill (delivery is to the endpoint): those must be
+      the ones right after the last it took, and at most its
+      ``max_buffered_bytes`` of them. A named message the first
+      incarnation did take (delivered, its acknowledgement lost in the
+      kill) is allowed only at the end of what it took. A run where nothing
+      was in doubt is inconclusive;
+    - no duplicate: no message is taken twice over both incarnations (the
+      pipeline's duplicates, both incarnations' deliveries in one stream),
+      none by both, and the second incarnation took some.
+
 Percentiles of round trips count a lost round trip (no reply within the
 run's timeout) as infinitely slow. The pipeline's ``p50_ns``/``p99_ns`` are
 over the completed round trips only, so with losses the true percentile is
@@ -39,29 +94,48 @@ from cmq.pipeline.report import Claim, ReportData, Row, Status, Verdict
 
 __all__ = [
     "CLAIMS",
+    "DETECT_PTOS",
     "EXPERIMENT_ID",
+    "HELD_BACK_TOLERANCE",
     "LATENCY_LOSS",
     "LOSSES",
     "MIN_DELIVERY_MESSAGES",
+    "MIN_LOOPBACK_RUNS",
     "MIN_P50_ROUND_TRIPS",
     "MIN_P99_ROUND_TRIPS",
     "MIN_TP_MESSAGES",
     "MIN_TP_RUNS",
+    "MIN_WINDOW_SAMPLES",
     "MODES",
     "P50_TOLERANCE",
     "P99_BOUND_NS",
     "RELIABLE_MODES",
+    "RSS_GROWTH_BOUND",
+    "SLOW_SHARE",
     "THROUGHPUT_TARGETS",
     "Cell",
     "cell",
+    "classify_restart",
     "combine",
     "judge_delivery",
+    "judge_detection",
+    "judge_held_back",
+    "judge_memory",
+    "judge_named",
+    "judge_no_duplicate",
     "judge_p50",
     "judge_p99",
+    "judge_slow_delivery",
+    "judge_slow_drops",
     "judge_throughput",
     "loss_label",
     "modes_missing",
     "quantile_bounds",
+    "rate",
+    "repeats",
+    "scalar",
+    "series",
+    "summary_row",
 ]
 
 EXPERIMENT_ID: Final = "reliability"
@@ -92,6 +166,20 @@ MIN_TP_MESSAGES: Final = 15_000
 MIN_P50_ROUND_TRIPS: Final = 200
 #: Fewest round trips for a p99: ten or more of them above it.
 MIN_P99_ROUND_TRIPS: Final = 1000
+
+#: The slow receiver consumes this share of the sender's unthrottled rate.
+SLOW_SHARE: Final = 0.10
+#: The sender's push rate within this share of the slow receiver's
+#: consumption rate, either way, over the second half of the paced phase.
+HELD_BACK_TOLERANCE: Final = 0.20
+#: RSS in the paced phase's last third at most this many bytes above its first third's (10 MiB).
+RSS_GROWTH_BOUND: Final = 10 * 2**20
+#: Fewest runs behind each loopback claim.
+MIN_LOOPBACK_RUNS: Final = 3
+#: Fewest samples in a window of a paced phase (a half, a third) to judge it.
+MIN_WINDOW_SAMPLES: Final = 5
+#: A restart is detected within this many base PTOs of the new incarnation listening.
+DETECT_PTOS: Final = 3.0
 
 Cell = tuple[Status, str]
 """One cell's verdict and what was found there, in a few words."""
@@ -153,8 +241,8 @@ def _with_missing(data: ReportData, verdict: Verdict) -> Verdict:
 # -- delivery ----------------------------------------------------------------
 
 
-def _delivery_cell(row: Row | None, loss: float, in_order: bool) -> Cell:
-    at = loss_label(loss)
+def _delivery_cell(row: Row | None, loss: float, in_order: bool, head: str = "") -> Cell:
+    at = head or loss_label(loss)
     if row is None:
         return "inconclusive", f"{at}: not measured"
     n = int(row["messages"] or 0)
@@ -327,6 +415,286 @@ def judge_p99(data: ReportData) -> Verdict:
     return _with_missing(data, verdict)
 
 
+# -- the loopback scenarios ------------------------------------------------------
+
+
+def repeats(data: ReportData, scenario: str) -> list[int]:
+    """The runs (``repeat`` params) of a loopback scenario that left any row."""
+    found = {
+        r["p"].get("repeat")
+        for r in (*data.rows(EXPERIMENT_ID, scenario=scenario, system="cmq"),
+                  *data.sample_rows(EXPERIMENT_ID, scenario=scenario, system="cmq"))
+    }  # fmt: skip
+    return sorted(k for k in found if isinstance(k, int) and not isinstance(k, bool))
+
+
+def summary_row(data: ReportData, scenario: str, repeat: int) -> Row | None:
+    """The pipeline's summary row of one run of a loopback scenario."""
+    for r in data.rows(EXPERIMENT_ID, scenario=scenario, system="cmq"):
+        if r["p"].get("repeat") == repeat:
+            return r
+    return None
+
+
+def series(data: ReportData, scenario: str, repeat: int, metric: str) -> list[tuple[float, float]]:
+    """``(x, value)`` of a run's timed metric, by ``x`` (seconds since the sender's first push)."""
+    rows = data.sample_rows(EXPERIMENT_ID, scenario=scenario, system="cmq", metric=metric)
+    return sorted(
+        (float(r["x"]), float(r["mean"]))
+        for r in rows
+        if r["p"].get("repeat") == repeat and r["x"] is not None
+    )
+
+
+def scalar(data: ReportData, scenario: str, repeat: int, metric: str) -> float | None:
+    """A run's metric without ``x``, if measured."""
+    for r in data.sample_rows(EXPERIMENT_ID, scenario=scenario, system="cmq", metric=metric):
+        if r["p"].get("repeat") == repeat and r["x"] is None:
+            return float(r["mean"])
+    return None
+
+
+def _window(
+    points: Sequence[tuple[float, float]], lo: float, hi: float
+) -> list[tuple[float, float]]:
+    return [(x, v) for x, v in points if lo <= x <= hi]
+
+
+def rate(points: Sequence[tuple[float, float]]) -> float | None:
+    """Growth per second of a cumulative count from its first to its last point."""
+    if len(points) < 2 or points[-1][0] <= points[0][0]:
+        return None
+    return (points[-1][1] - points[0][1]) / (points[-1][0] - points[0][0])
+
+
+def _runs_cells(data: ReportData, scenario: str, judge: Any) -> list[Cell]:
+    """One cell per run, and an inconclusive one when there are too few runs."""
+    ks = repeats(data, scenario)
+    cells: list[Cell] = [judge(data, k) for k in ks]
+    if len(ks) < MIN_LOOPBACK_RUNS:
+        cells.append(("inconclusive", f"{len(ks)} runs (needs {MIN_LOOPBACK_RUNS})"))
+    return cells
+
+
+def _paced(data: ReportData, k: int) -> tuple[float, float] | None:
+    lo = scalar(data, "slow", k, "pace_from_s")
+    hi = scalar(data, "slow", k, "pace_until_s")
+    return None if lo is None or hi is None or hi <= lo else (lo, hi)
+
+
+def _drops_cell(data: ReportData, k: int) -> Cell:
+    points = series(data, "slow", k, "receiver_kernel_drops")
+    if len(points) < 2:
+        return "inconclusive", f"run {k}: no kernel drop counter"
+    grew = points[-1][1] - points[0][1]
+    return ("pass" if grew == 0 else "fail"), f"run {k}: {grew:.0f} kernel drops"
+
+
+def judge_slow_drops(data: ReportData) -> Verdict:
+    """The slow receiver's socket dropped nothing, in every run."""
+    return _with_missing(data, combine(_runs_cells(data, "slow", _drops_cell), "the slow receiver"))
+
+
+def _held_back_cell(data: ReportData, k: int) -> Cell:
+    paced = _paced(data, k)
+    if paced is None:
+        return "inconclusive", f"run {k}: no paced phase"
+    lo, hi = paced
+    mid = (lo + hi) / 2
+    pushed = _window(series(data, "slow", k, "sender_pushed"), mid, hi)
+    taken = _window(series(data, "slow", k, "receiver_taken"), mid, hi)
+    if min(len(pushed), len(taken)) < MIN_WINDOW_SAMPLES:
+        return "inconclusive", (
+            f"run {k}: {len(pushed)} and {len(taken)} samples in the second half "
+            f"(needs {MIN_WINDOW_SAMPLES})"
+        )
+    push, take = rate(pushed), rate(taken)
+    if push is None or not take:
+        return "inconclusive", f"run {k}: the receiver took nothing in the second half"
+    calib = scalar(data, "slow", k, "calib_rate")
+    ratio = push / take
+    text = (
+        f"run {k}: pushes {push:,.0f}/s against {take:,.0f}/s taken "
+        f"({100 * (ratio - 1):+.1f}%)" + (f"; unthrottled {calib:,.0f}/s" if calib else "")
+    )
+    return ("pass" if abs(ratio - 1) <= HELD_BACK_TOLERANCE else "fail"), text
+
+
+def judge_held_back(data: ReportData) -> Verdict:
+    """The sender's push rate follows the slow receiver's consumption (see the module doc)."""
+    return _with_missing(
+        data, combine(_runs_cells(data, "slow", _held_back_cell), "the slow receiver")
+    )
+
+
+def _rss_growth(points: Sequence[tuple[float, float]], lo: float, hi: float) -> float | str:
+    third = (hi - lo) / 3
+    first = _window(points, lo, lo + third)
+    last = _window(points, hi - third, hi)
+    if min(len(first), len(last)) < MIN_WINDOW_SAMPLES:
+        return f"{len(first)} and {len(last)} samples in the thirds (needs {MIN_WINDOW_SAMPLES})"
+    return max(v for _, v in last) - max(v for _, v in first)
+
+
+def _memory_cell(data: ReportData, k: int) -> Cell:
+    paced = _paced(data, k)
+    if paced is None:
+        return "inconclusive", f"run {k}: no paced phase"
+    parts: list[str] = []
+    status: Status = "pass"
+    for who in ("sender", "receiver"):
+        growth = _rss_growth(series(data, "slow", k, f"{who}_rss"), *paced)
+        if isinstance(growth, str):
+            return "inconclusive", f"run {k}: {who} {growth}"
+        parts.append(f"{who} {growth / 2**20:+.1f} MiB")
+        if growth > RSS_GROWTH_BOUND:
+            status = "fail"
+    return status, f"run {k}: " + ", ".join(parts)
+
+
+def judge_memory(data: ReportData) -> Verdict:
+    """Both ends' RSS flat over the paced phase (see the module doc)."""
+    return _with_missing(
+        data, combine(_runs_cells(data, "slow", _memory_cell), "the slow receiver")
+    )
+
+
+def _slow_delivery_cell(data: ReportData, k: int) -> Cell:
+    return _delivery_cell(summary_row(data, "slow", k), 0.0, True, f"run {k}")
+
+
+def judge_slow_delivery(data: ReportData) -> Verdict:
+    """Every message to the slow receiver taken once, in order, in every run."""
+    return _with_missing(
+        data, combine(_runs_cells(data, "slow", _slow_delivery_cell), "the slow receiver")
+    )
+
+
+def classify_restart(
+    pushed: Iterable[int],
+    taken1: Iterable[int],
+    taken2: Iterable[int],
+    named: Sequence[int],
+    bound: int,
+) -> dict[str, int]:
+    """The counts the restart rules turn on (see the module doc), from what
+    was pushed, what each incarnation took, what the failures named (in
+    order, with repeats) and how many messages the first incarnation's
+    budget holds (``bound``)."""
+    p, a1, a2 = set(pushed), set(taken1), set(taken2)
+    d = set(named)
+    last = max(a1, default=-1)
+    unaccounted = p - a1 - a2 - d
+    named_first = d & a1
+    return {
+        "pushed": len(p),
+        "taken_first": len(a1),
+        "taken_second": len(a2),
+        "named": len(d),
+        "named_twice": len(named) - len(d),
+        "named_unpushed": len(d - p),
+        "named_taken_first": len(named_first),
+        "named_taken_first_in_place": int(
+            named_first == set(sorted(a1)[len(a1) - len(named_first) :])
+        ),
+        "named_taken_second": len(d & a2),
+        "taken_both": len(a1 & a2),
+        "unaccounted": len(unaccounted),
+        "unaccounted_in_place": int(
+            unaccounted == set(range(last + 1, last + 1 + len(unaccounted)))
+        ),
+        "unaccounted_bound": bound,
+    }
+
+
+def _detect_cell(data: ReportData, k: int) -> Cell:
+    detected = scalar(data, "restart", k, "detected")
+    if detected is None:
+        return "inconclusive", f"run {k}: not measured"
+    if not detected:
+        return "fail", f"run {k}: the sender never reported the restart"
+    ready = scalar(data, "restart", k, "detect_from_ready_s")
+    kill = scalar(data, "restart", k, "detect_from_kill_s")
+    pto = scalar(data, "restart", k, "pto_s")
+    if ready is None or kill is None or not pto:
+        return "inconclusive", f"run {k}: no detection time or PTO"
+    text = (
+        f"run {k}: {ready * 1e3:.1f} ms after the restart = {ready / pto:.1f} PTO "
+        f"(PTO {pto * 1e3:.1f} ms; {kill * 1e3:.1f} ms after the kill)"
+    )
+    if ready < 0:
+        return "inconclusive", text + ": reported before the restart"
+    return ("pass" if ready <= DETECT_PTOS * pto else "fail"), text
+
+
+def judge_detection(data: ReportData) -> Verdict:
+    """Every restart reported within :data:`DETECT_PTOS` base PTOs."""
+    return _with_missing(data, combine(_runs_cells(data, "restart", _detect_cell), "the restart"))
+
+
+_CLASSES: Final = ("named", "named_twice", "named_unpushed", "named_taken_first",
+                   "named_taken_first_in_place", "named_taken_second", "unaccounted",
+                   "unaccounted_in_place", "unaccounted_bound")  # fmt: skip
+
+
+def _named_cell(data: ReportData, k: int) -> Cell:
+    c = {name: scalar(data, "restart", k, name) for name in _CLASSES}
+    if any(v is None for v in c.values()):
+        return "inconclusive", f"run {k}: not measured"
+    n = {name: int(v or 0) for name, v in c.items()}
+    text = (
+        f"run {k}: {n['named']:,} named, {n['named_taken_first']} of them taken by the first "
+        f"incarnation, {n['unaccounted']} unnamed and not taken (bound {n['unaccounted_bound']})"
+    )
+    wrong = [
+        what
+        for what, bad in (
+            (f"{n['named_twice']} named twice", n["named_twice"]),
+            (f"{n['named_unpushed']} named but never pushed", n["named_unpushed"]),
+            (f"{n['named_taken_second']} named and taken by the second", n["named_taken_second"]),
+            ("named ones taken not at the end of what it took",
+             n["named_taken_first"] and not n["named_taken_first_in_place"]),
+            ("unnamed ones not right after what it took",
+             n["unaccounted"] and not n["unaccounted_in_place"]),
+            ("more unnamed than its budget holds", n["unaccounted"] > n["unaccounted_bound"]),
+        )
+        if bad
+    ]  # fmt: skip
+    if wrong:
+        return "fail", text + ": " + ", ".join(wrong)
+    if not n["named"]:
+        return "inconclusive", text + ": nothing was in doubt"
+    return "pass", text
+
+
+def judge_named(data: ReportData) -> Verdict:
+    """The failures name exactly the messages in doubt (see the module doc)."""
+    return _with_missing(data, combine(_runs_cells(data, "restart", _named_cell), "the restart"))
+
+
+def _no_dup_cell(data: ReportData, k: int) -> Cell:
+    row = summary_row(data, "restart", k)
+    both = scalar(data, "restart", k, "taken_both")
+    again = scalar(data, "restart", k, "named_taken_second")
+    second = scalar(data, "restart", k, "taken_second")
+    if row is None or both is None or again is None or second is None:
+        return "inconclusive", f"run {k}: not measured"
+    text = (
+        f"run {k}: {row['duplicates']} duplicates, {both:.0f} taken by both incarnations, "
+        f"{again:.0f} named and taken again, {second:,.0f} taken by the second"
+    )
+    if row["duplicates"] or both or again:
+        return "fail", text
+    if not second:
+        return "inconclusive", text + ": the second incarnation took nothing"
+    return "pass", text
+
+
+def judge_no_duplicate(data: ReportData) -> Verdict:
+    """Nothing the first incarnation took reaches the second (see the module doc)."""
+    return _with_missing(data, combine(_runs_cells(data, "restart", _no_dup_cell), "the restart"))
+
+
 def _pct_list(values: Iterable[float]) -> str:
     return ", ".join(loss_label(v) for v in values)
 
@@ -357,6 +725,41 @@ CLAIMS: Final = (
         text="512 B ping-pong at 1.4 % loss: p99 at most 10 ms unordered and 15 ms reliable "
         f"({MIN_P99_ROUND_TRIPS:,}+ round trips; a lost round trip counts as infinitely slow).",
         judge=judge_p99,
+    ),
+    Claim(
+        text="A receiver taking a tenth of the sender's unthrottled rate (loopback, reliable, "
+        "on_full='block'): its kernel drops nothing.",
+        judge=judge_slow_drops,
+    ),
+    Claim(
+        text="That sender is held back: over the second half of the paced phase its push rate "
+        f"is within ±{100 * HELD_BACK_TOLERANCE:.0f} % of the receiver's consumption.",
+        judge=judge_held_back,
+    ),
+    Claim(
+        text="Both ends' memory stays flat meanwhile: RSS in the paced phase's last third at "
+        f"most {RSS_GROWTH_BOUND / 2**20:.0f} MiB above its first third's maximum.",
+        judge=judge_memory,
+    ),
+    Claim(
+        text="The slow receiver takes every message once, in order.",
+        judge=judge_slow_delivery,
+    ),
+    Claim(
+        text="A receiver killed (SIGKILL) mid-stream and restarted on its port is detected "
+        f"within {DETECT_PTOS:g} probe timeouts (the sender's base PTO) of the restart.",
+        judge=judge_detection,
+    ),
+    Claim(
+        text="The sender names exactly the messages in doubt: every message neither "
+        "incarnation took, except the first one's acknowledged-but-unread tail (at most its "
+        "max_buffered_bytes), none twice, none the new incarnation took.",
+        judge=judge_named,
+    ),
+    Claim(
+        text="No message the first incarnation took is delivered again to the second, and "
+        "none twice at all.",
+        judge=judge_no_duplicate,
     ),
 )
 """The delivery targets, in the report's order."""

@@ -60,6 +60,7 @@ from cmq.lab.experiments import PROFILES, Context, Profile
 from cmq.lab.experiments._proc import GRACE, READY_TIMEOUT, Child, WorkerError
 from cmq.lab.experiments._record import RunBook
 from cmq.lab.experiments.fig6 import BROKER_REASON, BROKERS, DATAGRAM_TIMEOUT, STREAM_TIMEOUT
+from cmq.lab.experiments.reliability import loopback
 from cmq.lab.experiments.reliability.claims import (
     EXPERIMENT_ID,
     LATENCY_LOSS,
@@ -155,6 +156,19 @@ class Scale:
     """Round trips of each peer (tcp, zmq) per loss."""
     peer_losses: tuple[float, ...] = (0.0, LATENCY_LOSS)
     """Losses the peers are measured at (TCP's repairs cost 200 ms each)."""
+    slow_repeats: int = 3
+    """Slow-receiver runs (loopback)."""
+    slow_seconds: float = 12.0
+    """How long the slow receiver's sender pushes (the receiver paces until then)."""
+    slow_calib: int = 20_000
+    """Messages the slow receiver takes as they come first, to measure the
+    sender's unthrottled rate in the same run."""
+    restart_repeats: int = 3
+    """Receiver-restart runs (loopback)."""
+    restart_kill_after: int = 5000
+    """Messages the first incarnation takes before it is killed."""
+    restart_after: float = 0.5
+    """Seconds the sender keeps pushing after it reported the failure."""
 
     def __post_init__(self) -> None:
         if not self.losses or any(not 0.0 <= p < 1.0 for p in self.losses):
@@ -163,10 +177,14 @@ class Scale:
             raise ConfigError("Scale.losses must hold 0: the lossless baseline of the same run")
         if self.size < 16:
             raise ConfigError("Scale.size must be at least 16 bytes (sequence number and stamp)")
-        for name in ("tp_count", "tp_repeats", "rt_count", "rt_count_other", "peer_count"):
+        for name in ("tp_count", "tp_repeats", "rt_count", "rt_count_other", "peer_count",
+                     "slow_repeats", "slow_calib", "restart_repeats", "restart_kill_after"):  # fmt: skip
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"Scale.{name} must be a whole number of at least 1")
+        for name in ("slow_seconds", "restart_after"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"Scale.{name} must be a positive number of seconds")
 
     def repeats(self, loss: float, mode: str) -> int:
         """Throughput runs of ``mode`` at ``loss``."""
@@ -184,6 +202,9 @@ SCALES: Final[dict[str, Scale]] = {
         rt_count_other=10_000,
         peer_count=2000,
         peer_losses=LOSSES,
+        slow_repeats=5,
+        slow_seconds=30.0,
+        restart_repeats=10,
     ),
     # About a minute here: 3 x 20,000 messages behind each throughput ratio,
     # 1000 cmq round trips at 0 and 1.4 % (the p99 rule's minimum), 300 at
@@ -200,6 +221,12 @@ SCALES: Final[dict[str, Scale]] = {
         rt_count_other=100,
         peer_count=50,
         peer_losses=(0.0,),
+        slow_repeats=1,
+        slow_seconds=1.5,
+        slow_calib=2000,
+        restart_repeats=1,
+        restart_kill_after=500,
+        restart_after=0.2,
     ),
 }
 
@@ -249,11 +276,15 @@ def _peers(ctx: Context) -> list[str]:
 def steps(ctx: Context, scale: Scale | None = None) -> int:
     """Progress steps of :func:`run`: one per run."""
     scale = scale or scale_for(ctx.profile)
-    run_modes = modes(delivery_modes())
+    api = delivery_modes()
+    local = loopback.steps(scale) if api else 0
+    if netns.unavailable(loss=True) is not None:
+        return local
+    run_modes = modes(api)
     tp = sum(scale.repeats(p, m) for p in scale.losses for m in run_modes)
     # A peer that cannot run (a broker) still takes its steps, as skipped.
     peer_losses = len(set(scale.peer_losses) & set(scale.losses))
-    return tp + len(run_modes) * len(scale.losses) + len(_peers(ctx)) * peer_losses
+    return tp + len(run_modes) * len(scale.losses) + len(_peers(ctx)) * peer_losses + local
 
 
 # -- the two programs of a throughput run ------------------------------------------
@@ -262,10 +293,16 @@ def steps(ctx: Context, scale: Scale | None = None) -> int:
 class _Peer(Child):
     """One role of :mod:`._peer` on one host, its ``TAG {json}`` lines read by a thread."""
 
-    def __init__(self, prefix: Sequence[str], role: str, params: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        prefix: Sequence[str],
+        role: str,
+        params: dict[str, Any],
+        stdin: int = subprocess.DEVNULL,
+    ) -> None:
         self.role = role
         argv = [*prefix, sys.executable, str(_PEER_PROGRAM), role, json.dumps(params)]
-        LineProcess.__init__(self, argv, stdin=subprocess.DEVNULL)
+        LineProcess.__init__(self, argv, stdin=stdin)
 
 
 def _expect(peer: _Peer, tag: str, timeout: float) -> dict[str, Any]:
@@ -550,7 +587,15 @@ def run(ctx: Context, scale: Scale | None = None) -> None:
         )
     run_params = {"delivery_modes": api, "scale": scale.name, "size": scale.size,
                   "tp_count": scale.tp_count}  # fmt: skip
-    with contextlib.ExitStack() as stack:
-        books = _Books(ctx, stack, run_params)
-        _throughput_runs(ctx, scale, books, api)
-        _round_trips(ctx, scale, books, api)
+    why = netns.unavailable(loss=True)
+    if why is not None:
+        ctx.say(f"{EXPERIMENT_ID}: {why}: the runs under loss are skipped, the loopback ones run")
+        with RunBook(ctx.out, EXPERIMENT_ID, pin=ctx.pin, params=run_params) as book:
+            book.skip("cmq", f"{why}: the runs under loss need lossy network namespaces")
+    else:
+        with contextlib.ExitStack() as stack:
+            books = _Books(ctx, stack, run_params)
+            _throughput_runs(ctx, scale, books, api)
+            _round_trips(ctx, scale, books, api)
+    if api:
+        loopback.run(ctx, scale, queue_options("reliable", api), run_params)

@@ -8,15 +8,23 @@ rows in tests as it does from Spark's.
   mode, with the throughput targets of the reliable modes marked.
 - Figure 2: p50 and p99 round trip against loss, one line per cmq mode and
   per peer, with the p99 bounds drawn.
+- Figure 3 (slow receiver, first run): push and take rates, and both
+  processes' RSS and the sender's send buffer, against time, the paced
+  phase shaded.
+- Figure 4 (receiver restart): the detection time of every run in PTOs,
+  from the restart and from the kill, with the bound drawn; and what
+  became of the pushed messages.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from cmq.lab.experiments.reliability.claims import (
+    DETECT_PTOS,
     EXPERIMENT_ID,
     LATENCY_LOSS,
     MODES,
@@ -26,6 +34,9 @@ from cmq.lab.experiments.reliability.claims import (
     cell,
     loss_label,
     modes_missing,
+    repeats,
+    scalar,
+    series,
 )
 from cmq.pipeline.report import ReportData, Row, Section, Table, new_figure, svg
 
@@ -188,11 +199,126 @@ def _latency_table(data: ReportData, rows: Sequence[Row]) -> Table:
     )  # fmt: skip
 
 
+def _rates(points: Sequence[tuple[float, float]]) -> tuple[list[float], list[float]]:
+    """Per-interval rates of a cumulative count, at each interval's end."""
+    xs, ys = [], []
+    for (x0, v0), (x1, v1) in itertools.pairwise(points):
+        if x1 > x0:
+            xs.append(x1)
+            ys.append((v1 - v0) / (x1 - x0))
+    return xs, ys
+
+
+def _slow_figure(data: ReportData) -> str:
+    ks = repeats(data, "slow")
+    if not ks:
+        return ""
+    k = ks[0]
+    pushed = series(data, "slow", k, "sender_pushed")
+    taken = series(data, "slow", k, "receiver_taken")
+    if not pushed or not taken:
+        return ""
+    fig, (ax_r, ax_m) = new_figure(2)
+    for points, label, colour in ((pushed, "sender pushes/s", "C0"),
+                                  (taken, "receiver takes/s", "C1")):  # fmt: skip
+        ax_r.plot(*_rates(points), color=colour, lw=1, label=label)
+    for metric, label, colour in (("sender_rss", "sender RSS", "C0"),
+                                  ("receiver_rss", "receiver RSS", "C1"),
+                                  ("sender_send_buffered", "sender send_buffered", "C2"),
+                                  ("receiver_held_bytes", "receiver held_bytes", "C3")):  # fmt: skip
+        points = series(data, "slow", k, metric)
+        ax_m.plot([x for x, _ in points], [v / 2**20 for _, v in points], color=colour, lw=1,
+                  label=label)  # fmt: skip
+    lo, hi = scalar(data, "slow", k, "pace_from_s"), scalar(data, "slow", k, "pace_until_s")
+    for ax in (ax_r, ax_m):
+        if lo is not None and hi is not None:
+            ax.axvspan(lo, hi, color="0.9", label="paced phase")
+        ax.set_xlabel("seconds since the sender's first push")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    ax_r.set_yscale("log")
+    ax_r.set_ylabel("messages/s (per 50 ms sample)")
+    ax_r.set_title(f"slow receiver, run {k}: push and take rates", fontsize=10)
+    ax_m.set_ylabel("MiB")
+    ax_m.set_ylim(bottom=0)
+    ax_m.set_title("memory and buffers", fontsize=10)
+    return svg(fig)
+
+
+def _restart_figure(data: ReportData) -> str:
+    ks = [k for k in repeats(data, "restart") if scalar(data, "restart", k, "pto_s")]
+    if not ks:
+        return ""
+    fig, (ax_d, ax_n) = new_figure(2)
+    for metric, label, colour, dx in (("detect_from_ready_s", "from the restart", "C0", -0.15),
+                                      ("detect_from_kill_s", "from the kill", "C1", 0.15)):  # fmt: skip
+        ys = [(scalar(data, "restart", k, metric) or math.nan) / (scalar(data, "restart", k, "pto_s") or math.nan)
+              for k in ks]  # fmt: skip
+        ax_d.bar([k + dx for k in ks], ys, width=0.3, color=colour, label=label)
+    ax_d.axhline(DETECT_PTOS, ls=":", color="k", lw=1, label=f"bound: {DETECT_PTOS:g} PTO")
+    ax_d.set_xlabel("run")
+    ax_d.set_ylabel("detection time (base PTOs of the sender)")
+    ax_d.set_title("restart detected, in PTOs", fontsize=10)
+    ax_d.legend(fontsize=7)
+    bottom = [0.0] * len(ks)
+    for metric, label, colour in (("taken_first", "taken by the first", "C0"),
+                                  ("named", "named in doubt", "C3"),
+                                  ("unaccounted", "neither (acknowledged, unread)", "C7"),
+                                  ("taken_second", "taken by the second", "C2")):  # fmt: skip
+        ys = [scalar(data, "restart", k, metric) or 0.0 for k in ks]
+        if metric == "named":  # the named ones the first took are counted there already
+            ys = [y - (scalar(data, "restart", k, "named_taken_first") or 0.0)
+                  for y, k in zip(ys, ks, strict=True)]  # fmt: skip
+        ax_n.bar(ks, ys, bottom=bottom, color=colour, label=label)
+        bottom = [b + y for b, y in zip(bottom, ys, strict=True)]
+    ax_n.set_xlabel("run")
+    ax_n.set_ylabel("messages pushed")
+    ax_n.set_title("what became of every message pushed", fontsize=10)
+    ax_n.legend(fontsize=7)
+    for ax in (ax_d, ax_n):
+        ax.set_xticks(ks)
+        ax.grid(True, axis="y", alpha=0.3)
+    return svg(fig)
+
+
+def _loopback_table(data: ReportData) -> Table | None:
+    out = []
+    for k in repeats(data, "slow"):
+
+        def v(m: str, k: int = k) -> float | None:
+            return scalar(data, "slow", k, m)
+
+        drops = series(data, "slow", k, "receiver_kernel_drops")
+        out.append(["slow receiver", k, _num(v("calib_rate")), _num(v("pace_rate")),
+                    _num(drops[-1][1] - drops[0][1]) if drops else "", "", "", "", ""])  # fmt: skip
+    for k in repeats(data, "restart"):
+
+        def w(m: str, k: int = k) -> float | None:
+            return scalar(data, "restart", k, m)
+
+        pto = w("pto_s")
+        out.append(["restart", k, "", "", "",
+                    _num(None if w("restart_gap_s") is None else 1e3 * (w("restart_gap_s") or 0), 1),
+                    _num(None if pto is None else 1e3 * pto, 1), _num(w("named")),
+                    _num(w("unaccounted"))])  # fmt: skip
+    if not out:
+        return None
+    return Table(
+        caption="Loopback runs: the slow receiver's calibration and kernel drops; the "
+        "restart's gap (kill to the new incarnation listening), the sender's PTO, what "
+        "was named in doubt and what was neither taken nor named",
+        columns=["scenario", "run", "unthrottled msgs/s", "paced msgs/s", "kernel drops",
+                 "restart gap ms", "PTO ms", "named in doubt", "unnamed, not taken"],
+        rows=out,
+    )  # fmt: skip
+
+
 def render(data: ReportData, experiment: str) -> Section:
     """The section: figures, tables and notes of ``experiment``'s rows."""
     tp = data.rows(experiment, scenario="throughput", system="cmq")
     rt = data.rows(experiment, scenario="pingpong")
-    figures = [f for f in (_throughput_figure(tp), _latency_figure(rt)) if f]
+    figures = [f for f in (_throughput_figure(tp), _latency_figure(rt), _slow_figure(data),
+                           _restart_figure(data)) if f]  # fmt: skip
     notes = [
         "Every run in fresh network namespaces; the lossless baseline is measured in the same "
         "run, in the same kind of namespaces, interleaved with the lossy runs. Datagrams are "
@@ -202,6 +328,12 @@ def render(data: ReportData, experiment: str) -> Section:
         "The rules judging the claims (sample minimums, how lost round trips count in a "
         "percentile) are in cmq.lab.experiments.reliability.claims, fixed before measuring.",
     ]
+    notes.append(
+        "The slow receiver and the restart run on loopback in the host's own network "
+        "namespace (no loss needed, no root), 512 B messages, reliable mode with on_full="
+        "'block' and every other option at its default; their time series' x is seconds since "
+        "the sender's first push (one clock for both processes)."
+    )
     why = modes_missing(data)
     if why is not None:
         notes.insert(0, f"Note: {why}.")
@@ -210,6 +342,9 @@ def render(data: ReportData, experiment: str) -> Section:
         tables.append(_throughput_table(data, tp))
     if rt:
         tables.append(_latency_table(data, rt))
+    loop = _loopback_table(data)
+    if loop is not None:
+        tables.append(loop)
     if not tables:
         notes.append("No records for this experiment.")
     return Section(figures=figures, tables=tables, notes=notes)
