@@ -75,8 +75,9 @@ DEFAULT_MAX_SEND_BUFFERED: Final = 64 * 1024 * 1024
 #: within it, the receiver's memory budget decides (a window of small
 #: datagrams must still cover a round trip at full rate).
 DEFAULT_WINDOW: Final = 8192
-#: Probe timeouts without an answer before a peer is declared dead (the
-#: timeout doubles each time from a few ms, capped at 1 s: about 3-5 s).
+#: How long a silent peer has before it is declared dead, in doubling probe
+#: timeouts (from a few ms, each capped at 1 s: about 3-5 s). Probes go
+#: more often than that, at most two probe timeouts apart.
 DEFAULT_MAX_PROBES: Final = 10
 #: How long a push waits for room in a full send buffer before it raises.
 DEFAULT_PUSH_TIMEOUT: Final = 30.0
@@ -186,9 +187,12 @@ class QueueConfig:
     window: int = field(default=DEFAULT_WINDOW, metadata=_doc("datagrams in flight per stream"))
     """Most datagrams one sender may have in flight to this endpoint, per stream."""
 
-    max_probes: int = field(default=DEFAULT_MAX_PROBES, metadata=_doc("unanswered probes before a peer is dead"))
-    """Probe timeouts without an answer before the peer is declared dead and
-    its unacknowledged messages reported in doubt."""
+    max_probes: int = field(default=DEFAULT_MAX_PROBES, metadata=_doc("doubling probe timeouts before a silent peer is dead"))
+    """How long a peer may stay silent before it is declared dead and its
+    unacknowledged messages reported in doubt: as long as this many probe
+    timeouts take, doubling from the first (each at most 1 s). Probes are
+    sent more often (at most two probe timeouts apart), so that a receiver
+    restarted on the same address is found within a few of them."""
 
     linger: float = field(default=DEFAULT_LINGER, metadata=_doc("seconds close() waits for acknowledgements"))
     """Seconds ``close()`` waits for reliable messages to be acknowledged."""

@@ -363,6 +363,29 @@ def test_receiver_restart_reports_exactly_the_unacknowledged_messages(net: SimNe
     assert len(a.failures()) == 1
 
 
+@pytest.mark.parametrize("outage", [0.01, 0.2, 1.5])
+def test_a_receiver_back_after_any_outage_is_found_within_three_probe_timeouts(
+    net: SimNetwork, outage: float
+) -> None:
+    """However long it was gone (short of dead), a restarted receiver hears a
+    probe within a few PTOs: probes do not back off past two PTOs apart."""
+    a = net.add(**SMALL)
+    b = net.add(**SMALL)
+    push_all(a, b, messages(10))
+    assert net.run(until=lambda: a.unacknowledged() == 0)
+    b.crash()
+    push_all(a, b, messages(5, start=10))
+    net.run_for(outage)
+    assert not a.failures()  # silent for less than max_probes' doubling schedule: not dead yet
+    pto = a._rel.pto()
+    back = net.now
+    net.add(addr=b.addr, **SMALL)
+    assert net.run(until=lambda: bool(a.failures()))
+    (failure,) = a.failures()
+    assert failure.reason == "peer_reset"
+    assert net.now - back <= 3 * pto
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3, 4])
 def test_receiver_restart_mid_stream_loses_nothing_unreported(seed: int) -> None:
     with SimNetwork(seed=seed, loss=0.1) as net:
@@ -400,7 +423,10 @@ def test_a_dead_peer_is_reported_after_max_probes(net: SimNetwork) -> None:
     assert failure.reason == "peer_dead" and failure.dest == b.addr
     assert failure.messages == tuple({"n": i} for i in range(10, 20))
     stats = a.stats()
-    assert stats.dead_streams == 1 and stats.in_doubt == 10 and stats.probes == 4
+    assert stats.dead_streams == 1 and stats.in_doubt == 10
+    # Probes at most two PTOs apart, for as long as four doubling ones take
+    # (2 + 4 + 8 + 16 = 30 PTOs): about 15 of them.
+    assert 10 <= stats.probes <= 20
     assert a.unacknowledged() == 0 and a._next_deadline() is None
     net.heal(cut)
     push_all(a, b, [20, 21])  # a new epoch: the peer is tried afresh

@@ -27,9 +27,12 @@ passes it:
   max_ack_delay``, doubling per expiry) sends a PROBE record carrying the
   next seq, so the receiver learns of a lost tail and answers at once. It
   runs while anything is unacknowledged or waits for credit;
-- after ``max_probes`` probes without an answer the peer is *dead*: every
-  message still in the buffer is reported in doubt (:class:`DeliveryFailure`)
-  and the stream starts a new epoch. A STATUS with ``reset`` (the receiver
+- after as long without an answer as ``max_probes`` doubling probe timeouts
+  take (``PTO * (2 + 4 + ... + 2**max_probes)``, each at most ``MAX_PTO``)
+  the peer is *dead*: every message still in the buffer is reported in doubt
+  (:class:`DeliveryFailure`) and the stream starts a new epoch. Probes go
+  more often than that schedule, at most ``2**PROBE_BACKOFF`` PTOs apart, so
+  that a receiver restarted meanwhile is found within a few PTOs. A STATUS with ``reset`` (the receiver
   restarted and does not know the stream) does the same at once.
 
 The receiver side (:class:`RecvStream`, kept by :class:`cmq.wire.receiver.Receiver`)
@@ -93,6 +96,12 @@ GRANULARITY: Final = 0.001
 MAX_ACK_DELAY: Final = 0.002
 #: Longest probe timeout, however many expired in a row.
 MAX_PTO: Final = 1.0
+#: While the peer is silent, probes go at most 2**this base PTOs apart
+#: (RFC 9002 doubles without bound): a receiver restarted on the same
+#: address hears one, and says it lost the stream, within a few PTOs of its
+#: restart, however long it was gone. How long silence lasts before the peer
+#: is declared dead is the doubling schedule's, not the probes' count.
+PROBE_BACKOFF: Final = 1
 #: Datagrams a sender may send in a new epoch before the first STATUS
 #: gives it real credit (one round trip's worth on a LAN).
 INITIAL_CREDIT: Final = 16
@@ -121,7 +130,8 @@ def _in_ranges(seq: int, ranges: tuple[tuple[int, int], ...]) -> bool:
 class DeliveryFailure:
     """Messages that were pushed reliably but whose delivery is in doubt.
 
-    ``reason`` is ``"peer_dead"`` (no answer to ``max_probes`` probes),
+    ``reason`` is ``"peer_dead"`` (no answer for as long as ``max_probes``
+    doubling probe timeouts take),
     ``"peer_reset"`` (the receiver restarted: what it had not acknowledged
     is in doubt) or ``"closed"`` (the endpoint closed before they were
     acknowledged). Each message may or may not have been delivered; none
@@ -144,6 +154,7 @@ class SendStream:
         "behind_since",
         "buf",
         "credit",
+        "dead_at",
         "epoch",
         "mailbox",
         "nbytes",
@@ -173,7 +184,8 @@ class SendStream:
         self.buf: dict[int, list[Any]] = {}
         self.nbytes = 0
         self.pto_count = 0  # probe timeouts since data was last acknowledged (the backoff)
-        self.unanswered = 0  # probe timeouts since the last STATUS (the peer is dead past max_probes)
+        self.unanswered = 0  # probe timeouts since the last STATUS
+        self.dead_at: float | None = None  # silent until then: the peer is dead (see max_probes)
         self.pto_at: float | None = None
         # Since when every STATUS asks for what was acknowledged before (None: the last did not).
         self.behind_since: float | None = None
@@ -261,6 +273,7 @@ class ReliableSender:
         self.total -= st.nbytes
         st.nbytes = 0
         st.pto_count = st.unanswered = 0
+        st.dead_at = None
         st.pto_at = st.behind_since = None
         st.sampled = MASK
         st.stream.seq = 0
@@ -361,9 +374,15 @@ class ReliableSender:
         """The base probe timeout (RFC 9002 §6.2.1)."""
         return self.srtt + max(4 * self.rttvar, GRANULARITY) + MAX_ACK_DELAY
 
+    def silence(self) -> float:
+        """How long a peer may leave probes unanswered before it is dead: the
+        time ``max_probes`` doubling probe timeouts would take."""
+        pto = self.pto()
+        return sum(min(pto * (1 << k), MAX_PTO) for k in range(1, self._max_probes + 1))
+
     def _arm(self, st: SendStream, now: float) -> None:
         if st.pto_at is None:
-            st.pto_at = now + min(self.pto() * (1 << min(st.pto_count, 16)), MAX_PTO)
+            st.pto_at = now + min(self.pto() * (1 << min(st.pto_count, PROBE_BACKOFF)), MAX_PTO)
             self._tick += 1
             heapq.heappush(self._timers, (st.pto_at, self._tick, st.epoch))
 
@@ -395,6 +414,7 @@ class ReliableSender:
         # An answer, even one that acknowledges nothing new: a receiver whose
         # application is slow (no credit, or a full mailbox) is alive.
         st.unanswered = 0
+        st.dead_at = None
         if st.syn:
             st.syn = False
             st.stream.ext = st.ext()
@@ -500,7 +520,9 @@ class ReliableSender:
                 continue
             st.pto_count += 1
             st.unanswered += 1
-            if st.unanswered > self._max_probes:
+            if st.dead_at is None:
+                st.dead_at = now + self.silence()
+            elif now >= st.dead_at:
                 self.dead_streams += 1
                 self._restart(st, "peer_dead", now)
                 continue
