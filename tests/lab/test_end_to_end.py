@@ -7,6 +7,7 @@ scalability experiment at its tiny scale.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -38,12 +39,16 @@ def test_a_tiny_lab_run_writes_records_and_the_report(
             ("cmq-fig6", s, m, 512) for s in ("cmq", "udp") for m in ("pingpong", "pingping")
         }
     assert groups == expected
-    assert len(records) == 30 * len(expected)
+    # Figure 6 runs each cell twice: its lossless baseline, then under loss.
+    per_group = {g: 60 if g[0] == "cmq-fig6" else 30 for g in expected}
+    assert len(records) == sum(per_group.values())
+    fig6 = [r for r in records if r["experiment"] == "cmq-fig6"]
+    assert sorted({json.loads(r["params"])["loss"] for r in fig6}) == ([0.0, 0.014] if lossy else [])
     assert all(r["round_trip"] for r in records)
     runs = read_table(out, "runs").to_pylist()
     assert {r["status"] for r in runs} == {"ok"} if lossy else {"ok", "skipped"}
     fig6_losses = {r["loss"] for r in runs if r["experiment"] == "cmq-fig6"}
-    assert fig6_losses == ({0.014} if lossy else {0.0})
+    assert fig6_losses == ({0.0, 0.014} if lossy else {0.0})
     samples = read_table(out, "samples").to_pylist()
     assert {r["metric"] for r in samples} == {"push_ns", "rss_bytes"}
     assert {r["x"] for r in samples if r["metric"] == "push_ns"} == {1.0, 1000.0}
