@@ -70,3 +70,35 @@ def test_summary_layout() -> None:
         "skipped nats: no nats-server: apt-get install nats-server",
         "report: /tmp/x/report.html",
     ]
+
+
+def test_piped_progress_prints_a_line_at_least_every_heartbeat() -> None:
+    """Without a terminal (output piped), a long step still says what runs."""
+    import threading
+
+    from cmq.lab.orchestrate import Ui
+
+    lines: list[str] = []
+    beat = threading.Event()
+
+    class Recording(Ui):
+        HEARTBEAT = 0.1
+
+        def say(self, text: str) -> None:
+            super().say(text)
+            lines.append(text)
+            if "steps" in text:
+                beat.set()
+
+    ui = Recording(bar=False)
+    with ui.session(8):
+        ui.advance("cmq-fig5: pingpong cmq 512 B", 3)
+        assert beat.wait(timeout=30), "no heartbeat line"
+    (line,) = [x for x in lines if "steps" in x][:1]
+    assert line.startswith("cmq lab: 3/8 steps, 0m")
+    assert line.endswith(": cmq-fig5: pingpong cmq 512 B ...")
+    quiet = Recording(bar=False, quiet=True)
+    with quiet.session(8):
+        quiet.advance("x")
+    # A quiet run prints nothing; the heartbeat thread is not even started.
+    assert all("x ..." not in x for x in lines)

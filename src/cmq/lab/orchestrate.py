@@ -30,6 +30,7 @@ import os
 import shutil
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -162,9 +163,17 @@ class LabResult:
     headlines: tuple[str, ...] = ()
 
 
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes}m{secs:02d}s"
+
+
 class Ui:
     """Where progress and messages go: a rich progress bar on a terminal,
     plain lines otherwise, nothing with ``quiet``. All on stderr."""
+
+    #: Without a bar (output piped or redirected), a line at least this often.
+    HEARTBEAT: float = 10.0
 
     def __init__(self, *, quiet: bool = False, bar: bool | None = None) -> None:
         self.quiet = quiet
@@ -172,12 +181,50 @@ class Ui:
         self._progress: Any = None
         self._task: Any = None
         self._console: Any = None
+        # The plain-lines progress: steps done of the total, what runs now,
+        # and when the last line went out (for the heartbeat).
+        self._done = 0
+        self._total = 0
+        self._label = ""
+        self._started = time.monotonic()
+        self._last_line = time.monotonic()
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def _heartbeat(self) -> Iterator[None]:
+        """Without a bar: a progress line whenever HEARTBEAT passes without one."""
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(min(1.0, self.HEARTBEAT / 2)):
+                with self._lock:
+                    quiet_for = time.monotonic() - self._last_line
+                if quiet_for >= self.HEARTBEAT:
+                    self.say(self._progress_line())
+
+        thread = threading.Thread(target=beat, name="cmq-lab-heartbeat", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+
+    def _progress_line(self) -> str:
+        elapsed = _duration(time.monotonic() - self._started)
+        steps = f"{self._done}/{self._total} steps, " if self._total else ""
+        return f"cmq lab: {steps}{elapsed}: {self._label or 'working'} ..."
 
     @contextlib.contextmanager
     def session(self, total: int) -> Iterator[None]:
         """Show the progress bar (``total`` steps) while the block runs."""
-        if self.quiet or not self.bar:
+        if self.quiet:
             yield
+            return
+        if not self.bar:
+            self._total, self._done = total, 0
+            with self._heartbeat():
+                yield
             return
         from rich.console import Console
         from rich.progress import (
@@ -206,11 +253,16 @@ class Ui:
 
     def advance(self, label: str, steps: int = 1) -> None:
         """Move the bar on by ``steps``; ``label`` says what runs now."""
+        with self._lock:
+            self._done += steps
+            self._label = label
         if self._progress is not None:
             self._progress.update(self._task, advance=steps, description=label)
 
     def extend(self, steps: int) -> None:
         """Add ``steps`` to the bar's total (an experiment overran its estimate)."""
+        with self._lock:
+            self._total += steps
         if self._progress is not None:
             total = self._progress.tasks[0].total or 0
             self._progress.update(self._task, total=total + steps)
@@ -222,7 +274,10 @@ class Ui:
             yield
         elif not self.bar:
             self.say(text)
-            yield
+            with self._lock:
+                self._label, self._total = text.rstrip(". "), 0
+            with self._heartbeat():
+                yield
         else:
             from rich.console import Console
 
@@ -233,6 +288,8 @@ class Ui:
         """One line for the user."""
         if self.quiet:
             return
+        with self._lock:
+            self._last_line = time.monotonic()
         if self._progress is not None:
             self._progress.console.print(text, markup=False, highlight=False)
         else:

@@ -674,6 +674,21 @@ def _section_html(
     return "\n".join(parts), [(f"{exp.id}: {text}", v) for text, v in verdicts]
 
 
+def _pipeline_sentence(data: ReportData) -> str:
+    """Which Spark jobs computed the page's numbers, and where (the page's first line)."""
+    where = data.pipeline.get("spark master")
+    version = data.pipeline.get("pyspark")
+    spark = f"PySpark {version}" if version else "PySpark"
+    return (
+        f"Every table and verdict below was computed by {spark}"
+        + (f" on master {where}" if where else "")
+        + " from the raw records: cmq.pipeline.jobs.summary (delivered, lost, duplicates, "
+        "out-of-order, latency percentiles and rates per system, scenario, size and parameters), "
+        "run_stats (the same per run, for the intervals over runs) and sample_stats (series "
+        "such as push cost and memory); the verdicts apply each claim's stated rule to them."
+    )
+
+
 def render_html(data: ReportData, *, title: str = "cmq lab report", source: str = "") -> str:
     """The whole page as a string: one section per experiment that has data
     (registered ones in registry order, then unregistered ones), a verdict
@@ -705,6 +720,7 @@ def render_html(data: ReportData, *, title: str = "cmq lab report", source: str 
         f'<p class="meta">Generated {generated}{" from " + _e(source) if source else ""}. '
         f"{len(data.runs)} runs, {sum(r['messages'] or 0 for r in data.summary):,} messages in "
         f"{len(data.summary)} groups.</p>",
+        f'<p class="meta">{_e(_pipeline_sentence(data))}</p>',
         f"<nav>{nav}</nav>",
     ]
     body = []
