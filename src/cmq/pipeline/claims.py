@@ -136,11 +136,12 @@ def zmq_step() -> dict[str, float]:
 
 def _judge_zmq_step(_data: ReportData) -> Verdict:
     step = zmq_step()
-    ok = round(step["rate_drop_pct"], 2) == ZMQ_STEP_CLAIM_PCT
+    # Arithmetic, not a measurement: shown as context (the measured side of
+    # the step is the next claim's).
     return Verdict(
-        status="pass" if ok else "fail",
+        status="context",
         result=(
-            f"Computed: messages/s fall by {step['rate_drop_pct']:.3f}% from 254 to 255 bytes "
+            f"Computed, not measured: messages/s fall by {step['rate_drop_pct']:.3f}% from 254 to 255 bytes "
             f"(255 -> 264 bytes per message = 9/264). Of that, {step['header_share_pct']:.2f}% is the "
             f"8 extra header bytes and {100 / 264:.2f}% the extra payload byte; payload MB/s fall by "
             f"only {step['goodput_drop_pct']:.2f}%. Ethernet/IP/TCP overhead scales both sizes alike, "
@@ -694,6 +695,13 @@ def _scal_section(data: ReportData, experiment: str) -> Section:
     )
 
 
+#: "Does not grow": the cheapest push at the most destinations at most this
+#: many times the cheapest at one destination.
+PUSH_FLAT: Final = 1.25
+#: The claim's range: a profile that stops short of it cannot judge it.
+PUSH_RANGE: Final = 1_000_000
+
+
 def _judge_push(data: ReportData) -> Verdict:
     push = [
         r
@@ -704,10 +712,19 @@ def _judge_push(data: ReportData) -> Verdict:
         return _inconclusive("Needs cmq push cost at two or more destination counts.")
     lo = min(push, key=lambda r: r["x"])
     hi = max(push, key=lambda r: r["x"])
-    ratio = hi["mean"] / lo["mean"]
-    text = f"Push cost {lo['mean']:,.0f} ns at {lo['x']:,.0f} destinations, {hi['mean']:,.0f} ns at {hi['x']:,.0f} ({ratio:.2f}x)."
-    # Our criterion: within 2x across the range counts as flat.
-    return Verdict(status="pass" if ratio <= 2 else "fail", result=text)
+    # The least of a micro-benchmark's repeats is its cost with the least
+    # interference (the machine is shared); means are shown in the table.
+    ratio = hi["min"] / lo["min"]
+    text = (
+        f"Least push cost of {hi['n']} repeats: {lo['min']:,.0f} ns at {lo['x']:,.0f} destination(s), "
+        f"{hi['min']:,.0f} ns at {hi['x']:,.0f} ({ratio:.2f}x)."
+    )
+    if ratio > PUSH_FLAT:
+        return Verdict(status="fail", result=text)
+    if hi["x"] < PUSH_RANGE:
+        return _inconclusive(text + f" Flat so far, but the claim is up to {PUSH_RANGE:,} destinations "
+                             "(the full profile measures them).")  # fmt: skip
+    return Verdict(status="pass", result=text)
 
 
 def _judge_rss(data: ReportData) -> Verdict:
@@ -740,6 +757,11 @@ register(
         claims=[
             Claim(
                 text="(Our reading.) The cost of a push does not grow with the number of destinations, 1 to 1,000,000.",
+                rule=(
+                    f"the least of the repeats at the most destinations over the least at one: pass at "
+                    f"most {PUSH_FLAT:g}x with the range reaching 1,000,000, fail above {PUSH_FLAT:g}x, "
+                    "inconclusive when flat over a shorter range."
+                ),
                 judge=_judge_push,
             ),
             Claim(

@@ -65,7 +65,10 @@ __all__ = [
     "svg",
 ]
 
-Status = Literal["pass", "fail", "inconclusive"]
+#: A verdict: ``context`` is for a claim that cannot be measured here
+#: (another system's figure, an analytic result, a value true by
+#: construction): shown beside the paper's words, never judged.
+Status = Literal["pass", "fail", "inconclusive", "context"]
 Row = dict[str, Any]
 
 #: Packages whose modules are imported so that their experiments register.
@@ -541,6 +544,7 @@ td.l, th.l { text-align: left; }
 .pass { background: #d9f2df; color: #17612c; }
 .fail { background: #fbdcdc; color: #8c1c1c; }
 .inconclusive { background: #eeeeee; color: #555; }
+.context { background: #e6eefa; color: #234; }
 .figure { margin: 8px 0; overflow-x: auto; }
 .table { overflow-x: auto; max-width: 100%; }
 .figure svg { max-width: 100%; height: auto; }

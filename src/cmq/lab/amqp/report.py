@@ -22,6 +22,7 @@ from cmq.pipeline.report import (
     ReportData,
     Row,
     Section,
+    Status,
     Table,
     Verdict,
     latency_figure,
@@ -287,8 +288,14 @@ def _mpmc_section(data: ReportData, experiment: str) -> Section:
     )  # fmt: skip
 
 
+#: A bottleneck broker is busy: at the most pairs, at least this share of
+#: one core (below it, what holds throughput back is elsewhere: on two
+#: shared cores, the clients).
+BOTTLENECK_CPU: Final = 0.9
+
+
 def _judge_mpmc_paper(data: ReportData) -> Verdict:
-    parts, ok = [], True
+    parts, verdicts = [], []
     for system in ("cmq", "rabbitmq"):
         cpu = _cpu(data, "amqp-de-mpmc", system)
         mb = _by_param(data, "amqp-de-mpmc", system, "pairs")
@@ -298,10 +305,13 @@ def _judge_mpmc_paper(data: ReportData) -> Verdict:
         growth = mb[int(hi)]["mb_per_s"] / mb[int(lo)]["mb_per_s"]
         parts.append(f"{system}: broker CPU {100 * cpu[lo]:.0f}% at {lo:.0f} pair(s), {100 * cpu[hi]:.0f}% at "
                      f"{hi:.0f}; MB/s x{growth:.2f} for x{hi / lo:.0f} pairs")  # fmt: skip
-        ok = ok and cpu[hi] > cpu[lo] and growth < hi / lo
+        saturated = cpu[hi] >= BOTTLENECK_CPU
+        stalled = growth < (hi / lo) / 2
+        verdicts.append("pass" if saturated and stalled else "fail")
     if not parts:
         return _inconclusive("Needs DE-MPMC broker CPU and rates at two pair counts.")
-    return Verdict(status="pass" if ok else "fail", result="; ".join(parts) + ".")
+    status: Status = "fail" if "fail" in verdicts else "pass"
+    return Verdict(status=status, result="; ".join(parts) + ".")
 
 
 # -- DE-PP -----------------------------------------------------------------------
@@ -441,7 +451,10 @@ _SPECS: Final = (
     ("amqp-de-mpmc", "AMQP DE-MPMC: 1 to 8 publisher/consumer pairs on one direct exchange", 61,
      _mpmc_section, Claim(text="(Paraphrase of Figure 4b.) As pairs are added the broker's CPU use "
                           "climbs and aggregate throughput stops scaling with the pairs: the "
-                          "centralised broker is the bottleneck.", judge=_judge_mpmc_paper)),
+                          "centralised broker is the bottleneck.", judge=_judge_mpmc_paper,
+                          rule="per broker, at the most pairs: pass when the broker uses at least 90% "
+                          "of one core and aggregate MB/s grew by less than half the pairs' multiple; "
+                          "fail otherwise (a broker below 90% is not what holds throughput back).")),
     ("amqp-de-pp", "AMQP DE-PP: ping-pong latency through a direct exchange", 62,
      _pp_section, Claim(text="(Paraphrase.) Ping-pong latency through the broker grows with "
                         "message size.", judge=_judge_pp_paper)),

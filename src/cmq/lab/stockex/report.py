@@ -141,12 +141,13 @@ def _judge_qpid(data: ReportData) -> Verdict:
         return Verdict(status="inconclusive", result="No stock exchange run.")
     top = max((r for r, k in kept.items() if k), default=0)
     first_fail = min((r for r, k in kept.items() if not k), default=None)
-    text = f"The cmq broker kept up to {top:,} orders/s" + (
+    text = f"Qpid's figure, not measured here. On the same simulation the cmq broker kept up to {top:,} orders/s" + (
         f" and first failed at {first_fail:,}."
         if first_fail
         else " and did not fail at any rate tried."
     )
-    return Verdict(status="pass" if top >= QPID_FAILED_AT else "fail", result=text)
+    # Another system's figure: context beside ours, not a verdict on either.
+    return Verdict(status="context", result=text)
 
 
 def _judge_size(data: ReportData) -> Verdict:
@@ -154,9 +155,12 @@ def _judge_size(data: ReportData) -> Verdict:
     if not sizes:
         return Verdict(status="inconclusive", result="No reporter figures.")
     lo, hi = min(sizes.values()), max(sizes.values())
-    return Verdict(status="pass" if lo >= 7 and hi <= 11 else "fail",
-                   result=f"Weighted average message size {lo:.2f} .. {hi:.2f} bytes over the rates "
-                          "(orders in, confirmations, trades, quotes out; compact form, before the broker's framing).")  # fmt: skip
+    # The compact form is built to the paper's sizes, so this is true by
+    # construction: context, not a verdict.
+    return Verdict(status="context",
+                   result=f"True by construction (our compact form follows the paper's): weighted average "
+                          f"message size {lo:.2f} .. {hi:.2f} bytes over the rates (orders in, confirmations, "
+                          "trades, quotes out; before the broker's framing).")  # fmt: skip
 
 
 def _section(data: ReportData, experiment: str) -> Section:
