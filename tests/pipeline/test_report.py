@@ -217,6 +217,9 @@ def test_report_is_well_formed_and_self_contained(report: Path) -> None:
     # The ØMQ step is arithmetic: shown as context, not judged.
     assert page.count('class="badge context"') >= 2
     assert "computed by PySpark" in page
+    # cmq's own targets apart from the papers' claims, in the overview and in sections.
+    assert "<h2>cmq&#x27;s targets</h2>" in page and "cmq&#x27;s target</div>" in page
+    assert "own target" not in page and "issue" not in page.lower()
     assert "Best: qthresh 512 B, timeout 200 ms" in page
 
 
@@ -255,4 +258,4 @@ def test_report_renders_in_headless_chromium(report: Path, tmp_path: Path) -> No
     )
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert dom.stdout.count("<svg") == report.read_text(encoding="utf-8").count("<svg")
-    assert "Claims at a glance" in dom.stdout
+    assert "The papers' claims at a glance" in dom.stdout or "The papers&#x27; claims at a glance" in dom.stdout

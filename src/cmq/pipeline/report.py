@@ -233,6 +233,9 @@ class Claim:
     rule: str = ""
     """How ``judge`` decides, in one sentence, shown under the claim: fixed
     before anything is measured, about the statistic the paper meant."""
+    target: bool = False
+    """A target cmq set itself, not a paper's claim: shown apart, under
+    "cmq's targets"."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -646,11 +649,22 @@ def _environment_html(data: ReportData) -> str:
     return _table_html(Table(caption="Environment", columns=["what", "value"], rows=rows))
 
 
+def _claims_grid(head: str, rows: list[tuple[Claim, Verdict]]) -> str:
+    parts = [f'<div class="claims"><div class="head">{_e(head)}</div>'
+             '<div class="head">We measured</div><div class="head">Verdict</div>']  # fmt: skip
+    for claim, verdict in rows:
+        said = _e(claim.text) + (f'<div class="rule">Rule: {_e(claim.rule)}</div>' if claim.rule else "")
+        parts.append(
+            f"<div>{said}</div><div>{_e(verdict.result)}</div><div>{_badge(verdict.status)}</div>"
+        )
+    parts.append("</div>")
+    return "".join(parts)
+
+
 def _section_html(
     exp: Experiment, data: ReportData, index: int
-) -> tuple[str, list[tuple[str, Verdict]]]:
-    verdicts = [(c.text, _judge(c, data)) for c in exp.claims]
-    rules = [c.rule for c in exp.claims]
+) -> tuple[str, list[tuple[str, Verdict, bool]]]:
+    judged = [(c, _judge(c, data)) for c in exp.claims]
     try:
         section = exp.render(data, exp.id)
     except Exception as exc:  # noqa: BLE001 - a renderer bug shows in its section only
@@ -660,22 +674,19 @@ def _section_html(
         parts.append(
             f'<p class="meta">{_e(exp.paper)} · experiment id <code>{_e(exp.id)}</code></p>'
         )
-    if verdicts:
-        parts.append('<div class="claims"><div class="head">The paper says</div>'
-                     '<div class="head">We measured</div><div class="head">Verdict</div>')  # fmt: skip
-        for (text, verdict), rule in zip(verdicts, rules, strict=True):
-            said = _e(text) + (f'<div class="rule">Rule: {_e(rule)}</div>' if rule else "")
-            parts.append(
-                f"<div>{said}</div><div>{_e(verdict.result)}</div><div>{_badge(verdict.status)}</div>"
-            )
-        parts.append("</div>")
+    papers = [(c, v) for c, v in judged if not c.target]
+    targets = [(c, v) for c, v in judged if c.target]
+    if papers:
+        parts.append(_claims_grid("The paper says", papers))
+    if targets:
+        parts.append(_claims_grid("cmq's target", targets))
     for k, figure in enumerate(section.figures):
         parts.append(f'<div class="figure">{_scope_ids(figure, f"f{index}-{k}-")}</div>')
     parts.extend(f'<p class="note">{_e(note)}</p>' for note in section.notes)
     parts.extend(_table_html(t) for t in section.tables)
     parts.append(_skipped_html(data.run_rows(exp.id)))
     parts.append("</section>")
-    return "\n".join(parts), [(f"{exp.id}: {text}", v) for text, v in verdicts]
+    return "\n".join(parts), [(f"{exp.id}: {c.text}", v, c.target) for c, v in judged]
 
 
 def _pipeline_sentence(data: ReportData) -> str:
@@ -706,7 +717,7 @@ def render_html(data: ReportData, *, title: str = "cmq lab report", source: str 
     ]
 
     sections: list[str] = []
-    overview: list[tuple[str, Verdict]] = []
+    overview: list[tuple[str, Verdict, bool]] = []
     for index, exp in enumerate(shown):
         markup, verdicts = _section_html(exp, data, index)
         sections.append(markup)
@@ -728,15 +739,18 @@ def render_html(data: ReportData, *, title: str = "cmq lab report", source: str 
         f"<nav>{nav}</nav>",
     ]
     body = []
-    if overview:
-        body.append("<h2>Claims at a glance</h2>")
+    for heading, want in (("The papers' claims at a glance", False), ("cmq's targets", True)):
+        chosen = [(t, v) for t, v, target in overview if target == want]
+        if not chosen:
+            continue
+        body.append(f"<h2>{_e(heading)}</h2>")
         rows = "".join(
             f'<tr><td class="l">{_e(t)}</td><td class="l">{_badge(v.status)}</td></tr>\n'
-            for t, v in overview
+            for t, v in chosen
         )
         body.append(
-            '<table><thead><tr><th class="l">claim</th><th class="l">verdict</th></tr></thead>'
-            f"<tbody>\n{rows}</tbody></table>"
+            '<div class="table"><table><thead><tr><th class="l">claim</th><th class="l">verdict</th>'
+            f"</tr></thead><tbody>\n{rows}</tbody></table></div>"
         )
     if not_run:
         body.append(

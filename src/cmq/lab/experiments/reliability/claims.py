@@ -701,62 +701,74 @@ def _pct_list(values: Iterable[float]) -> str:
 
 CLAIMS: Final = (
     Claim(
+        target=True,
         text=f"Reliable mode delivers 100 % of the messages, none twice, in order, at every "
         f"loss ({_pct_list(LOSSES)}; at least {MIN_DELIVERY_MESSAGES:,} messages each).",
         judge=lambda data: judge_delivery(data, "reliable", in_order=True),
     ),
     Claim(
+        target=True,
         text="Unordered mode delivers 100 % of the messages, none twice, at every loss "
         f"({_pct_list(LOSSES)}).",
         judge=lambda data: judge_delivery(data, "unordered", in_order=False),
     ),
     Claim(
+        target=True,
         text="Throughput under loss (reliable and unordered, 512 B): at 1 % at least 90 % of "
         f"the lossless run's, at 3 % at least 80 % (each cell: {MIN_TP_RUNS}+ runs, "
         f"{MIN_TP_MESSAGES:,}+ messages).",
         judge=judge_throughput,
     ),
     Claim(
+        target=True,
         text="512 B ping-pong at 1.4 % loss: p50 within ±10 % of the lossless p50 "
         f"(reliable and unordered; {MIN_P50_ROUND_TRIPS}+ round trips each).",
         judge=judge_p50,
     ),
     Claim(
+        target=True,
         text="512 B ping-pong at 1.4 % loss: p99 at most 10 ms unordered and 15 ms reliable "
         f"({MIN_P99_ROUND_TRIPS:,}+ round trips; a lost round trip counts as infinitely slow).",
         judge=judge_p99,
     ),
     Claim(
+        target=True,
         text="A receiver taking a tenth of the sender's unthrottled rate (loopback, reliable, "
         "on_full='block'): its kernel drops nothing.",
         judge=judge_slow_drops,
     ),
     Claim(
+        target=True,
         text="That sender is held back: over the second half of the paced phase its push rate "
         f"is within ±{100 * HELD_BACK_TOLERANCE:.0f} % of the receiver's consumption.",
         judge=judge_held_back,
     ),
     Claim(
+        target=True,
         text="Both ends' memory stays flat meanwhile: RSS in the paced phase's last third at "
         f"most {RSS_GROWTH_BOUND / 2**20:.0f} MiB above its first third's maximum.",
         judge=judge_memory,
     ),
     Claim(
+        target=True,
         text="The slow receiver takes every message once, in order.",
         judge=judge_slow_delivery,
     ),
     Claim(
+        target=True,
         text="A receiver killed (SIGKILL) mid-stream and restarted on its port is detected "
         f"within {DETECT_PTOS:g} probe timeouts (the sender's base PTO) of the restart.",
         judge=judge_detection,
     ),
     Claim(
+        target=True,
         text="The sender names exactly the messages in doubt: every message neither "
         "incarnation took, except the first one's acknowledged-but-unread tail (at most its "
         "max_buffered_bytes), none twice, none the new incarnation took.",
         judge=judge_named,
     ),
     Claim(
+        target=True,
         text="No message the first incarnation took is delivered again to the second, and "
         "none twice at all.",
         judge=judge_no_duplicate,
