@@ -298,12 +298,14 @@ def _verdicts(
 
 
 def test_interval_is_the_student_t_95_percent_interval() -> None:
-    iv = bdqs.interval([0.01, 0.02, 0.03])
+    iv = bdqs.interval([0.11, 0.12, 0.13])
     half = 4.303 * 0.01 / math.sqrt(3)
-    assert math.isclose(iv.mean, 0.02) and iv.runs == 3
-    assert math.isclose(iv.lo, 0.02 - half) and math.isclose(iv.hi, 0.02 + half)
+    assert math.isclose(iv.mean, 0.12) and iv.runs == 3
+    assert math.isclose(iv.lo, 0.12 - half) and math.isclose(iv.hi, 0.12 + half)
     one = bdqs.interval([0.5])
     assert (one.lo, one.hi, one.runs) == (0.5, 0.5, 1)
+    rare = bdqs.interval([0.0, 0.0, 0.03])  # a rate is never below 0
+    assert rare.lo == 0.0 and math.isclose(rare.hi, 0.01 + 4.303 * math.sqrt(0.0003) / math.sqrt(3))
 
 
 def test_order_claims_on_data_that_behaves_as_the_paper_says() -> None:

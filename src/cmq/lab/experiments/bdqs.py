@@ -195,9 +195,11 @@ class ThroughputConfig:
 ORDER_PROFILES: Final[dict[str, OrderConfig]] = {
     # sqsbench order's scale, on both stores, 5 runs per cell.
     "full": OrderConfig(n=500, moto_n=500, stores=("sqlite", "redis-cluster"), repeats=5),
-    # About 3 minutes of the 2-core machine: per store 72 runs of 150
-    # messages (2 modes x 3 T x 4 K x 3 runs, under 1 s each), 3 moto runs.
-    "quick": OrderConfig(n=150, moto_n=100, stores=("sqlite", "redis-cluster")),
+    # About 2-3 minutes of the 2-core machine: per store 120 runs of 100
+    # messages (2 modes x 3 T x 4 K x 5 runs, about half a second each), and
+    # 3 moto runs. Five runs rather than more messages per run: the
+    # interval's width falls with the runs' count faster than with their size.
+    "quick": OrderConfig(n=100, moto_n=100, stores=("sqlite", "redis-cluster"), repeats=5),
     "tiny": OrderConfig(n=30, moto_n=20, t_recvs=(1, 2), ks=(1, 1_000_000), repeats=2, nodes=2),
 }
 THROUGHPUT_PROFILES: Final[dict[str, ThroughputConfig]] = {
@@ -541,8 +543,9 @@ def _pct(v: float | None) -> str:
 
 @dataclass(frozen=True)
 class Interval:
-    """Mean of per-run rates and its two-sided 95 % Student t interval
-    (``lo == hi == mean`` for a single run, which has no interval)."""
+    """Mean of per-run rates and its two-sided 95 % Student t interval,
+    clipped to the rates' range [0, 1] (``lo == hi == mean`` for a single
+    run, which has no interval)."""
 
     mean: float
     lo: float
@@ -563,7 +566,7 @@ def interval(values: Sequence[float]) -> Interval:
     df = len(values) - 1
     t = next((_T95[d] for d in sorted(_T95) if d >= df), 1.96)
     half = t * statistics.stdev(values) / math.sqrt(len(values))
-    return Interval(m, m - half, m + half, len(values))
+    return Interval(m, max(0.0, m - half), min(1.0, m + half), len(values))
 
 
 @dataclass(frozen=True)
