@@ -631,8 +631,12 @@ def lab_rows(records: Sequence[dict[str, Any]], run_id: str) -> list[dict[str, A
             "experiment": "bdqs-figure2",
             "run_id": run_id,
             "system": r["system"],
-            "scenario": f"T={r['t_recv']},K={'no-order' if r['k'] >= NO_ORDER_K else r['k']}",
-            "params": json.dumps({"t_recv": r["t_recv"], "k": r["k"]}, sort_keys=True),
+            "scenario": f"T={r['t_recv']},K={'no-order' if r['k'] >= NO_ORDER_K else r['k']}"
+            + ("" if r.get("mode", "n/a") == "n/a" else f",{r['mode']}"),
+            "params": json.dumps(
+                {"t_recv": r["t_recv"], "k": r["k"], "mode": r.get("mode", "n/a")},
+                sort_keys=True,
+            ),
             "size": 0,
             "seq": r["seq"],
             "send_ns": r["send_ns"],

@@ -482,7 +482,7 @@ def _one_throughput(
 ORDER: Final = register(
     LabExperiment(
         id="bdqs-order",
-        title="BDQS Figure 2: duplicates and out-of-order deliveries against K and receivers",
+        title="BDQS Figure 2: duplicates and disorder against K and receivers, both receive modes",
         aliases=("bdqs-fig2",),
         order=70,
         run=_run_order,
@@ -494,7 +494,7 @@ ORDER: Final = register(
 THROUGHPUT: Final = register(
     LabExperiment(
         id="bdqs-throughput",
-        title="Queue service: send+receive+delete cycles/s against nodes, beside moto",
+        title="Queue service: cycles per second and per CPU-second against nodes, beside moto",
         aliases=("sqs-throughput",),
         order=71,
         run=_run_throughput,
