@@ -132,7 +132,8 @@ class Store(abc.ABC):
     async def mark(self, name: str, spec: ReceiveSpec, picks: Sequence[int]) -> list[Received]:
         """The write of a lock-free receive: mark each of ``picks`` that still
         exists in flight under ``spec.token``, unconditionally (no check that
-        it is still visible). Deleted ones are skipped.
+        it is still visible). Deleted ones are skipped, so a queue deleted
+        since the read gives ``[]`` (or QueueDoesNotExist on the memory store).
         """
 
     @abc.abstractmethod
