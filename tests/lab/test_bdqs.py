@@ -9,6 +9,7 @@ pipeline reads the tiny run's records as the experiment means them.
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,11 +57,14 @@ def test_both_experiments_are_registered_with_the_lab_and_the_report() -> None:
 
 def test_every_profile_has_a_scale_and_quick_is_the_issue_scale() -> None:
     assert set(bdqs.ORDER_PROFILES) == set(bdqs.THROUGHPUT_PROFILES) == set(PROFILE_NAMES)
-    quick = bdqs.ORDER_PROFILES["quick"]
-    assert quick.t_recvs == (1, 2, 3) and len(quick.ks) == 4 and quick.stores == ("sqlite",)
-    assert "redis-cluster" in bdqs.ORDER_PROFILES["full"].stores
-    assert bdqs.THROUGHPUT_PROFILES["quick"].nodes == (1, 2)
-    assert bdqs.THROUGHPUT_PROFILES["full"].nodes == (1, 2, 4)
+    for name in ("quick", "full"):
+        order = bdqs.ORDER_PROFILES[name]
+        assert order.t_recvs == (1, 2, 3) and len(order.ks) == 4
+        assert set(order.modes) == {"atomic", "lock-free"}
+        assert order.repeats >= 3 and order.nodes >= 3  # intervals; receivers on several nodes
+        assert set(order.stores) == {"sqlite", "redis-cluster"}
+        tp = bdqs.THROUGHPUT_PROFILES[name]
+        assert tp.nodes == (1, 2, 4) and set(tp.stores) == {"sqlite", "redis-cluster"}
 
 
 @pytest.mark.parametrize(
@@ -69,6 +73,8 @@ def test_every_profile_has_a_scale_and_quick_is_the_issue_scale() -> None:
         lambda: bdqs.OrderConfig(n=1, moto_n=10),
         lambda: bdqs.OrderConfig(n=10, moto_n=10, ks=()),
         lambda: bdqs.OrderConfig(n=10, moto_n=10, stores=("postgres",)),
+        lambda: bdqs.OrderConfig(n=10, moto_n=10, modes=("optimistic",)),
+        lambda: bdqs.OrderConfig(n=10, moto_n=10, repeats=0),
         lambda: bdqs.ThroughputConfig(nodes=(), rounds=1, seconds=1.0),
         lambda: bdqs.ThroughputConfig(nodes=(1,), rounds=1, seconds=0.0),
     ],
@@ -114,17 +120,32 @@ def test_tiny_order_run_writes_one_record_per_receipt(
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in rows:
         groups.setdefault((r["system"], r["scenario"]), []).append(r)
-    expected = {("cmq-sqlite", f"T={t},K={k}") for t in (1, 2) for k in ("1", "no-order")}
+    expected = {("cmq-sqlite", f"T={t},K={k},{mode}")
+                for t in (1, 2) for k in ("1", "no-order") for mode in ("atomic", "lock-free")}  # fmt: skip
     if MOTO:
         expected |= {("moto", f"T={t},K=n/a") for t in (1, 2)}
     assert set(groups) == expected
-    for (system, _), got in groups.items():
+    for (system, scenario), got in groups.items():
         n = config.moto_n if system == "moto" else config.n
-        assert sorted(r["seq"] for r in got) == list(range(n))  # each once, none lost
-        assert len({r["stream"] for r in got}) == 1 and {r["receiver"] for r in got} == {""}
+        runs = 1 if system == "moto" else config.repeats
+        streams: dict[str, list[int]] = {}
+        for r in got:
+            streams.setdefault(r["stream"], []).append(r["seq"])
+        assert len(streams) == runs and {r["receiver"] for r in got} == {""}
+        assert {json.loads(r["params"])["rep"] for r in got} == set(range(runs))
+        for seqs in streams.values():
+            assert not [r for r in got if r["lost"]]  # none lost
+            if not scenario.endswith("lock-free"):
+                assert sorted(seqs) == list(range(n))  # each exactly once
+            else:
+                assert set(seqs) == set(range(n))  # each at least once
         assert all(r["recv_ns"] >= r["send_ns"] and not r["round_trip"] for r in got)
-    one = sorted(groups[("cmq-sqlite", "T=1,K=1")], key=lambda r: r["recv_ns"])
-    assert [r["seq"] for r in one] == list(range(config.n))  # K=1, one receiver: FIFO
+    for mode in ("atomic", "lock-free"):
+        one = sorted(groups[("cmq-sqlite", f"T=1,K=1,{mode}")], key=lambda r: r["recv_ns"])
+        # K=1, one receiver: FIFO in every run, in either mode.
+        assert [r["seq"] for r in one] == [
+            s for _ in range(config.repeats) for s in range(config.n)
+        ]
     runs = [r for r in read_table(out, "runs").to_pylist() if r["experiment"] == "bdqs-order"]
     assert {r["status"] for r in runs} == {"ok"}
 
@@ -140,8 +161,13 @@ def test_tiny_throughput_run_writes_totals_beside_moto(
     for r in totals:
         assert r["scenario"] == "cycles" and r["params"] == '{"nodes":1}'
         assert r["sent"] == r["delivered"] > 0 and r["duration_ns"] > 0
-    metrics = {r["metric"] for r in read_table(out, "samples").to_pylist()}
-    assert metrics == {"server_cpu_ms_per_cycle", "errors"}
+    samples = read_table(out, "samples").to_pylist()
+    assert {r["metric"] for r in samples} == {
+        "server_cpu_ms_per_cycle", "store_cpu_ms_per_cycle", "cycles_per_cpu_s", "errors"
+    }  # fmt: skip
+    cmq = {r["metric"]: r["value"] for r in samples if r["system"] == "cmq-sqlite"}
+    assert cmq["cycles_per_cpu_s"] > 0  # the nodes' CPU was read
+    assert cmq["store_cpu_ms_per_cycle"] == 0.0  # SQLite runs inside the nodes
 
 
 def test_missing_moto_and_redis_are_skipped_with_the_reason(
@@ -188,7 +214,7 @@ def test_a_message_never_received_is_a_lost_row_and_fails_the_run(tmp_path: Path
     rows = read_table(tmp_path, "records").to_pylist()
     assert [(r["seq"], r["lost"]) for r in rows] == [(2, False), (0, False), (3, False), (1, True)]
     assert {(r["scenario"], r["params"], r["stream"], r["receiver"]) for r in rows} == {
-        ("T=2,K=no-order", '{"k":"no-order","t_recv":2}', "q1", "")
+        ("T=2,K=no-order", '{"k":"no-order","mode":"n/a","rep":0,"t_recv":2}', "q1", "")
     }
     [run] = read_table(tmp_path, "runs").to_pylist()
     assert run["status"] == "failed" and "1 of 4 messages never received" in run["reason"]
@@ -198,17 +224,25 @@ def test_a_message_never_received_is_a_lost_row_and_fails_the_run(tmp_path: Path
 
 
 def _order_row(
-    system: str, t: int, k: str, delivered: int, ooo: int, dups: int = 0
+    system: str,
+    t: int,
+    k: str,
+    delivered: int,
+    ooo: int,
+    dups: int = 0,
+    mode: str = "lock-free",
+    rep: int = 0,
 ) -> dict[str, Any]:
     kp: int | str = int(k) if k.isdigit() else k
+    scenario = f"T={t},K={k}" + ("" if mode == "n/a" else f",{mode}")
     return {
-        "experiment": "bdqs-order", "scenario": f"T={t},K={k}", "system": system, "size": 0,
-        "params": "", "p": {"t_recv": t, "k": kp}, "runs": 1, "messages": delivered,
-        "delivered": delivered, "lost": 0, "loss_rate": 0.0, "duplicates": dups,
-        "dup_rate": dups / delivered, "out_of_order": ooo, "ooo_rate": ooo / delivered,
-        "round_trip": False, "mean_ns": 1e6, "stddev_ns": 1e5, "p50_ns": 1e6, "p99_ns": 2e6,
-        "min_ns": 1e5, "max_ns": 3e6, "msgs_per_s": 100.0, "mb_per_s": 0.0,
-        "rate_source": "records",
+        "experiment": "bdqs-order", "scenario": scenario, "system": system, "size": 0,
+        "params": "", "p": {"t_recv": t, "k": kp, "mode": mode, "rep": rep}, "runs": 1,
+        "messages": delivered, "delivered": delivered, "lost": 0, "loss_rate": 0.0,
+        "duplicates": dups, "dup_rate": dups / delivered, "out_of_order": ooo,
+        "ooo_rate": ooo / delivered, "round_trip": False, "mean_ns": 1e6, "stddev_ns": 1e5,
+        "p50_ns": 1e6, "p99_ns": 2e6, "min_ns": 1e5, "max_ns": 3e6, "msgs_per_s": 100.0,
+        "mb_per_s": 0.0, "rate_source": "records",
     }  # fmt: skip
 
 
@@ -227,52 +261,115 @@ M = 200
 RANDOM = round(bdqs.random_order_rate(M) * M)  # out-of-order count of a random order of 200
 
 
+#: Out of order, then duplicates, per K of the lock-free runs at T_recv > 1.
+PAPER_LIKE = {"1": (2, 30), "2": (90, 20), "3": (130, 10), "no-order": (RANDOM, 2)}
+
+
 def _as_paper_says() -> list[dict[str, Any]]:
+    """Three runs per cell that behave as the paper says, atomic beside them."""
     rows = []
     for t in (1, 2, 3):
-        for k, ooo in (("1", 0), ("2", 90), ("3", 130), ("no-order", RANDOM)):
-            rows.append(_order_row("cmq-sqlite", t, k, M, ooo))
-        rows.append(_order_row("moto", t, "n/a", 100, 3))
+        for rep in range(3):
+            for k, (ooo, dups) in PAPER_LIKE.items():
+                ooo = 0 if t == 1 and k == "1" else ooo + rep
+                rows.append(_order_row("cmq-sqlite", t, k, M, ooo, 0 if t == 1 else dups + rep,
+                                       rep=rep))  # fmt: skip
+                rows.append(_order_row("cmq-sqlite", t, k, M, ooo, 0, mode="atomic", rep=rep))
+        rows.append(_order_row("moto", t, "n/a", 100, 3, mode="n/a"))
     return rows
 
 
-def _verdicts(exp_id: str, rows: list[dict[str, Any]]) -> list[str]:
+def _replace(rows: list[dict[str, Any]], t: int, k: str, mode: str, by: list[tuple[int, int]]
+             ) -> list[dict[str, Any]]:  # fmt: skip
+    """``rows`` with the runs of one cell replaced by (out of order, duplicates) pairs."""
+    kept = [r for r in rows
+            if not (r["p"]["t_recv"] == t and str(r["p"]["k"]) == k and r["p"]["mode"] == mode)]  # fmt: skip
+    return kept + [_order_row("cmq-sqlite", t, k, M, ooo, dups, mode=mode, rep=i)
+                   for i, (ooo, dups) in enumerate(by)]  # fmt: skip
+
+
+def _verdicts(
+    exp_id: str, rows: list[dict[str, Any]], samples: list[dict[str, Any]] | None = None
+) -> list[str]:
     exp = report.get_experiment(exp_id)
     assert exp is not None
-    data = ReportData(summary=rows)
+    data = ReportData(summary=rows, samples=samples or [])
     return [c.judge(data).status for c in exp.claims]
 
 
+def test_interval_is_the_student_t_95_percent_interval() -> None:
+    iv = bdqs.interval([0.11, 0.12, 0.13])
+    half = 4.303 * 0.01 / math.sqrt(3)
+    assert math.isclose(iv.mean, 0.12) and iv.runs == 3
+    assert math.isclose(iv.lo, 0.12 - half) and math.isclose(iv.hi, 0.12 + half)
+    one = bdqs.interval([0.5])
+    assert (one.lo, one.hi, one.runs) == (0.5, 0.5, 1)
+    rare = bdqs.interval([0.0, 0.0, 0.03])  # a rate is never below 0
+    assert rare.lo == 0.0 and math.isclose(rare.hi, 0.01 + 4.303 * math.sqrt(0.0003) / math.sqrt(3))
+
+
 def test_order_claims_on_data_that_behaves_as_the_paper_says() -> None:
-    # K=1 in order, no-order a random order, disorder rising with K; no duplicates.
-    assert _verdicts("bdqs-order", _as_paper_says()) == ["pass", "pass", "pass", "inconclusive"]
+    # K=1 in order, no-order a random order, disorder rising and duplicates
+    # falling with K in lock-free mode, none at T=1; atomic: no duplicates.
+    assert _verdicts("bdqs-order", _as_paper_says()) == ["pass"] * 6
 
 
 def test_order_claims_fail_where_the_data_says_otherwise() -> None:
-    rows = [r for r in _as_paper_says() if r["system"] == "moto" or r["p"]["t_recv"] != 1]
-    rows += [
-        _order_row("cmq-sqlite", 1, "1", M, 4),  # 2% out of order with K=1
-        _order_row("cmq-sqlite", 1, "2", M, 150),
-        _order_row("cmq-sqlite", 1, "3", M, 60),  # falls as K grows
-        _order_row("cmq-sqlite", 1, "no-order", M, M // 2, dups=20),  # half: not random
-    ]
-    assert _verdicts("bdqs-order", rows) == ["fail", "fail", "fail", "fail"]
-    rows[-1] = _order_row("cmq-sqlite", 1, "no-order", M, RANDOM, dups=0)
-    rows[-4] = _order_row("cmq-sqlite", 1, "1", M, 0, dups=30)  # duplicates fall with K
-    assert _verdicts("bdqs-order", rows)[3] == "pass"
+    rows = _as_paper_says()
+    rows = _replace(rows, 1, "1", "lock-free", [(4, 0)] * 3)  # 2% out of order with K=1
+    rows = _replace(rows, 1, "no-order", "atomic", [(M // 2, 0)] * 3)  # half: not random
+    rows = _replace(rows, 3, "1", "lock-free", [(40, 30), (41, 31), (42, 32)])
+    rows = _replace(rows, 3, "3", "lock-free", [(0, 60), (1, 61), (2, 62)])  # K=3 better,
+    rows = _replace(rows, 1, "2", "lock-free", [(90, 10)] * 3)  # T=1 duplicates,
+    rows = _replace(rows, 2, "2", "atomic", [(300, 1), (90, 0), (90, 0)])  # an atomic duplicate
+    assert _verdicts("bdqs-order", rows) == ["fail"] * 6
+
+
+def test_overlapping_intervals_are_inconclusive() -> None:
+    rows = _replace(_as_paper_says(), 3, "1", "lock-free", [(2, 4), (2, 30), (2, 8)])
+    rows = _replace(rows, 3, "3", "lock-free", [(2, 12), (130, 8), (2, 11)])
+    assert _verdicts("bdqs-order", rows)[2:4] == ["inconclusive", "inconclusive"]
+    # A single run has no interval: inconclusive, never a pass.
+    single = [r for r in _as_paper_says() if r["p"]["rep"] == 0]
+    assert _verdicts("bdqs-order", single)[2:4] == ["inconclusive", "inconclusive"]
+
+
+def test_atomic_order_worse_than_lock_free_fails() -> None:
+    rows = _replace(_as_paper_says(), 3, "2", "atomic", [(150, 0)] * 3)
+    assert _verdicts("bdqs-order", rows)[5] == "fail"
 
 
 def test_claims_without_data_are_inconclusive() -> None:
     assert set(_verdicts("bdqs-order", [])) == {"inconclusive"}
-    assert _verdicts("bdqs-throughput", [_tp_row("cmq-sqlite", 1, 900.0)]) == ["inconclusive"]
+    assert _verdicts("bdqs-throughput", [_tp_row("cmq-sqlite", 1, 900.0)]) == [
+        "inconclusive", "inconclusive"
+    ]  # fmt: skip
 
 
 def test_throughput_claim_is_ten_times_moto_at_the_best_node_count() -> None:
     rows = [_tp_row("moto", 1, 60.0), _tp_row("cmq-sqlite", 1, 700.0),
             _tp_row("cmq-sqlite", 2, 590.0)]  # fmt: skip
-    assert _verdicts("bdqs-throughput", rows) == ["pass"]
+    assert _verdicts("bdqs-throughput", rows)[0] == "pass"
     rows.append(_tp_row("cmq-redis-cluster", 1, 500.0))  # every store must reach 10x
-    assert _verdicts("bdqs-throughput", rows) == ["fail"]
+    assert _verdicts("bdqs-throughput", rows)[0] == "fail"
+
+
+def _cpu_sample(system: str, nodes: int, per_cpu_s: float) -> dict[str, Any]:
+    return {"experiment": "bdqs-throughput", "scenario": "cycles", "system": system,
+            "params": "", "p": {"nodes": nodes}, "metric": "cycles_per_cpu_s",
+            "x": float(nodes), "n": 2, "mean": per_cpu_s, "stddev": 1.0,
+            "min": per_cpu_s, "max": per_cpu_s}  # fmt: skip
+
+
+def test_scaling_claim_is_per_cpu_second_at_4_nodes_against_1_on_both_stores() -> None:
+    rows = [_tp_row("moto", 1, 60.0), _tp_row("cmq-sqlite", 1, 700.0)]
+    samples = [_cpu_sample("cmq-sqlite", 1, 1000.0), _cpu_sample("cmq-sqlite", 4, 800.0),
+               _cpu_sample("cmq-redis-cluster", 1, 900.0),
+               _cpu_sample("cmq-redis-cluster", 4, 719.0)]  # fmt: skip
+    assert _verdicts("bdqs-throughput", rows, samples)[1] == "fail"  # 79.9 % on Redis
+    samples[-1] = _cpu_sample("cmq-redis-cluster", 4, 720.0)
+    assert _verdicts("bdqs-throughput", rows, samples)[1] == "pass"  # exactly 80 % each
+    assert _verdicts("bdqs-throughput", rows, samples[:3])[1] == "inconclusive"
 
 
 def test_sections_render_with_figures_and_tables() -> None:
@@ -286,7 +383,7 @@ def test_sections_render_with_figures_and_tables() -> None:
     for exp_id in ("bdqs-order", "bdqs-throughput"):
         start = page.index(f'<section id="{exp_id}">')
         section = page[start : page.index("</section>", start)]
-        assert section.count("<svg") == 1 and "<table>" in section
+        assert section.count("<svg") == 1 and "<table>" in section  # one cmq store
     assert "moto (SQS stand-in), T_recv=1" in page and "11.7x" in page
 
 
@@ -300,11 +397,19 @@ def test_the_pipeline_reads_the_tiny_run_as_meant(
 ) -> None:
     out, _ = tiny_out
     data = report.collect(spark, out)
-    order = {(r["system"], r["scenario"]): r for r in data.rows("bdqs-order")}
-    n = bdqs.ORDER_PROFILES["tiny"].n
-    k1 = order[("cmq-sqlite", "T=1,K=1")]
-    assert (k1["delivered"], k1["duplicates"], k1["out_of_order"], k1["lost"]) == (n, 0, 0, 0)
-    assert order[("cmq-sqlite", "T=1,K=no-order")]["out_of_order"] > 0
+    order: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in data.rows("bdqs-order"):
+        order.setdefault((r["system"], r["scenario"]), []).append(r)
+    config = bdqs.ORDER_PROFILES["tiny"]
+    n = config.n
+    for mode in ("atomic", "lock-free"):
+        k1 = order[("cmq-sqlite", f"T=1,K=1,{mode}")]  # one summary row per run
+        assert sorted(r["p"]["rep"] for r in k1) == list(range(config.repeats))
+        for r in k1:
+            assert (r["delivered"], r["duplicates"], r["out_of_order"], r["lost"]) == (n, 0, 0, 0)
+        assert sum(r["out_of_order"] for r in order[("cmq-sqlite", f"T=1,K=no-order,{mode}")]) > 0
+    for r in order[("cmq-sqlite", "T=2,K=1,atomic")]:
+        assert r["duplicates"] == 0  # atomic never duplicates
     totals = {r["system"]: r for r in read_table(out, "totals").to_pylist()}
     for r in data.rows("bdqs-throughput"):
         t = totals[r["system"]]

@@ -71,6 +71,8 @@ def test_create_queue_with_other_attributes_conflicts(sqs: Any) -> None:
         ("x" * 81, {}, "InvalidParameterValue"),
         ("ok", {"VisibilityTimeout": "99999"}, "InvalidAttributeValue"),
         ("ok", {"ConsistencyK": "0"}, "InvalidAttributeValue"),
+        ("ok", {"ReceiveMode": "lockfree"}, "InvalidAttributeValue"),
+        ("ok.fifo", {"ReceiveMode": "lock-free"}, "InvalidAttributeValue"),
         ("ok", {"NoSuchAttribute": "1"}, "InvalidAttributeName"),
         ("ok", {"FifoQueue": "true"}, "InvalidAttributeValue"),
         ("ok", {"RedrivePolicy": "not json"}, "InvalidAttributeValue"),
@@ -90,6 +92,7 @@ def test_queue_attributes(sqs: Any, queue: str) -> None:
     attrs = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["All"])["Attributes"]
     assert attrs["VisibilityTimeout"] == "45"
     assert attrs["ConsistencyK"] == "3"
+    assert attrs["ReceiveMode"] == "atomic"  # the default
     assert attrs["QueueArn"].endswith(":" + queue.rsplit("/", 1)[1])
     assert attrs["ApproximateNumberOfMessages"] == "0"
     one = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["ConsistencyK"])
@@ -406,6 +409,21 @@ def test_large_k_is_not_in_order(sqs: Any) -> None:
     assert sorted(order) == list(range(30))
     # 30! orderings: a random pick matching the sequence is beyond chance.
     assert order != list(range(30))
+
+
+def test_lock_free_queue_delivers_every_message_in_order_to_one_receiver(sqs: Any) -> None:
+    # One receiver never races itself: lock-free with K=1 is in order, each once.
+    url = sqs.create_queue(
+        QueueName=unique("lf"), Attributes={"ReceiveMode": "lock-free", "ConsistencyK": "1"}
+    )["QueueUrl"]
+    attrs = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["ReceiveMode"])
+    assert attrs["Attributes"] == {"ReceiveMode": "lock-free"}
+    _send_numbers(sqs, url, 20)
+    assert _receive_order(sqs, url, 20) == list(range(20))
+    sqs.set_queue_attributes(QueueUrl=url, Attributes={"ReceiveMode": "atomic"})
+    with pytest.raises(ClientError) as exc:
+        sqs.set_queue_attributes(QueueUrl=url, Attributes={"ReceiveMode": "Lock-Free"})
+    assert _error_code(exc) == "InvalidAttributeValue"
 
 
 def test_k_bounds_the_window(sqs: Any) -> None:

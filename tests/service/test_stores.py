@@ -58,15 +58,24 @@ def _msg(i: int, at: int = T0, **kw: Any) -> NewMessage:
     return NewMessage(message_id=f"id{i}", payload=f"p{i}", visible_at=at, **kw)
 
 
-def _spec(now: int, n: int = 1, k: int = 1, vis: int = 30_000, fifo: bool = False) -> ReceiveSpec:
+def _spec(
+    now: int,
+    n: int = 1,
+    k: int = 1,
+    vis: int = 30_000,
+    fifo: bool = False,
+    lock_free: bool = False,
+    token: str = "",
+) -> ReceiveSpec:
     return ReceiveSpec(
         now=now,
         max_messages=n,
         visibility_ms=vis,
         k=k,
         fifo=fifo,
-        token=f"t{now}",
+        token=token or f"t{now}",
         rand=tuple(0.5 for _ in range(n)),
+        lock_free=lock_free,
     )
 
 
@@ -215,3 +224,149 @@ def test_sqlite_writer_survives_a_failing_job(tmp_path: Path) -> None:
             await store.close()
 
     asyncio.run(go())
+
+
+# -- receive modes ---------------------------------------------------------------
+
+
+class _Gate:
+    """A ``between_read_and_write`` hook that holds every receive after its
+    read until ``parties`` receives have read: all of them read the same
+    index before any writes (a deterministic interleaving, no timing)."""
+
+    def __init__(self, parties: int) -> None:
+        self.parties, self.reads, self.calls = parties, 0, 0
+        self.all_read = asyncio.Event()
+
+    async def __call__(self, name: str, picks: list[int]) -> None:
+        self.calls += 1
+        self.reads += 1
+        if self.reads >= self.parties:
+            self.all_read.set()
+        await asyncio.wait_for(self.all_read.wait(), 30)
+
+
+def test_atomic_receives_never_share_a_message(with_store: Any) -> None:
+    async def body(store: Store, q: str) -> None:
+        await store.send(q, [_msg(i) for i in range(3)], T0)
+        gate = _Gate(2)
+        store.between_read_and_write = gate
+        a, b = await asyncio.gather(
+            store.receive(q, _spec(T0, token="a")), store.receive(q, _spec(T0, token="b"))
+        )
+        assert gate.calls == 0  # an atomic receive has no gap to pause in
+        assert sorted(r.payload for r in a + b) == ["p0", "p1"]
+        assert {r.receive_count for r in a + b} == {1}
+
+    with_store(body)
+
+
+def test_lock_free_receives_that_read_before_either_writes_share_a_message(
+    with_store: Any,
+) -> None:
+    async def body(store: Store, q: str) -> None:
+        await store.send(q, [_msg(i) for i in range(3)], T0)
+        gate = _Gate(2)
+        store.between_read_and_write = gate
+        a, b = await asyncio.gather(
+            store.receive(q, _spec(T0, lock_free=True, token="a")),
+            store.receive(q, _spec(T0, lock_free=True, token="b")),
+        )
+        assert gate.calls == 2
+        [ra], [rb] = a, b
+        assert ra.payload == rb.payload == "p0"  # the duplicate
+        assert sorted((ra.receive_count, rb.receive_count)) == [1, 2]
+        store.between_read_and_write = None
+        # Nothing lost: the duplicate is in flight once, the others visible,
+        # and the two handles together delete it.
+        counts = await store.counts(q, T0)
+        assert (counts.visible, counts.in_flight) == (2, 1)
+        await store.delete(q, [(ra.seq, "a"), (rb.seq, "b")])
+        assert (await store.counts(q, T0)).in_flight == 0
+        rest = await store.receive(q, _spec(T0, n=10, lock_free=True, token="c"))
+        assert [r.payload for r in rest] == ["p1", "p2"]
+
+    with_store(body)
+
+
+def _two_nodes(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Store, Store]:
+    """Two stores over the same data, as two service nodes have: the memory
+    store is one process, so both are the same object there."""
+    first = _make(kind, request, tmp_path)
+    return first, (first if kind == "memory" else _make(kind, request, tmp_path))
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "redis"])
+def test_lock_free_on_two_nodes_last_write_wins_and_nothing_is_lost(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    async def go() -> None:
+        one, two = _two_nodes(kind, request, tmp_path)
+        await one.open()
+        if two is not one:
+            await two.open()
+        try:
+            q = f"lf-{uuid.uuid4().hex[:10]}"
+            await one.create_queue(QueueRecord(name=q, created_at=T0, modified_at=T0))
+            await one.send(q, [_msg(i) for i in range(4)], T0)
+            a = _spec(T0, k=2, lock_free=True, token="a")
+            b = _spec(T0 + 1, k=2, lock_free=True, token="b")
+            # Node one reads, node two reads, node one writes, node two writes.
+            picks_a, picks_b = await one.peek(q, a), await two.peek(q, b)
+            assert picks_a == picks_b == [2]  # rand 0.5 of the window [1, 2]
+            [ra] = await one.mark(q, a, picks_a)
+            [rb] = await two.mark(q, b, picks_b)
+            assert (ra.payload, ra.receive_count, ra.first_receive_at) == ("p1", 1, T0)
+            assert (rb.payload, rb.receive_count, rb.first_receive_at) == ("p1", 2, T0)
+            # The later write's token is the message's: the earlier handle is
+            # stale (it deletes nothing, as in SQS), the later one deletes.
+            await one.delete(q, [(ra.seq, "a")])
+            assert (await two.counts(q, T0 + 1)).in_flight == 1
+            await two.delete(q, [(rb.seq, "b")])
+            assert (await one.counts(q, T0 + 1)).in_flight == 0
+            # A pick deleted between the read and the write is skipped and
+            # leaves nothing behind.
+            c = _spec(T0 + 2, lock_free=True, token="c")
+            d = _spec(T0 + 2, lock_free=True, token="d")
+            picks_c, picks_d = await one.peek(q, c), await two.peek(q, d)
+            assert picks_c == picks_d == [1]
+            [rc] = await one.mark(q, c, picks_c)
+            await one.delete(q, [(rc.seq, "c")])
+            assert await two.mark(q, d, picks_d) == []
+            counts = await one.counts(q, T0 + 2)
+            assert (counts.visible, counts.in_flight, counts.delayed) == (2, 0, 0)
+            rest = await two.receive(q, _spec(T0 + 3, n=10, lock_free=True, token="e"))
+            assert sorted(r.payload for r in rest) == ["p2", "p3"]
+        finally:
+            await one.close()
+            if two is not one:
+                await two.close()
+
+    asyncio.run(go())
+
+
+def test_memory_lock_free_without_a_pause_behaves_atomically() -> None:
+    # One process, and nothing yields between the read and the write: the
+    # documented behaviour of the memory store (no duplicates).
+    async def go() -> None:
+        store = MemoryStore()
+        await store.create_queue(QueueRecord(name="m"))
+        await store.send("m", [_msg(i) for i in range(5)], T0)
+        got = await asyncio.gather(
+            *(store.receive("m", _spec(T0, lock_free=True, token=f"t{i}")) for i in range(5))
+        )
+        assert sorted(r.payload for rs in got for r in rs) == [f"p{i}" for i in range(5)]
+
+    asyncio.run(go())
+
+
+def test_fifo_queue_receives_atomically_even_when_asked_lock_free(with_store: Any) -> None:
+    async def body(store: Store, q: str) -> None:
+        await store.send(q, [_msg(1, group_id="g"), _msg(2, group_id="g")], T0)
+        gate = _Gate(2)
+        store.between_read_and_write = gate
+        [first] = await store.receive(q, _spec(T0, fifo=True, lock_free=True))
+        assert first.payload == "p1" and gate.calls == 0
+        assert await store.receive(q, _spec(T0, fifo=True, lock_free=True)) == []
+
+    with_store(body)

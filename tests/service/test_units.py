@@ -254,6 +254,51 @@ def test_attribute_changes_reach_other_nodes_within_the_cache_time() -> None:
     run(go())
 
 
+def test_two_nodes_on_a_lock_free_queue_receive_the_same_message() -> None:
+    # Two service nodes over one store; each receive is held after its read
+    # until both have read (a deterministic interleaving, no timing): both
+    # nodes hand out the head, with their own receipt handles.
+    store = MemoryStore()
+    clock = Clock()
+    a = QueueService(store, clock=clock, rng=random.Random(1))
+    b = QueueService(store, clock=clock, rng=random.Random(2))
+    held: list[str] = []
+
+    async def go() -> None:
+        both_read = asyncio.Event()
+
+        async def hold(name: str, picks: list[int]) -> None:
+            held.append(name)
+            if len(held) == 2:
+                both_read.set()
+            await asyncio.wait_for(both_read.wait(), 30)
+
+        store.between_read_and_write = hold
+        for mode, expect_same in (("lock-free", True), ("atomic", False)):
+            held.clear()
+            both_read.clear()
+            name = f"q-{mode}"
+            attrs = {"ReceiveMode": mode}
+            url = (await a.handle("CreateQueue", {"QueueName": name, "Attributes": attrs}, "h"))[
+                "QueueUrl"
+            ]
+            for body in ("first", "second"):
+                await a.handle("SendMessage", {"QueueUrl": url, "MessageBody": body}, "h")
+            got = await asyncio.gather(
+                a.handle("ReceiveMessage", {"QueueUrl": url}, "h"),
+                b.handle("ReceiveMessage", {"QueueUrl": url}, "h"),
+            )
+            bodies = [r["Messages"][0]["Body"] for r in got]
+            handles = {r["Messages"][0]["ReceiptHandle"] for r in got}
+            assert len(handles) == 2
+            if expect_same:
+                assert bodies == ["first", "first"] and held == [name, name]
+            else:
+                assert sorted(bodies) == ["first", "second"] and held == []
+
+    run(go())
+
+
 # -- configuration ----------------------------------------------------------------------
 
 
@@ -378,6 +423,9 @@ def test_summarise_known_answers() -> None:
     assert two["out_of_order_per_receiver"] == 0 and two["out_of_order_rate"] == round(2 / 3, 4)
     rows = lab_rows([_rec(5, 9)], "run1")
     assert rows[0]["recv_ns"] == 9 and rows[0]["stream"] == "q" and rows[0]["receiver"] == "0"
+    [lock_free] = lab_rows([{**_rec(5, 9), "mode": "lock-free"}], "run1")
+    assert lock_free["scenario"] == "T=1,K=1,lock-free"
+    assert json.loads(lock_free["params"])["mode"] == "lock-free"
 
 
 def test_lab_rows_fit_the_lab_schema() -> None:
@@ -421,3 +469,6 @@ def test_throughput_benchmark_runs_end_to_end() -> None:
     row = throughput("memory:", seconds=0.5, concurrency=4)
     assert row["cycles"] > 0 and row["errors"] == 0
     assert row["server_cpu_ms_per_cycle"] > 0
+    # No store processes of its own: per CPU-second is per the node's CPU.
+    assert row["store_cpu_s"] == 0 and row["node_cpu_s"] > 0
+    assert row["cycles_per_cpu_s"] == pytest.approx(row["cycles"] / row["node_cpu_s"], rel=0.01)

@@ -1,7 +1,8 @@
 """Benchmark the queue service: cycles/s vs moto, and the BDQS K/order experiment.
 
   cmq sqsbench throughput [--seconds 5] [--nodes 1,2,4] [--stores sqlite,redis-cluster]
-  cmq sqsbench order [--n 500] [--stores sqlite,redis-cluster,moto] [--out records.parquet]
+  cmq sqsbench order [--n 500] [--modes atomic,lock-free] [--order-nodes 3]
+                     [--stores sqlite,redis-cluster,moto] [--out records.parquet]
 
 Servers (cmq serve nodes, moto_server, a local Redis Cluster) are started
 and stopped here; results print as a table and, with --json, as JSON.
@@ -35,6 +36,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="load generator HTTP client (raw asyncio is ~5x leaner)",
     )
     parser.add_argument("--n", type=int, default=500, help="messages per run (order)")
+    parser.add_argument(
+        "--modes",
+        default="atomic,lock-free",
+        help="queue ReceiveMode values to run (order): atomic, lock-free",
+    )
+    parser.add_argument(
+        "--order-nodes",
+        type=int,
+        default=3,
+        help="cmq serve nodes the receivers are spread over (order)",
+    )
     parser.add_argument("--out", help="write raw order records here (.parquet or .jsonl)")
     parser.add_argument("--json", action="store_true", help="print results as JSON")
 
@@ -90,14 +102,21 @@ def run(args: argparse.Namespace) -> int:
                 f"errors={r['errors']}"
             )
     else:
+        modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+        if not modes or set(modes) - {"atomic", "lock-free"}:
+            raise SystemExit("cmq sqsbench: --modes takes atomic and/or lock-free")
+        if args.order_nodes < 1:
+            raise SystemExit("cmq sqsbench: --order-nodes must be at least 1")
         records: list[dict[str, Any]] = []
         for kind in stores:
             with _store(kind) as url:
-                records += bench.order_experiment(url or "moto", n=args.n)
+                records += bench.order_experiment(
+                    url or "moto", n=args.n, modes=modes, nodes=args.order_nodes
+                )
         rows = bench.summarise(records)
         for r in rows:
             print(
-                f"{r['system']:14} T={r['t_recv']}  K={r['k']!s:9} "
+                f"{r['system']:14} {r['mode']:9} T={r['t_recv']}  K={r['k']!s:9} "
                 f"dup={r['duplication_rate']:.4f}  out-of-order={r['out_of_order_rate']:.4f}  "
                 f"(per receiver {r['out_of_order_per_receiver']:.4f})"
             )

@@ -9,8 +9,10 @@ two cores would measure the client, not the server.
   ``cmq serve`` nodes over one store, and against moto's server (the
   stand-in for SQS) in the same run.
 - :func:`order_experiment`: BDQS Figure 2. A queue is filled with numbered
-  messages, then T receivers drain it concurrently, each receiving one
-  message at a time and deleting it. Every receipt becomes one raw record
+  messages, then T receivers (spread over the nodes) drain it concurrently,
+  each receiving one message at a time and deleting it, until every message
+  has been received at least once; per queue ``ReceiveMode`` (atomic or
+  lock-free) and ``ConsistencyK``. Every receipt becomes one raw record
   (queue, receiver, message sequence number, send and receive ns, receive
   count) for the PySpark pipeline; :func:`summarise` computes the headline
   rates directly:
@@ -271,10 +273,15 @@ async def _call(conn: _Conn | _AioConn, action: str, params: dict[str, Any]) -> 
     return result
 
 
-async def _create(conn: _Conn | _AioConn, name: str, k: int | None) -> str:
+async def _create(conn: _Conn | _AioConn, name: str, k: int | None, mode: str | None = None) -> str:
     params: dict[str, Any] = {"QueueName": name}
+    attributes = {}
     if k is not None:
-        params["Attributes"] = {"ConsistencyK": str(k)}
+        attributes["ConsistencyK"] = str(k)
+    if mode is not None:
+        attributes["ReceiveMode"] = mode
+    if attributes:
+        params["Attributes"] = attributes
     url: str = (await _call(conn, "CreateQueue", params))["QueueUrl"]
     return url
 
@@ -352,22 +359,33 @@ def throughput(
     seconds: float = 5.0,
     concurrency: int = 64,
     client: str = "raw",
+    store_pids: Sequence[int] = (),
 ) -> dict[str, Any]:
     """Cycles per second against ``nodes`` cmq serve nodes over ``store_url``,
     or against moto's server when ``store_url`` is None.
 
-    Also reports the servers' CPU time per cycle, a figure that other load on
-    the machine disturbs far less than cycles per second.
+    Also measures the CPU time the service consumed during the run, read
+    from ``/proc/<pid>/stat`` of every node process (and its children) and of
+    ``store_pids``, the store's own processes (the redis-server processes of
+    a Redis Cluster; an SQLite store runs inside the nodes): ``node_cpu_s``,
+    ``store_cpu_s`` and ``cycles_per_cpu_s`` = cycles / (node + store CPU
+    seconds). The load generator's own CPU is not counted. CPU per cycle is
+    a figure that other load on the machine disturbs far less than cycles
+    per second, and per CPU-second is how linear scaling shows on a machine
+    with fewer cores than nodes.
     """
     servers = start_moto() if store_url is None else start_cmq(store_url, nodes)
     try:
         pids = [p.pid for p in servers.procs]
         pids += [c for p in pids for c in _children(p)]
         before = sum(_cpu_seconds(p) for p in pids)
+        store_before = sum(_cpu_seconds(p) for p in store_pids)
         result = asyncio.run(_cycles(servers.urls, seconds, concurrency, client))
         cpu = sum(_cpu_seconds(p) for p in pids) - before
+        store_cpu = sum(_cpu_seconds(p) for p in store_pids) - store_before
     finally:
         servers.stop()
+    total = cpu + store_cpu
     return {
         "system": "moto" if store_url is None else store_url.split(":")[0],
         "nodes": nodes,
@@ -375,6 +393,9 @@ def throughput(
         "client": client,
         **result,
         "server_cpu_ms_per_cycle": round(cpu * 1000 / max(1, result["cycles"]), 3),
+        "node_cpu_s": round(cpu, 3),
+        "store_cpu_s": round(store_cpu, 3),
+        "cycles_per_cpu_s": round(result["cycles"] / total, 1) if total > 0 else 0.0,
     }
 
 
@@ -434,11 +455,17 @@ def throughput_matrix(
 
 
 async def _order_run(
-    urls: Sequence[str], system: str, t_recv: int, k: int | None, n: int
+    urls: Sequence[str],
+    system: str,
+    t_recv: int,
+    k: int | None,
+    n: int,
+    mode: str | None = None,
+    rep: int = 0,
 ) -> list[dict[str, Any]]:
     setup = _Conn(urls[0])
     name = f"order-{uuid.uuid4().hex[:8]}"
-    qurl = await _create(setup, name, k)
+    qurl = await _create(setup, name, k, mode)
     path = qurl.split("/", 3)[3]
     for start in range(0, n, 10):
         now_ns = time.time_ns()
@@ -449,14 +476,16 @@ async def _order_run(
         await _call(setup, "SendMessageBatch", {"QueueUrl": qurl, "Entries": entries})
     setup.close()
     records: list[dict[str, Any]] = []
-    remaining = {"n": n}
+    # Done when every message has been received at least once (a duplicate
+    # does not count towards that).
+    seen: set[int] = set()
 
     async def receiver(r: int) -> None:
         base = urls[r % len(urls)]
         conn = _Conn(base)
         q = f"{base}/{path}"
         empty = 0
-        while remaining["n"] > 0 and empty < 50:
+        while len(seen) < n and empty < 50:
             try:
                 got = await _call(
                     conn,
@@ -481,6 +510,8 @@ async def _order_run(
                         "system": system,
                         "queue": name,
                         "k": k if k is not None else 0,
+                        "mode": mode or "n/a",
+                        "rep": rep,
                         "t_recv": t_recv,
                         "receiver": r,
                         "seq": body["seq"],
@@ -494,7 +525,7 @@ async def _order_run(
                     await _call(
                         conn, "DeleteMessage", {"QueueUrl": q, "ReceiptHandle": m["ReceiptHandle"]}
                     )
-                remaining["n"] -= 1
+                seen.add(body["seq"])
         conn.close()
 
     await asyncio.gather(*(receiver(r) for r in range(t_recv)))
@@ -508,33 +539,43 @@ def order_experiment(
     ks: Sequence[int | None] = (1, 2, 3, NO_ORDER_K),
     n: int = 500,
     nodes: int = 1,
+    modes: Sequence[str] = ("atomic",),
+    repeats: int = 1,
     progress: Callable[[str], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Run BDQS Figure 2 on ``system`` (a store URL, or ``moto``).
 
-    Returns the raw per-receipt records. moto has no K, so it runs once per
-    T with ``k = 0`` in the records. ``progress`` is called after each
-    (T, K) run with a label saying which one finished.
+    Every (mode, T, K) is run ``repeats`` times, each on a fresh queue, with
+    the T receivers spread round-robin over ``nodes`` cmq serve nodes.
+    Returns the raw per-receipt records (with ``mode`` and ``rep``). moto
+    has no K and no receive mode, so it runs ``repeats`` times per T with
+    ``k = 0`` and ``mode = "n/a"`` in the records. ``progress`` is called
+    after each run with a label saying which one finished.
 
     Raises:
         ConfigError: ``moto`` is asked for and moto's server is not installed.
         CmqError: a server does not start or a request fails.
     """
+    mode_list: Sequence[str | None] = modes
     if system == "moto":
         servers = start_moto()
         ks = (None,)
+        mode_list = (None,)
         label = "moto"
     else:
         servers = start_cmq(system, nodes)
         label = system.split(":")[0]
     records: list[dict[str, Any]] = []
     try:
-        for t in t_recvs:
-            for k in ks:
-                records += asyncio.run(_order_run(servers.urls, label, t, k, n))
-                if progress is not None:
-                    k_label = "n/a" if k is None else "no-order" if k >= NO_ORDER_K else k
-                    progress(f"{label} T={t} K={k_label}")
+        for mode in mode_list:
+            for t in t_recvs:
+                for k in ks:
+                    for rep in range(repeats):
+                        records += asyncio.run(_order_run(servers.urls, label, t, k, n, mode, rep))
+                        if progress is not None:
+                            k_label = "n/a" if k is None else "no-order" if k >= NO_ORDER_K else k
+                            where = f"{label} {mode}" if mode else label
+                            progress(f"{where} T={t} K={k_label} #{rep + 1}")
     finally:
         servers.stop()
     return records
@@ -566,6 +607,7 @@ def summarise(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         out.append(
             {
                 "system": system,
+                "mode": rows[0].get("mode", "atomic"),
                 "t_recv": t,
                 "k": "no-order" if k >= NO_ORDER_K else (k or "n/a"),
                 "messages": messages,
@@ -589,8 +631,12 @@ def lab_rows(records: Sequence[dict[str, Any]], run_id: str) -> list[dict[str, A
             "experiment": "bdqs-figure2",
             "run_id": run_id,
             "system": r["system"],
-            "scenario": f"T={r['t_recv']},K={'no-order' if r['k'] >= NO_ORDER_K else r['k']}",
-            "params": json.dumps({"t_recv": r["t_recv"], "k": r["k"]}, sort_keys=True),
+            "scenario": f"T={r['t_recv']},K={'no-order' if r['k'] >= NO_ORDER_K else r['k']}"
+            + ("" if r.get("mode", "n/a") == "n/a" else f",{r['mode']}"),
+            "params": json.dumps(
+                {"t_recv": r["t_recv"], "k": r["k"], "mode": r.get("mode", "n/a")},
+                sort_keys=True,
+            ),
             "size": 0,
             "seq": r["seq"],
             "send_ns": r["send_ns"],

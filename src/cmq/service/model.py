@@ -92,6 +92,11 @@ class ReceiveSpec:
     """Receipt token stamped on every message of this receive."""
     rand: tuple[float, ...]
     """``max_messages`` numbers in [0, 1) that drive the random picks."""
+    lock_free: bool = False
+    """The queue's ``ReceiveMode`` is ``lock-free`` (standard queues only):
+    read the index, then mark the picks in flight in a separate step with no
+    compare-and-set, so concurrent receives may take the same message (see
+    :meth:`cmq.service.store.base.Store.receive`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

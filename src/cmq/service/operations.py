@@ -81,6 +81,7 @@ _DEFAULTS = {
     "ReceiveMessageWaitTimeSeconds": "0",
     "VisibilityTimeout": "30",
     "ConsistencyK": "1",
+    "ReceiveMode": "atomic",
 }
 _FIFO_DEFAULTS = {
     "FifoQueue": "true",
@@ -99,6 +100,10 @@ _INT_ATTRIBUTES = {
     "ConsistencyK": (1, 2**31 - 1),
 }
 _BOOL_ATTRIBUTES = {"FifoQueue", "ContentBasedDeduplication", "SqsManagedSseEnabled"}
+#: The BDQS receive mode (see :mod:`cmq.service.store.base`): ``atomic``
+#: never hands an in-flight message out twice; ``lock-free`` reads and marks
+#: in separate steps, as the paper's nodes do, and may.
+_ENUM_ATTRIBUTES = {"ReceiveMode": ("atomic", "lock-free")}
 _FREE_ATTRIBUTES = {
     "Policy",
     "KmsMasterKeyId",
@@ -114,7 +119,13 @@ _COMPUTED_ATTRIBUTES = (
     "LastModifiedTimestamp",
     "QueueArn",
 )
-_SETTABLE = set(_INT_ATTRIBUTES) | _BOOL_ATTRIBUTES | _FREE_ATTRIBUTES | {"RedrivePolicy"}
+_SETTABLE = (
+    set(_INT_ATTRIBUTES)
+    | _BOOL_ATTRIBUTES
+    | set(_ENUM_ATTRIBUTES)
+    | _FREE_ATTRIBUTES
+    | {"RedrivePolicy"}
+)
 
 
 def _now_ms() -> int:
@@ -167,6 +178,7 @@ class _Queue:
     visibility_ms: int
     wait_seconds: int
     k: int
+    lock_free: bool
     content_dedup: bool
     dead_letter: str | None
     max_receive_count: int
@@ -189,6 +201,7 @@ class _Queue:
             visibility_ms=int(a.get("VisibilityTimeout", "30")) * 1000,
             wait_seconds=int(a.get("ReceiveMessageWaitTimeSeconds", "0")),
             k=int(a.get("ConsistencyK", "1")),
+            lock_free=a.get("ReceiveMode") == "lock-free",
             content_dedup=a.get("ContentBasedDeduplication") == "true",
             dead_letter=dead_letter,
             max_receive_count=max_receives,
@@ -434,6 +447,7 @@ class QueueService:
             fifo=queue.fifo,
             token=f"{self._rng.getrandbits(64):016x}",
             rand=tuple(self._rng.random() for _ in range(n)),
+            lock_free=queue.lock_free,
         )
         got = [(r, json.loads(r.payload)) for r in await self.store.receive(queue.name, spec)]
         keep: list[tuple[Received, dict[str, Any]]] = []
@@ -623,12 +637,24 @@ class QueueService:
                         f"Invalid value for the parameter {key}: must be true or false."
                     )
                 out[key] = value.lower()
+            elif key in _ENUM_ATTRIBUTES:
+                if value not in _ENUM_ATTRIBUTES[key]:
+                    raise errors.InvalidAttributeValue(
+                        f"Invalid value for the parameter {key}: must be one of "
+                        f"{', '.join(_ENUM_ATTRIBUTES[key])}."
+                    )
+                out[key] = value
             elif key == "RedrivePolicy":
                 out[key] = await self._validate_redrive(value, fifo)
             else:
                 out[key] = value
         if "FifoQueue" in out and not create:
             raise errors.InvalidAttributeName("FifoQueue can only be set at creation.")
+        if fifo and out.get("ReceiveMode") == "lock-free":
+            raise errors.InvalidAttributeValue(
+                "Invalid value for the parameter ReceiveMode: a FIFO queue receives atomically "
+                "(lock-free is for standard queues)."
+            )
         if not fifo and out.get("ContentBasedDeduplication") == "true":
             raise errors.InvalidAttributeName(
                 "ContentBasedDeduplication is only valid for FIFO queues."

@@ -6,6 +6,22 @@ opaque payload). Any number of service nodes may share one store, so no
 correctness may depend on a node's memory: every state change goes through
 the store.
 
+Receive modes
+-------------
+``atomic`` (the default): :meth:`Store.receive` reads the first K visible
+messages of the queue's sequence index, picks among them and marks the picks
+in flight in ONE atomic store operation, so a message is never handed to two
+receives while it is in flight.
+
+``lock-free`` (``ReceiveSpec.lock_free``, the BDQS paper's design): the read
+(:meth:`Store.peek`) and the write (:meth:`Store.mark`) are separate store
+operations, and the write checks nothing: it marks the picks in flight
+whatever happened to them since the read. Two receives that read before
+either writes may take the same message: a duplicate, never a loss (each
+receive's write stamps its own receipt token; the last one wins, and only its
+handle deletes the message). A message deleted between the read and the
+write is skipped. FIFO queues always receive atomically.
+
 Times are integer milliseconds passed in by the caller. Errors: a missing
 queue raises :class:`~cmq.service.errors.QueueDoesNotExist`; a store that
 cannot be reached or fails raises
@@ -15,7 +31,7 @@ cannot be reached or fails raises
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from cmq.service.model import (
     ChangeResult,
@@ -37,6 +53,11 @@ class Store(abc.ABC):
     #: messages sent through other nodes; a send through this node wakes
     #: them at once.
     poll_interval: float = 0.05
+
+    #: Awaited by a lock-free receive between its read and its write, with
+    #: the queue name and the picked sequence numbers. A test hook: it makes
+    #: an interleaving of concurrent receives deterministic (None: no pause).
+    between_read_and_write: Callable[[str, list[int]], Awaitable[None]] | None = None
 
     async def open(self) -> None:  # noqa: B027 - optional hook
         """Connect or create the schema; called once before any operation."""
@@ -79,13 +100,40 @@ class Store(abc.ABC):
         ended is not added. Raises QueueDoesNotExist.
         """
 
-    @abc.abstractmethod
     async def receive(self, name: str, spec: ReceiveSpec) -> list[Received]:
-        """Hand out messages (see :mod:`cmq.service.ordering`), atomically
-        making each invisible until ``spec.now + spec.visibility_ms``,
-        counting the receive and stamping ``spec.token``.
+        """Hand out messages (see :mod:`cmq.service.ordering`), making each
+        invisible until ``spec.now + spec.visibility_ms``, counting the
+        receive and stamping ``spec.token``: atomically, or for
+        ``spec.lock_free`` on a standard queue as :meth:`peek` then
+        :meth:`mark` (see the module doc).
 
         Raises QueueDoesNotExist.
+        """
+        if not spec.lock_free or spec.fifo:
+            return await self.receive_atomic(name, spec)
+        picks = await self.peek(name, spec)
+        if self.between_read_and_write is not None:
+            await self.between_read_and_write(name, picks)
+        return await self.mark(name, spec, picks)
+
+    @abc.abstractmethod
+    async def receive_atomic(self, name: str, spec: ReceiveSpec) -> list[Received]:
+        """:meth:`receive` as one atomic store operation. Raises QueueDoesNotExist."""
+
+    @abc.abstractmethod
+    async def peek(self, name: str, spec: ReceiveSpec) -> list[int]:
+        """The read of a lock-free receive: the sequence numbers it picks
+        (:func:`~cmq.service.ordering.standard_picks` over the first
+        ``spec.k + spec.max_messages - 1`` visible messages), changing nothing
+        but housekeeping. Raises QueueDoesNotExist.
+        """
+
+    @abc.abstractmethod
+    async def mark(self, name: str, spec: ReceiveSpec, picks: Sequence[int]) -> list[Received]:
+        """The write of a lock-free receive: mark each of ``picks`` that still
+        exists in flight under ``spec.token``, unconditionally (no check that
+        it is still visible). Deleted ones are skipped, so a queue deleted
+        since the read gives ``[]`` (or QueueDoesNotExist on the memory store).
         """
 
     @abc.abstractmethod

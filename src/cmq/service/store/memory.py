@@ -2,6 +2,11 @@
 
 Single process only (``cmq serve --store memory:`` with one worker). Every
 method runs without awaiting, so each is atomic under asyncio.
+
+A lock-free receive here is :meth:`peek` then :meth:`mark`, as on the other
+stores, but nothing runs between the two unless
+``Store.between_read_and_write`` pauses there (tests do): in one process with
+no hook it behaves like an atomic receive and delivers no duplicates.
 """
 
 from __future__ import annotations
@@ -114,30 +119,26 @@ class MemoryStore(Store):
             results.append(SendResult(message_id=new.message_id, seq=seq))
         return results
 
-    async def receive(self, name: str, spec: ReceiveSpec) -> list[Received]:
-        q = self._queue(name)
-        now = spec.now
-        if spec.fifo:
-            picks = fifo_picks(
-                ((s, m.group_id, m.visible_at <= now) for s, m in q.messages.items()),
-                spec.max_messages,
-            )
-        else:
-            want = spec.k + spec.max_messages - 1
-            visible: list[int] = []
-            for s, m in q.messages.items():
-                if m.visible_at <= now:
-                    visible.append(s)
-                    if len(visible) >= want:
-                        break
-            picks = standard_picks(visible, spec.k, spec.max_messages, spec.rand)
+    def _window(self, q: _Queue, spec: ReceiveSpec) -> list[int]:
+        want = spec.k + spec.max_messages - 1
+        visible: list[int] = []
+        for s, m in q.messages.items():
+            if m.visible_at <= spec.now:
+                visible.append(s)
+                if len(visible) >= want:
+                    break
+        return standard_picks(visible, spec.k, spec.max_messages, spec.rand)
+
+    def _mark(self, q: _Queue, spec: ReceiveSpec, picks: Sequence[int]) -> list[Received]:
         out = []
         for seq in picks:
-            m = q.messages[seq]
+            m = q.messages.get(seq)
+            if m is None:  # deleted since a lock-free read
+                continue
             m.receive_count += 1
             if m.receive_count == 1:
-                m.first_receive_at = now
-            m.visible_at = now + spec.visibility_ms
+                m.first_receive_at = spec.now
+            m.visible_at = spec.now + spec.visibility_ms
             m.token = spec.token
             out.append(
                 Received(
@@ -149,6 +150,23 @@ class MemoryStore(Store):
                 )
             )
         return out
+
+    async def receive_atomic(self, name: str, spec: ReceiveSpec) -> list[Received]:
+        q = self._queue(name)
+        if spec.fifo:
+            picks = fifo_picks(
+                ((s, m.group_id, m.visible_at <= spec.now) for s, m in q.messages.items()),
+                spec.max_messages,
+            )
+        else:
+            picks = self._window(q, spec)
+        return self._mark(q, spec, picks)
+
+    async def peek(self, name: str, spec: ReceiveSpec) -> list[int]:
+        return self._window(self._queue(name), spec)
+
+    async def mark(self, name: str, spec: ReceiveSpec, picks: Sequence[int]) -> list[Received]:
+        return self._mark(self._queue(name), spec, picks)
 
     async def delete(self, name: str, receipts: Sequence[tuple[int, str]]) -> None:
         q = self._queue(name)

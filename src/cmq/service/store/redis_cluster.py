@@ -19,6 +19,15 @@ A receive first moves due messages from ``inv`` back to ``vis``, then picks
 at random among the first K of ``vis`` (the random numbers come from the
 caller, so the script is deterministic as Redis requires).
 
+A lock-free receive (``ReceiveMode=lock-free``) splits that in two round
+trips: the ``peek`` script moves due messages back and returns the head of
+``vis``; the node picks, then marks its picks with plain commands in one
+pipeline (``ZREM`` from ``vis``, ``ZADD`` to ``inv``, ``HINCRBY`` the count,
+``HSET`` the token, ``HGET`` the payload), no ``MULTI`` and no script, so
+another node's commands may interleave and nothing checks that a pick is
+still visible. A pick whose payload is gone (deleted in between) has the
+entries the pipeline re-created removed again.
+
 Routing is done here rather than by redis-py's cluster client, because a
 send must be followed by ``WAIT`` on the SAME connection (WAIT counts the
 replicas that have this connection's writes) and the cluster pipeline
@@ -40,7 +49,7 @@ import asyncio
 import functools
 import hashlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -58,6 +67,7 @@ from cmq.service.model import (
     ReceiveSpec,
     SendResult,
 )
+from cmq.service.ordering import standard_picks
 from cmq.service.store.base import Store
 
 __all__ = ["RETRY_SECONDS", "RedisClusterStore"]
@@ -209,6 +219,14 @@ for _, s in ipairs(picks) do
   out[#out + 1] = {tonumber(s), redis.call('HGET', K.msg, s), count, tonumber(redis.call('HGET', K.fr, s))}
 end
 return out
+""",
+    "peek": _PRELUDE
+    + """
+local now, w = tonumber(ARGV[1]), tonumber(ARGV[2])
+"""
+    + _PROMOTE
+    + """
+return redis.call('ZRANGE', K.vis, 0, w - 1)
 """,
     "delete": _PRELUDE
     + """
@@ -384,7 +402,50 @@ class RedisClusterStore(Store):
         Raises QueueDoesNotExist (the script's NOQUEUE) and StoreUnavailable.
         """
         keys = _keys(name)
-        slot = key_slot(keys[0])
+        return await self._retrying(
+            name, script, lambda slot: self._call_once(script, name, slot, keys, args, wait)
+        )
+
+    async def _commands(self, name: str, cmds: Sequence[Sequence[Any]]) -> list[Any]:
+        """Send plain commands to the master of ``name``'s slot as one pipeline
+        (no ``MULTI``: other clients' commands may run between them) and
+        return their replies, retrying through failovers (a retry re-sends
+        them all). Raises StoreUnavailable."""
+        return await self._retrying(  # type: ignore[no-any-return]
+            name, "commands", lambda slot: self._commands_once(slot, cmds)
+        )
+
+    async def _commands_once(self, slot: int, cmds: Sequence[Sequence[Any]]) -> list[Any]:
+        entry = self._slots[slot]
+        if entry is None:
+            raise rexc.ClusterDownError(f"slot {slot} is not served")
+        addr = entry[0]
+        packed = b"".join(b"*%d\r\n" % len(c) + _pack_args(c) for c in cmds)
+        conns = self._conns(addr)
+        conn = conns.pop() if conns else self._new_conn(addr)
+        replies: list[Any] = []
+        try:
+            await conn.send_packed_command(packed, check_health=False)
+            for _ in cmds:
+                try:
+                    replies.append(await conn.read_response())
+                except rexc.ResponseError as exc:
+                    replies.append(exc)  # the later replies are still to be read
+        except BaseException:
+            await conn.disconnect()
+            raise
+        conns.append(conn)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies
+
+    async def _retrying(
+        self, name: str, what: str, attempt: Callable[[int], Awaitable[Any]]
+    ) -> Any:
+        """``attempt(slot)`` of ``name``'s slot until it succeeds, a failover
+        allowing. Raises QueueDoesNotExist (NOQUEUE) and StoreUnavailable."""
+        slot = key_slot(_keys(name)[0])
         deadline = time.monotonic() + RETRY_SECONDS
         delay = 0.05
         while True:
@@ -397,14 +458,14 @@ class RedisClusterStore(Store):
                     await asyncio.sleep(delay)
                     continue
             try:
-                return await self._call_once(script, name, slot, keys, args, wait)
+                return await attempt(slot)
             except rexc.ResponseError as exc:
                 if str(exc).startswith("NOQUEUE"):
                     raise QueueDoesNotExist(f"The specified queue {name} does not exist.") from None
                 if not isinstance(exc, _RETRYABLE) and not str(exc).startswith(
                     ("MOVED", "ASK", "CLUSTERDOWN", "TRYAGAIN", "READONLY", "LOADING")
                 ):
-                    raise StoreUnavailable(f"Redis refused {script}: {exc}") from exc
+                    raise StoreUnavailable(f"Redis refused {what}: {exc}") from exc
                 failure: BaseException = exc
             except _RETRYABLE as exc:
                 failure = exc
@@ -546,7 +607,7 @@ class RedisClusterStore(Store):
             for i in range(0, len(flat), 3)
         ]
 
-    async def receive(self, name: str, spec: ReceiveSpec) -> list[Received]:
+    async def receive_atomic(self, name: str, spec: ReceiveSpec) -> list[Received]:
         args = [
             spec.now,
             spec.max_messages,
@@ -567,6 +628,53 @@ class RedisClusterStore(Store):
             )
             for seq, payload, count, first in rows
         ]
+
+    async def peek(self, name: str, spec: ReceiveSpec) -> list[int]:
+        window = await self._call("peek", name, [spec.now, spec.k + spec.max_messages - 1])
+        return standard_picks([int(s) for s in window], spec.k, spec.max_messages, spec.rand)
+
+    async def mark(self, name: str, spec: ReceiveSpec, picks: Sequence[int]) -> list[Received]:
+        if not picks:
+            return []
+        k = dict(zip(_FIELDS, _keys(name), strict=True))
+        deadline = spec.now + spec.visibility_ms
+        cmds: list[tuple[Any, ...]] = []
+        for seq in picks:
+            cmds += [
+                ("ZREM", k["vis"], seq),
+                ("ZADD", k["inv"], deadline, seq),
+                ("HINCRBY", k["rc"], seq, 1),
+                ("HSETNX", k["fr"], seq, spec.now),
+                ("HSET", k["tok"], seq, spec.token),
+                ("HGET", k["fr"], seq),
+                ("HGET", k["msg"], seq),
+            ]
+        replies = await self._commands(name, cmds)
+        out, gone = [], []
+        for i, seq in enumerate(picks):
+            count, first, payload = replies[7 * i + 2], replies[7 * i + 5], replies[7 * i + 6]
+            if payload is None:
+                gone.append(seq)
+                continue
+            out.append(
+                Received(
+                    seq=seq,
+                    payload=payload.decode(),
+                    receive_count=int(count),
+                    first_receive_at=int(first),
+                    token=spec.token,
+                )
+            )
+        if gone:
+            # Deleted between the read and the write: drop what the write
+            # re-created (sequence numbers are never reused, so this can
+            # remove nothing that belongs to a live message).
+            await self._commands(
+                name,
+                [(op, k[f], seq) for seq in gone
+                 for op, f in (("ZREM", "inv"), ("HDEL", "rc"), ("HDEL", "fr"), ("HDEL", "tok"))],
+            )  # fmt: skip
+        return out
 
     async def delete(self, name: str, receipts: Sequence[tuple[int, str]]) -> None:
         await self._call("delete", name, [x for receipt in receipts for x in receipt])

@@ -17,6 +17,12 @@ timeout) serialises them, so every operation stays atomic across nodes.
 
 In-flight state is just ``visible_at`` and the receipt token in the message
 row, so it survives a restart like the messages do.
+
+A lock-free receive (``ReceiveMode=lock-free``) is two jobs: the read of the
+index (:meth:`SqliteStore.peek`), then, once that transaction has committed,
+the write (:meth:`SqliteStore.mark`) in a later one. Any other node's or
+task's transactions may run in between; the write does not re-check
+visibility, so two receives that read the same head both take it.
 """
 
 from __future__ import annotations
@@ -316,50 +322,31 @@ class SqliteStore(Store):
 
         return await self._run(job)
 
-    async def receive(self, name: str, spec: ReceiveSpec) -> list[Received]:
+    async def receive_atomic(self, name: str, spec: ReceiveSpec) -> list[Received]:
         def job(conn: sqlite3.Connection) -> list[Received]:
             _check_queue(conn, name)
-            now = spec.now
             if spec.fifo:
                 rows = conn.execute(
                     "SELECT seq, group_id, visible_at <= ? FROM messages WHERE queue = ? "
                     "ORDER BY seq",
-                    (now, name),
+                    (spec.now, name),
                 )
                 picks = fifo_picks(((s, g, bool(v)) for s, g, v in rows), spec.max_messages)
             else:
-                # The primary key (queue, seq) is the sequence index: this
-                # walks it in order and stops after k + n - 1 visible rows.
-                visible = [
-                    r[0]
-                    for r in conn.execute(
-                        "SELECT seq FROM messages WHERE queue = ? AND visible_at <= ? "
-                        "ORDER BY seq LIMIT ?",
-                        (name, now, spec.k + spec.max_messages - 1),
-                    )
-                ]
-                picks = standard_picks(visible, spec.k, spec.max_messages, spec.rand)
-            out = []
-            for seq in picks:
-                payload, count, first = conn.execute(
-                    "UPDATE messages SET visible_at = ?, receive_count = receive_count + 1, "
-                    "first_receive_at = CASE receive_count WHEN 0 THEN ? ELSE first_receive_at "
-                    "END, token = ? WHERE queue = ? AND seq = ? "
-                    "RETURNING payload, receive_count, first_receive_at",
-                    (now + spec.visibility_ms, now, spec.token, name, seq),
-                ).fetchone()
-                out.append(
-                    Received(
-                        seq=seq,
-                        payload=payload,
-                        receive_count=count,
-                        first_receive_at=first,
-                        token=spec.token,
-                    )
-                )
-            return out
+                picks = _window(conn, name, spec)
+            return _mark(conn, name, spec, picks)
 
         return await self._run(job)
+
+    async def peek(self, name: str, spec: ReceiveSpec) -> list[int]:
+        def job(conn: sqlite3.Connection) -> list[int]:
+            _check_queue(conn, name)
+            return _window(conn, name, spec)
+
+        return await self._run(job)
+
+    async def mark(self, name: str, spec: ReceiveSpec, picks: Sequence[int]) -> list[Received]:
+        return await self._run(lambda conn: _mark(conn, name, spec, picks))
 
     async def delete(self, name: str, receipts: Sequence[tuple[int, str]]) -> None:
         def job(conn: sqlite3.Connection) -> None:
@@ -408,3 +395,45 @@ def _get_queue(conn: sqlite3.Connection, name: str) -> QueueRecord:
     return QueueRecord(
         name=name, attributes=json.loads(row[0]), created_at=row[1], modified_at=row[2]
     )
+
+
+def _window(conn: sqlite3.Connection, name: str, spec: ReceiveSpec) -> list[int]:
+    """A standard queue's picks among its first visible messages."""
+    # The primary key (queue, seq) is the sequence index: this walks it in
+    # order and stops after k + n - 1 visible rows.
+    visible = [
+        r[0]
+        for r in conn.execute(
+            "SELECT seq FROM messages WHERE queue = ? AND visible_at <= ? ORDER BY seq LIMIT ?",
+            (name, spec.now, spec.k + spec.max_messages - 1),
+        )
+    ]
+    return standard_picks(visible, spec.k, spec.max_messages, spec.rand)
+
+
+def _mark(
+    conn: sqlite3.Connection, name: str, spec: ReceiveSpec, picks: Sequence[int]
+) -> list[Received]:
+    """Mark ``picks`` in flight under ``spec.token``; skip the deleted ones."""
+    out = []
+    for seq in picks:
+        row = conn.execute(
+            "UPDATE messages SET visible_at = ?, receive_count = receive_count + 1, "
+            "first_receive_at = CASE receive_count WHEN 0 THEN ? ELSE first_receive_at "
+            "END, token = ? WHERE queue = ? AND seq = ? "
+            "RETURNING payload, receive_count, first_receive_at",
+            (spec.now + spec.visibility_ms, spec.now, spec.token, name, seq),
+        ).fetchone()
+        if row is None:  # deleted since a lock-free read
+            continue
+        payload, count, first = row
+        out.append(
+            Received(
+                seq=seq,
+                payload=payload,
+                receive_count=count,
+                first_receive_at=first,
+                token=spec.token,
+            )
+        )
+    return out
