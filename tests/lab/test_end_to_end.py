@@ -62,5 +62,9 @@ def test_a_tiny_lab_run_writes_records_and_the_report(
     summary = captured.out
     assert "tiny (custom) profile, 3 experiments" in summary
     assert "ping-pong 512 B, median round trip (runs): " in summary
-    assert "[pass]" in summary or "[fail]" in summary
+    # A tiny run has one run a side and a short range: its verdicts say what
+    # they lack rather than pass or fail on too little.
+    verdicts = [line for line in summary.splitlines() if line.startswith("  [")]
+    assert verdicts and all(line.split("]")[0][3:] in ("pass", "fail", "inconclusive", "context") for line in verdicts)
+    assert any("3 runs a side" in line or "needs" in line.lower() for line in verdicts)
     assert summary.rstrip().endswith(f"report: {(out / 'report.html').resolve()}")
