@@ -646,6 +646,25 @@ class BrokerCore:
         q = self._queue_for(name, sender)
         return len(q.ready), len(q.consumers)
 
+    def queue_options(self, name: str) -> tuple[int, str, dict[str, Any]] | None:
+        """(max_length, overflow, arguments) queue ``name`` was declared with, or None."""
+        q = self._queues.get(name)
+        if q is None:
+            return None
+        args: dict[str, Any] = {}
+        if q.dlx is not None:
+            args[DLX_ARG] = q.dlx
+        if q.dlrk is not None:
+            args[DLRK_ARG] = q.dlrk
+        if q.ttl is not None:
+            args[TTL_ARG] = round(q.ttl * 1000)
+        return q.max_length, q.overflow.value, args
+
+    def exchange_in_use(self, name: str) -> bool:
+        """Whether exchange ``name`` has bindings."""
+        ex = self._exchanges.get(name)
+        return ex is not None and any(True for _ in ex.bindings())
+
     def exchange_type(self, name: str) -> str | None:
         """The type of exchange ``name``, or None when there is none."""
         ex = self._exchanges.get(name)
