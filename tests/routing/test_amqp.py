@@ -348,3 +348,26 @@ def test_a_silent_peer_is_dropped_after_two_heartbeats(broker: Broker) -> None:
         assert got_heartbeat
     finally:
         s.close()
+
+
+def test_live_consumers_on_either_side_get_the_other_sides_publishes(conn: Any, broker: Broker) -> None:
+    ch = conn.channel()
+    ch.exchange_declare("mix", "fanout")
+    ch.queue_declare("amqp-side")
+    ch.queue_bind("amqp-side", "mix")
+    got: list[bytes] = []
+    ch.basic_consume("amqp-side", lambda c, m, p, b: (got.append(b), c.basic_ack(m.delivery_tag)))
+    with BrokerClient(broker.address, timeout=WAIT) as client:
+        client.declare_queue("cmq-side", max_length=100)
+        client.bind("cmq-side", "mix")
+        with client.consume("cmq-side") as c:
+            # Both consumers attached: a cmq publish reaches the pika consumer (through the UDP
+            # loop to the AMQP thread) and a pika publish the cmq consumer (the other way).
+            client.publish("mix", "", b"from cmq", confirm=True)
+            ch.basic_publish("mix", "", b"from pika")
+            deadline = time.monotonic() + WAIT
+            while len(got) < 2 and time.monotonic() < deadline:
+                conn.process_data_events(time_limit=0.05)
+            bodies = sorted(c.get(timeout=WAIT).body for _ in range(2))
+    assert sorted(got) == [b"from cmq", b"from pika"]
+    assert bodies == [b"from cmq", b"from pika"]
