@@ -350,7 +350,9 @@ class _Channel:
     # channel delivery tag -> (core consumer tag, core delivery tag); order: oldest first
     unacked: dict[int, tuple[str, int]] = field(default_factory=dict)
     consumers: dict[str, bool] = field(default_factory=dict)  # consumer tag -> no_ack
-    getters: set[str] = field(default_factory=set)  # core holder tags of basic.get
+    # Core tags that may hold unacked messages without consuming: basic.get's
+    # holders and cancelled consumers; released when the channel closes.
+    getters: set[str] = field(default_factory=set)
     last_queue: str = ""  # the queue last declared on the channel (for empty names)
     publishing: _Publishing | None = None
 
@@ -873,6 +875,7 @@ class AmqpConnection:
         tag = m.consumer_tag or "amq.ctag-" + secrets.token_urlsafe(16)
         if tag in ch.consumers:
             raise _ConnectionError(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'", m)
+        ch.getters.discard(tag)
         if len(tag.encode()) > MAX_NAME:
             raise _ConnectionError(SYNTAX_ERROR, "consumer tag too long", m)
         queue = m.queue or ch.last_queue
@@ -894,8 +897,10 @@ class AmqpConnection:
     def _basic_cancel(self, ch: _Channel, m: Any, now: float) -> None:
         tag = m.consumer_tag
         if ch.consumers.pop(tag, None) is not None:
-            self.core.call(Cancel(rid=0, tag=tag), (self.key, ch.number), now)
-            # Deliveries of that consumer not yet acked stay the channel's to ack (as RabbitMQ's).
+            # What it was sent and not yet acked stays the channel's to ack or
+            # nack (as RabbitMQ's), until the channel closes.
+            self.core.call(Cancel(rid=0, tag=tag, keep_unacked=True), (self.key, ch.number), now)
+            ch.getters.add(tag)
         if not m.nowait:
             ok = spec.Basic.CancelOk(consumer_tag="x")
             ok.consumer_tag = tag

@@ -910,7 +910,7 @@ class BrokerCore:
         return BrokerStats(
             exchanges=len(self._exchanges),
             queues=len(self._queues),
-            consumers=sum(1 for c in self._consumers.values() if not c.tag.startswith(GET_TAG)),
+            consumers=sum(len(q.consumers) for q in self._queues.values()),
             per_queue=per_queue,
             **{
                 name: t[name]
@@ -1185,6 +1185,8 @@ class BrokerCore:
                 )
             c.last_seen = now
             c.prefetch, c.no_ack = spec.prefetch, spec.no_ack
+            if c not in q.consumers and not c.tag.startswith(GET_TAG):
+                q.consumers.append(c)  # cancelled keeping its unacked: consuming again
         else:
             c = self._consumers[key] = _Consumer(sender, spec, q, now)
             c.held = sender[0] in self._held
@@ -1483,8 +1485,28 @@ class BrokerCore:
         c = self._consumers.get(key)
         if c is None:
             return {"cancelled": False}
-        self._detach(key, c, now)
+        if ev.keep_unacked and not c.no_ack and c in c.queue.consumers:
+            self._park(key, c, now)
+        else:
+            self._detach(key, c, now)
         return {"cancelled": True}
+
+    def _park(self, key: tuple[Address, str], c: _Consumer, now: float) -> None:
+        """Stop deliveries to ``c``; what it was sent stays unacknowledged with it
+        (AMQP's basic.cancel). What was computed for it but not yet handed to
+        the driver never left: it goes back to the head of the queue as it was."""
+        self._with_pending.pop(key, None)
+        q = c.queue
+        q.consumers.remove(c)
+        unsent = [d for r in c.pending for d in range(r[0], r[0] + len(r[4]))]
+        c.pending.clear()
+        back = [c.unacked.pop(d)[0] for d in unsent if d in c.unacked]
+        if back:
+            q.ready.extendleft(reversed(back))
+            self._count(q, "delivered", -len(back))
+        self._dispatch(q, now)
+        if q.auto_delete and not q.consumers and self._queues.get(q.name) is q:
+            self._drop_queue(q, now)
 
     def _get(self, ev: Get, sender: Address, now: float) -> Any:
         q = self._queue_for(ev.queue, sender)

@@ -256,10 +256,15 @@ class Nack:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Cancel:
-    """Detach consumer ``tag``; its unacknowledged messages go back to the queue."""
+    """Detach consumer ``tag``; its unacknowledged messages go back to the queue.
+
+    With ``keep_unacked`` (AMQP's basic.cancel), only deliveries stop: what
+    it was sent stays unacknowledged, to be acked or nacked under its tag.
+    """
 
     rid: int
     tag: str
+    keep_unacked: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -572,7 +577,7 @@ _LAYOUT: dict[str, tuple[type[Any], tuple[_Check, ...]]] = {
     "h": (Heartbeat, (_specs,)),
     "a": (Ack, (_str, _ints)),
     "n": (Nack, (_str, _ints, _bool)),
-    "cancel": (Cancel, (_int, _str)),
+    "cancel": (Cancel, (_int, _str, _bool)),
     "get": (Get, (_int, _str, _bool)),
     "stats": (GetStats, (_int,)),
     "ok": (OkReply, (_int, _any)),
