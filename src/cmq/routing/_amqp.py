@@ -392,6 +392,7 @@ class AmqpConnection:
         self._buf = bytearray()
         self._out: list[bytes] = []
         self._channels: dict[int, _Channel] = {}
+        self._plain_headers: dict[tuple[int, int], bytes] = {}
         self._last_recv = self._last_send = now
         self._close_by = now + HANDSHAKE_TIMEOUT
         core.hold(key)
@@ -499,8 +500,9 @@ class AmqpConnection:
             self._send_method(0, spec.Connection.Start(server_properties=props, mechanisms="PLAIN AMQPLAIN"))
         offset = 0
         n = len(buf)
-        while self.state not in (_DONE,) and n - offset >= 7:
-            ftype, channel, size = _FRAME_HEAD.unpack_from(buf, offset)
+        data = bytes(buf)  # one copy; frames are sliced from it
+        while self.state != _DONE and n - offset >= 7:
+            ftype, channel, size = _FRAME_HEAD.unpack_from(data, offset)
             if ftype not in (_METHOD, _HEADER, _BODY, _HEARTBEAT):
                 raise _ConnectionError(FRAME_ERROR, f"unknown frame type {ftype}")
             if size + 8 > self.frame_max:
@@ -508,12 +510,14 @@ class AmqpConnection:
             end = offset + 7 + size
             if end + 1 > n:
                 break
-            if buf[end] != _FRAME_END:
+            if data[end] != _FRAME_END:
                 raise _ConnectionError(FRAME_ERROR, "frame does not end with 0xCE")
-            payload = bytes(buf[offset + 7 : end])
-            frame_bytes = bytes(buf[offset : end + 1])
+            start = offset
             offset = end + 1
-            self._frame(ftype, channel, payload, frame_bytes, now)
+            if ftype == _BODY:
+                self._content_body(channel, data[start + 7 : end], now)
+            else:
+                self._frame(ftype, channel, data[start:offset], now)
         del buf[:offset]
 
     def _bad_header(self, now: float) -> None:
@@ -522,18 +526,15 @@ class AmqpConnection:
         self._buf.clear()
         self._finish(now, "bad protocol header")
 
-    def _frame(self, ftype: int, channel: int, payload: bytes, raw: bytes, now: float) -> None:
+    def _frame(self, ftype: int, channel: int, raw: bytes, now: float) -> None:
         if ftype == _HEARTBEAT:
             if channel != 0:
                 raise _ConnectionError(FRAME_ERROR, "heartbeat frame on a channel other than 0")
             return
-        if ftype == _BODY:
-            self._content_body(channel, payload, now)
-            return
         try:
             _, _, value = pframe.unmarshal(raw)
         except (PAMQPException, ValueError, struct.error, UnicodeDecodeError, KeyError) as exc:
-            if ftype == _METHOD and len(payload) >= 4:
+            if ftype == _METHOD and len(raw) >= 12:
                 raise _ConnectionError(SYNTAX_ERROR, f"malformed method frame: {str(exc)[:80]}") from None
             raise _ConnectionError(FRAME_ERROR, f"malformed frame: {str(exc)[:80]}") from None
         if ftype == _HEADER:
@@ -546,9 +547,19 @@ class AmqpConnection:
     def _send_method(self, channel: int, method: Any) -> None:
         self._emit(pframe.marshal(method, channel))
 
-    def _send_content(self, channel: int, method: Any, props: spec.Basic.Properties, body: bytes) -> None:
-        out = [pframe.marshal(method, channel),
-               pframe.marshal(ContentHeader(0, len(body), props), channel)]  # fmt: skip
+    def _send_content(self, channel: int, method: Any, props: spec.Basic.Properties | None, body: bytes) -> None:
+        if props is None:
+            # No properties: the header frame depends on channel and size only (cached).
+            key = (channel, len(body))
+            head = self._plain_headers.get(key)
+            if head is None:
+                if len(self._plain_headers) >= 256:
+                    self._plain_headers.clear()
+                head = self._plain_headers[key] = pframe.marshal(
+                    ContentHeader(0, len(body), spec.Basic.Properties()), channel)
+        else:
+            head = pframe.marshal(ContentHeader(0, len(body), props), channel)
+        out = [pframe.marshal(method, channel), head]
         step = self.frame_max - 8
         for i in range(0, len(body), step):
             out.append(pframe.marshal(ContentBody(body[i : i + step]), channel))
@@ -759,8 +770,8 @@ class AmqpConnection:
                 d = spec.Basic.Deliver(consumer_tag=tag, delivery_tag=dtag, redelivered=redelivered,
                                        routing_key="x")  # fmt: skip
                 d.exchange, d.routing_key = ex, key
-                p = props_from_plain(props[i]) if props is not None else spec.Basic.Properties()
-                self._send_content(ch.number, d, p, body_bytes(body))
+                p = props[i] if props is not None else None
+                self._send_content(ch.number, d, None if p is None else props_from_plain(p), body_bytes(body))
 
     # -- channel-level methods (rows of _METHODS) -------------------------------------
 
