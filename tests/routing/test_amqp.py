@@ -373,3 +373,20 @@ def test_live_consumers_on_either_side_get_the_other_sides_publishes(conn: Any, 
             bodies = sorted(c.get(timeout=WAIT).body for _ in range(2))
     assert sorted(got) == [b"from cmq", b"from pika"]
     assert bodies == [b"from cmq", b"from pika"]
+
+
+def test_any_utf8_names_up_to_255_bytes(conn: Any) -> None:
+    # pamqp's own checks would refuse these names; AMQP and RabbitMQ accept them.
+    ch = conn.channel()
+    exchange = "ex!é" * 40  # 200 bytes
+    queue = "qü!" * 60  # 240 bytes
+    ch.exchange_declare(exchange, "fanout")
+    assert ch.queue_declare(queue).method.queue == queue
+    ch.queue_bind(queue, exchange)
+    ch.basic_publish(exchange, "k", b"x")
+    method, _, body = ch.basic_get(queue, auto_ack=True)
+    assert (method.exchange, body) == (exchange, b"x")
+    tag = "tag ✓"
+    ch.basic_publish(exchange, "k", b"y")
+    got = consume_n(ch, queue, 1, consumer_tag=tag)
+    assert got[0][0].consumer_tag == tag

@@ -140,6 +140,32 @@ _PROPERTY_NAMES: Final = tuple(spec.Basic.Properties.attributes())
 _pack = msgpack.Packer(use_bin_type=True).pack
 
 
+def _no_validation(self: Any) -> None:
+    pass
+
+
+def _lenient(cls: type[Any]) -> type[Any]:
+    """``cls`` without pamqp's name check on construction and marshalling.
+
+    pamqp refuses to marshal an exchange or queue name outside
+    ``[a-zA-Z0-9-_.:@#,/+ ]`` (or an exchange name over 127 characters),
+    which AMQP 0-9-1 allows and RabbitMQ accepts; names reach these frames
+    from clients (any UTF-8 up to 255 bytes, already checked by the core).
+    """
+    sub = type(cls.__name__, (cls,), {"__slots__": (), "validate": _no_validation})
+    sub.__slots__ = cls.__slots__  # type: ignore[attr-defined]  # what pamqp marshals
+    return sub
+
+
+_DeclareOk = _lenient(spec.Queue.DeclareOk)
+_Deliver = _lenient(spec.Basic.Deliver)
+_GetOk = _lenient(spec.Basic.GetOk)
+_Return = _lenient(spec.Basic.Return)
+_ConsumeOk = _lenient(spec.Basic.ConsumeOk)
+_CancelOk = _lenient(spec.Basic.CancelOk)
+_Cancel = _lenient(spec.Basic.Cancel)
+
+
 class _ConnectionError(Exception):
     def __init__(self, code: int, text: str, method: Any = None) -> None:
         super().__init__(text)
@@ -426,7 +452,7 @@ class AmqpConnection:
                 self._deliver_runs(ch, payload[1], payload[2])
             elif payload[0] == "x" and payload[1] in ch.consumers:
                 del ch.consumers[payload[1]]
-                self._send_method(ch.number, spec.Basic.Cancel(consumer_tag=payload[1], nowait=True))
+                self._send_method(ch.number, _Cancel(consumer_tag=payload[1], nowait=True))
         except Exception as exc:  # noqa: BLE001 - see receive_data
             self.core.note_internal_error(exc, (self.key, channel), "delivering over AMQP")
             self._close_connection(INTERNAL_ERROR, "internal error", None, now)
@@ -749,8 +775,8 @@ class AmqpConnection:
             self._close_channel(ch, exc.code, exc.text, m, now)
             return
         if m.mandatory and not result["routed"]:
-            ret = spec.Basic.Return(reply_code=NO_ROUTE, reply_text="NO_ROUTE", routing_key="x")
-            ret.exchange, ret.routing_key = m.exchange, m.routing_key
+            ret = _Return(reply_code=NO_ROUTE, reply_text="NO_ROUTE", exchange=m.exchange,
+                          routing_key=m.routing_key)  # fmt: skip
             self._send_content(ch.number, ret, pub.properties or spec.Basic.Properties(), body)
         if ch.confirm:
             self._send_method(ch.number, spec.Basic.Ack(delivery_tag=seq))
@@ -767,9 +793,8 @@ class AmqpConnection:
                 ch.next_tag += 1
                 if not no_ack:
                     ch.unacked[dtag] = (tag, first + i)
-                d = spec.Basic.Deliver(consumer_tag=tag, delivery_tag=dtag, redelivered=redelivered,
-                                       routing_key="x")  # fmt: skip
-                d.exchange, d.routing_key = ex, key
+                d = _Deliver(consumer_tag=tag, delivery_tag=dtag, redelivered=redelivered, exchange=ex,
+                             routing_key=key)  # fmt: skip
                 p = props[i] if props is not None else None
                 self._send_content(ch.number, d, None if p is None else props_from_plain(p), body_bytes(body))
 
@@ -843,9 +868,7 @@ class AmqpConnection:
             name, messages, consumers = res["queue"], res["messages"], res["consumers"]
         ch.last_queue = name
         if not m.nowait:
-            ok = spec.Queue.DeclareOk(queue="x", message_count=messages, consumer_count=consumers)
-            ok.queue = name
-            self._send_method(ch.number, ok)
+            self._send_method(ch.number, _DeclareOk(queue=name, message_count=messages, consumer_count=consumers))
 
     def _queue_bind(self, ch: _Channel, m: Any, now: float) -> None:
         queue = m.queue or ch.last_queue
@@ -893,8 +916,7 @@ class AmqpConnection:
         ch.consumers[tag] = bool(m.no_ack)
         try:
             # ConsumeOk leaves first: the core's deliveries come out after this call.
-            ok = spec.Basic.ConsumeOk(consumer_tag="x")
-            ok.consumer_tag = tag
+            ok = _ConsumeOk(consumer_tag=tag)
             mark = len(self._out)
             if not m.nowait:
                 self._send_method(ch.number, ok)
@@ -913,9 +935,7 @@ class AmqpConnection:
             self.core.call(Cancel(rid=0, tag=tag, keep_unacked=True), (self.key, ch.number), now)
             ch.getters.add(tag)
         if not m.nowait:
-            ok = spec.Basic.CancelOk(consumer_tag="x")
-            ok.consumer_tag = tag
-            self._send_method(ch.number, ok)
+            self._send_method(ch.number, _CancelOk(consumer_tag=tag))
 
     def _basic_publish(self, ch: _Channel, m: Any, now: float) -> None:
         ch.publishing = _Publishing(m)
@@ -932,8 +952,7 @@ class AmqpConnection:
         if not m.no_ack:
             ch.unacked[dtag] = (tag, core_tag)
             ch.getters.add(tag)
-        ok = spec.Basic.GetOk(delivery_tag=dtag, redelivered=redelivered, routing_key="x", message_count=left)
-        ok.exchange, ok.routing_key = ex, key
+        ok = _GetOk(delivery_tag=dtag, redelivered=redelivered, exchange=ex, routing_key=key, message_count=left)
         self._send_content(ch.number, ok, props_from_plain(props), body_bytes(body))
 
     def _settle(self, ch: _Channel, m: Any, dtag: int, multiple: bool) -> dict[str, list[int]]:
