@@ -315,6 +315,8 @@ def test_bad_protocol_header_gets_ours_then_close(broker: Broker) -> None:
         (lambda: pframe.marshal(spec.Basic.Deliver(consumer_tag="t", delivery_tag=1, routing_key="k"), 1), 503),
         (lambda: pframe.marshal(spec.Channel.Open(), 1), 504),  # opened twice
         (lambda: pframe.marshal(spec.Queue.Declare(queue="q"), 3), 504),  # never opened
+        (lambda: pframe.marshal(spec.Channel.Flow(active=False), 1), 540),  # as RabbitMQ
+        (lambda: pframe.marshal(spec.Tx.Select(), 1), 540),
     ],
 )
 def test_connection_exceptions(broker: Broker, frames: Any, code: int) -> None:
@@ -390,3 +392,31 @@ def test_any_utf8_names_up_to_255_bytes(conn: Any) -> None:
     ch.basic_publish(exchange, "k", b"y")
     got = consume_n(ch, queue, 1, consumer_tag=tag)
     assert got[0][0].consumer_tag == tag
+
+
+def test_amqplain_login(broker: Broker) -> None:
+    from pamqp import encode
+
+    assert broker.amqp_address is not None
+    for password, expect in (("guest", spec.Connection.Tune), ("nope", spec.Connection.Close)):
+        with socket.create_connection(broker.amqp_address, timeout=WAIT) as s:
+            s.sendall(PROTOCOL_HEADER)
+            start = read_frame(s)
+            assert "AMQPLAIN" in start.mechanisms.split() and "PLAIN" in start.mechanisms.split()
+            table = encode.field_table({"LOGIN": "guest", "PASSWORD": password})[4:]  # no length prefix
+            s.sendall(pframe.marshal(spec.Connection.StartOk(mechanism="AMQPLAIN", response=table.decode()), 0))
+            reply = read_frame(s)
+            assert isinstance(reply, expect)
+            if isinstance(reply, spec.Connection.Close):
+                assert reply.reply_code == 403
+
+
+def test_recover_redelivers_what_the_channel_holds(conn: Any) -> None:
+    ch = conn.channel()
+    ch.queue_declare("r")
+    for b in (b"1", b"2"):
+        ch.basic_publish("", "r", b)
+    assert [ch.basic_get("r")[2] for _ in range(2)] == [b"1", b"2"]
+    ch.basic_recover(requeue=True)
+    again = [ch.basic_get("r", auto_ack=True) for _ in range(2)]
+    assert [(m.redelivered, b) for m, _, b in again] == [(True, b"1"), (True, b"2")]
