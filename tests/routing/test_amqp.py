@@ -420,3 +420,32 @@ def test_recover_redelivers_what_the_channel_holds(conn: Any) -> None:
     ch.basic_recover(requeue=True)
     again = [ch.basic_get("r", auto_ack=True) for _ in range(2)]
     assert [(m.redelivered, b) for m, _, b in again] == [(True, b"1"), (True, b"2")]
+
+
+def test_cmq_broker_command_serves_amqp_and_stops_on_sigterm(tmp_path: Any) -> None:
+    import re
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    cmq = str(Path(sys.executable).with_name("cmq"))
+    users = tmp_path / "users"
+    users.write_text("app:pw\n")
+    p = subprocess.Popen([cmq, "broker", "--port", "0", "--amqp-port", "0", "--users", str(users)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert p.stdout is not None
+        line = p.stdout.readline()
+        m = re.search(r"AMQP 0-9-1 on ([\d.]+):(\d+)", line)
+        assert m is not None, line
+        params = pika.ConnectionParameters(m.group(1), int(m.group(2)), credentials=pika.PlainCredentials("app", "pw"))
+        c = pika.BlockingConnection(params)
+        c.channel().queue_declare("cli")
+        c.close()
+    finally:
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=WAIT)
+    assert p.returncode == 0, err
+    bad = subprocess.run([cmq, "broker", "--users", str(users)], capture_output=True, text=True, timeout=WAIT)
+    assert bad.returncode == 1 and "--amqp-port" in bad.stderr and "Traceback" not in bad.stderr
