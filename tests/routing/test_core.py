@@ -183,7 +183,7 @@ ERROR_TABLE = [
     ),
     (
         DeclareQueue,
-        {"name": "", "max_length": 10, "overflow": "drop-head"},
+        {"name": "amq.gen-mine", "max_length": 10, "overflow": "drop-head"},
         ErrorCode.ACCESS_REFUSED,
         "reserved",
     ),

@@ -1,6 +1,7 @@
 """Run an AMQP-style broker on cmq, or talk to one (declare, bind, publish, consume).
 
 Serve:   cmq broker --port 5700
+         cmq broker --port 5700 --amqp-port 5673 --users users.txt   (also AMQP 0-9-1 over TCP)
 Client:  cmq broker declare-exchange prices --type topic
          cmq broker declare-queue ibm --max-length 1000 --overflow reject
          cmq broker bind ibm prices 'stock.ibm.#'
@@ -22,7 +23,7 @@ import signal
 import sys
 from typing import TYPE_CHECKING, Any, Final
 
-from cmq._errors import RemoteError, Timeout
+from cmq._errors import ConfigError, RemoteError, Timeout
 
 if TYPE_CHECKING:
     from cmq.routing import BrokerClient
@@ -81,6 +82,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="microseconds to keep polling for the next message after one before "
         "sleeping (default 100; 0 sleeps at once: less CPU, slower round trips)",
+    )
+    parser.add_argument(
+        "--amqp-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="also serve AMQP 0-9-1 over TCP on this port (off by default; 0: any free port), "
+        "in front of the same exchanges and queues; needs pamqp (pip install 'pycmq[broker]')",
+    )
+    parser.add_argument(
+        "--users",
+        default=None,
+        metavar="FILE",
+        help="who may log in over AMQP: one 'name:password' a line ('#' comments); "
+        "without it, only guest/guest from a loopback address (RabbitMQ's default)",
     )
     _client_args(parser, here=True)
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
@@ -187,12 +203,22 @@ def _serve(args: argparse.Namespace) -> int:
         options["ack_timeout"] = args.ack_timeout
     if args.spin_us is not None:
         options["spin"] = args.spin_us * 1e-6
-    broker = Broker(port=args.port, host=args.host, config=BrokerConfig(**options))
+    users = None
+    if args.users is not None:
+        if args.amqp_port is None:
+            raise ConfigError("--users is for the AMQP listener: give --amqp-port too")
+        from cmq.routing._amqp import Users
+
+        users = Users.load(args.users)
+    broker = Broker(port=args.port, host=args.host, config=BrokerConfig(**options),
+                    amqp_port=args.amqp_port, users=users)  # fmt: skip
     # Only set a flag here: closing from a signal handler could interrupt the
     # endpoint while it holds its own locks.
     signal.signal(signal.SIGTERM, lambda *_: broker.stop())
     host, port = broker.address
-    print(f"cmq broker serving on {host}:{port}", flush=True)
+    amqp = broker.amqp_address
+    also = f", AMQP 0-9-1 on {amqp[0]}:{amqp[1]}" if amqp is not None else ""
+    print(f"cmq broker serving on {host}:{port}{also}", flush=True)
     try:
         broker.serve_forever()
     finally:

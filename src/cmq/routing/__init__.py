@@ -2,7 +2,10 @@
 
 - :mod:`cmq.routing.exchanges`: pure matching (direct, fanout, topic trie).
 - :class:`BrokerCore`: the whole broker as a sans-IO object (``now`` passed in).
-- :class:`Broker`: that core served on a cmq endpoint (``cmq broker --port P``).
+- :class:`Broker`: that core served on a cmq endpoint (``cmq broker --port P``),
+  and with ``amqp_port`` also over AMQP 0-9-1 on TCP (``cmq broker --amqp-port
+  5673``; :mod:`cmq.routing._amqp` is one connection as a sans-IO object,
+  :mod:`cmq.routing._amqp_server` the listener thread).
 - :class:`BrokerClient` (threads) and :class:`AsyncBrokerClient` (asyncio):
   ``declare_exchange``, ``declare_queue``, ``bind``, ``unbind``, ``publish``,
   ``consume`` (a :class:`Consumer` iterator / :class:`AsyncConsumer` async

@@ -227,7 +227,7 @@ def _run_ok(run: Any) -> bool:
     """Whether ``run`` is a well-formed run in wire form (as ``decode`` checks it)."""
     return (
         type(run) is list
-        and len(run) == 5
+        and (len(run) == 5 or (len(run) == 6 and type(run[5]) is list))
         and type(run[0]) is int
         and run[0] >= 0
         and type(run[1]) is str
@@ -240,14 +240,17 @@ def _run_ok(run: Any) -> bool:
 class _Run:
     """Buffered deliveries of one run (see :class:`~cmq.routing._protocol.Run`), read from ``pos``."""
 
-    __slots__ = ("bodies", "exchange", "first", "key", "pos", "redelivered")
+    __slots__ = ("bodies", "exchange", "first", "key", "pos", "props", "redelivered")
 
-    def __init__(self, first: int, exchange: str, key: str, redelivered: bool, bodies: list[Any]) -> None:
+    def __init__(
+        self, first: int, exchange: str, key: str, redelivered: bool, bodies: list[Any], props: list[Any] | None
+    ) -> None:
         self.first = first
         self.exchange = exchange
         self.key = key
         self.redelivered = redelivered
         self.bodies = bodies
+        self.props = props  # AMQP properties, one per body (None: no message has any)
         self.pos = 0
 
 
@@ -276,9 +279,11 @@ class _ConsumerState:
     def add(self, runs: list[Any]) -> None:
         """Buffer the runs of one delivery message (wire form, checked by the caller)."""
         buffer = self.buffer
-        for first, ex, key, redelivered, bodies in runs:
+        for run in runs:
+            first, ex, key, redelivered, bodies = run[:5]
             if bodies:
-                buffer.append(_Run(first, ex, key, redelivered, _plain_bodies(bodies)))
+                props = run[5] if len(run) > 5 else None
+                buffer.append(_Run(first, ex, key, redelivered, _plain_bodies(bodies), props))
 
     def settle(self) -> None:
         """Auto-ack what was handed out before; raise if this consumer was cancelled.
@@ -319,8 +324,10 @@ class _ConsumerState:
             self.buffer.popleft()
         tag = run.first + i
         self.last.append((tag, 1))
+        props = run.props[i] if run.props is not None and i < len(run.props) else None
         return Delivery(delivery_tag=tag, exchange=run.exchange, routing_key=run.key,
-                        body=run.bodies[i], redelivered=run.redelivered)  # fmt: skip
+                        body=run.bodies[i], redelivered=run.redelivered,
+                        properties=props if type(props) is dict else None)  # fmt: skip
 
     def take_bodies(self, limit: int) -> list[Any]:
         """Up to ``limit`` buffered bodies, in order (auto-acking those handed out before).

@@ -71,6 +71,7 @@ flag, with their bodies in one list, so nothing is repeated per message.
 from __future__ import annotations
 
 import enum
+import secrets
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -95,6 +96,7 @@ from cmq.routing._protocol import (
     DeleteQueue,
     ErrorCode,
     ErrorReply,
+    Get,
     GetStats,
     Heartbeat,
     Nack,
@@ -123,6 +125,7 @@ __all__ = [
     "Outgoing",
     "Overflow",
     "QueueStats",
+    "Refused",
 ]
 
 Address = tuple[str, int]
@@ -198,10 +201,12 @@ _MAX_DEATHS: Final = 32
 @dataclass(frozen=True, slots=True)
 class _Meta:
     """What a queued message carries besides its routing: when it expires
-    (None: never) and where it was dead-lettered from, as (queue, reason)."""
+    (None: never), where it was dead-lettered from, as (queue, reason), and
+    its AMQP properties (a map of plain values, None: none)."""
 
     expires: float | None
     deaths: tuple[tuple[str, str], ...] = ()
+    props: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -379,17 +384,25 @@ class BrokerStats:
 _Msg = tuple[str, str, Any, bool, _Meta | None]
 
 
-class _Refused(Exception):
-    """A request that cannot be done; becomes an ``err`` reply."""
+class Refused(Exception):
+    """A request that cannot be done (``code`` an :class:`ErrorCode`); becomes
+    an ``err`` reply, or is raised by :meth:`BrokerCore.call`."""
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
 
 
+_Refused = Refused
+
+#: The consumer tag under which a basic.get's unacknowledged message waits
+#: (followed by the queue's name); such a holder is not one of the queue's consumers.
+GET_TAG: Final = "\x00get:"
+
+
 class _Queue:
-    __slots__ = ("bindings", "consumers", "counts", "dlrk", "dlx", "expiring", "handed", "max_length",
-                 "name", "overflow", "ready", "rr", "ttl")  # fmt: skip
+    __slots__ = ("auto_delete", "bindings", "consumers", "counts", "dlrk", "dlx", "expiring", "handed",
+                 "max_length", "name", "overflow", "owner", "ready", "rr", "ttl")  # fmt: skip
 
     def __init__(
         self,
@@ -406,6 +419,8 @@ class _Queue:
         self.dlx = dlx  # dead-letter exchange
         self.dlrk = dlrk  # dead-letter routing key (None: the message's own)
         self.ttl = ttl  # seconds a message may wait here (None: no limit)
+        self.owner: str | None = None  # the connection of an exclusive queue
+        self.auto_delete = False  # deleted when its last consumer goes
         # Whether messages that expire may be in ``ready`` (a TTL, or one
         # published with an expiration): only such queues are looked at by the timer.
         self.expiring = ttl is not None
@@ -422,6 +437,7 @@ class _Queue:
 class _Consumer:
     __slots__ = (
         "addr",
+        "held",
         "last_seen",
         "no_ack",
         "pending",
@@ -438,6 +454,8 @@ class _Consumer:
         self.prefetch = spec.prefetch  # 0: no limit
         self.no_ack = spec.no_ack
         self.last_seen = now
+        # On a connection (see BrokerCore.hold): never timed out, nor its deliveries.
+        self.held = False
         # delivery tag -> (message, sent at); insertion order is send order,
         # so the first entry is always the oldest unacknowledged.
         self.unacked: dict[int, tuple[_Msg, float]] = {}
@@ -583,6 +601,74 @@ class BrokerCore:
         self.notes: deque[Note] = deque(maxlen=_MAX_NOTES)
         # Names of the queues whose ready messages may expire (see _Queue.expiring).
         self._expiring: set[str] = set()
+        # Connections (the first part of their addresses) whose consumers
+        # are not timed out: a front end over TCP says when one ends.
+        self._held: set[str] = set()
+
+    # -- in-process front ends (AMQP) -------------------------------------------
+
+    def call(self, event: Any, sender: Address, now: float) -> Any:
+        """Do one request for a front end in this process; return its ``ok`` result.
+
+        The same handlers as :meth:`handle`, without the reply: the caller
+        gets the result or the refusal directly. Deliveries and other
+        messages it causes come out of :meth:`messages_to_send` as usual.
+
+        Raises:
+            Refused: the request cannot be done (``code`` says why).
+            KeyError: ``event`` is not a request.
+        """
+        return _HANDLERS[type(event)](self, event, sender, now)
+
+    def hold(self, conn: str) -> None:
+        """Mark connection ``conn`` (the first part of its senders' addresses)
+        as one that says when it ends: its consumers and their deliveries are
+        never timed out (the transport delivers, or the connection ends)."""
+        self._held.add(conn)
+
+    def release(self, conn: str, now: float) -> None:
+        """Connection ``conn`` ended: its consumers go (their unacknowledged
+        messages back to their queues, marked redelivered) and so do its
+        exclusive queues."""
+        self._held.discard(conn)
+        for key, c in list(self._consumers.items()):
+            if key[0][0] == conn:
+                self._detach(key, c, now)
+        for q in [q for q in self._queues.values() if q.owner == conn]:
+            self._drop_queue(q, now)
+
+    def queue_info(self, name: str, sender: Address) -> tuple[int, int]:
+        """(ready messages, consumers) of queue ``name`` (AMQP's passive declare).
+
+        Raises:
+            Refused: no such queue, or it is another connection's exclusive queue.
+        """
+        q = self._queue_for(name, sender)
+        return len(q.ready), len(q.consumers)
+
+    def queue_options(self, name: str) -> tuple[int, str, dict[str, Any]] | None:
+        """(max_length, overflow, arguments) queue ``name`` was declared with, or None."""
+        q = self._queues.get(name)
+        if q is None:
+            return None
+        args: dict[str, Any] = {}
+        if q.dlx is not None:
+            args[DLX_ARG] = q.dlx
+        if q.dlrk is not None:
+            args[DLRK_ARG] = q.dlrk
+        if q.ttl is not None:
+            args[TTL_ARG] = round(q.ttl * 1000)
+        return q.max_length, q.overflow.value, args
+
+    def exchange_in_use(self, name: str) -> bool:
+        """Whether exchange ``name`` has bindings."""
+        ex = self._exchanges.get(name)
+        return ex is not None and any(True for _ in ex.bindings())
+
+    def exchange_type(self, name: str) -> str | None:
+        """The type of exchange ``name``, or None when there is none."""
+        ex = self._exchanges.get(name)
+        return None if ex is None else ex.type.value
 
     # -- driver interface ----------------------------------------------------
 
@@ -735,7 +821,9 @@ class BrokerCore:
                 count, limit = self.config.batch_count, self.config.batch_bytes
             batch: list[list[Any]] = []
             n = size = 0
-            for first, ex, key, redelivered, bodies in runs:
+            for r in runs:
+                first, ex, key, redelivered, bodies = r[:5]
+                props = r[5] if len(r) > 5 else None
                 head = len(ex) + len(key) + 16
                 start = 0
                 for i, body in enumerate(bodies):
@@ -743,7 +831,10 @@ class BrokerCore:
                     if n and (n >= count or size + b + head > limit):
                         # This message is full: close it with the run's part so far.
                         if i > start:
-                            batch.append([first + start, ex, key, redelivered, bodies[start:i]])
+                            part = [first + start, ex, key, redelivered, bodies[start:i]]
+                            if props is not None:
+                                part.append(props[start:i])
+                            batch.append(part)
                         out.append(
                             Outgoing(dest=c.addr, mailbox=DELIVERY_MAILBOX, payload=["d", c.tag, batch])
                         )
@@ -751,9 +842,12 @@ class BrokerCore:
                     n += 1
                     size += b + 2
                 if start == 0:
-                    batch.append([first, ex, key, redelivered, bodies])
+                    batch.append(r)
                 else:
-                    batch.append([first + start, ex, key, redelivered, bodies[start:]])
+                    part = [first + start, ex, key, redelivered, bodies[start:]]
+                    if props is not None:
+                        part.append(props[start:])
+                    batch.append(part)
                 size += head
             if batch:
                 out.append(
@@ -773,6 +867,8 @@ class BrokerCore:
                     best = meta.expires
         timeout, ack_timeout = self.config.consumer_timeout, self.config.ack_timeout
         for c in self._consumers.values():
+            if c.held:
+                continue
             t = c.last_seen + timeout
             if c.unacked:
                 t = min(t, next(iter(c.unacked.values()))[1] + ack_timeout)
@@ -786,6 +882,8 @@ class BrokerCore:
             self._expire(self._queues[name], now)
         timeout, ack_timeout = self.config.consumer_timeout, self.config.ack_timeout
         for key, c in list(self._consumers.items()):
+            if c.held:
+                continue
             if c.last_seen + timeout <= now:
                 self._detach(key, c, now)
                 self._totals["consumers_expired"] += 1
@@ -812,7 +910,7 @@ class BrokerCore:
         return BrokerStats(
             exchanges=len(self._exchanges),
             queues=len(self._queues),
-            consumers=len(self._consumers),
+            consumers=sum(len(q.consumers) for q in self._queues.values()),
             per_queue=per_queue,
             **{
                 name: t[name]
@@ -868,6 +966,17 @@ class BrokerCore:
             raise _Refused(ErrorCode.NOT_FOUND, f"no queue {brief(name)}")
         return q
 
+    def _queue_for(self, name: str, sender: Address) -> _Queue:
+        """Queue ``name``, which ``sender`` may use (an exclusive queue only its connection)."""
+        q = self._queue(name)
+        if q.owner is not None and q.owner != sender[0]:
+            raise _Refused(
+                ErrorCode.RESOURCE_LOCKED,
+                f"cannot obtain exclusive access to locked queue {brief(name)}: "
+                "it was declared exclusive by another connection",
+            )
+        return q
+
     def _exchange(self, name: str) -> Exchange:
         ex = self._exchanges.get(name)
         if ex is None:
@@ -883,6 +992,7 @@ class BrokerCore:
         now: float,
         ttl: float | None = None,
         deaths: tuple[tuple[str, str], ...] = (),
+        props: dict[str, Any] | None = None,
     ) -> int:
         """Put ``bodies`` in ``q`` under its overflow policy; return how many it refused.
 
@@ -896,8 +1006,8 @@ class BrokerCore:
         consumers = q.consumers
         if q.ttl is not None and (ttl is None or q.ttl < ttl):
             ttl = q.ttl
-        if ttl is not None or deaths:
-            meta: _Meta | None = _Meta(None if ttl is None else now + ttl, deaths)
+        if ttl is not None or deaths or props is not None:
+            meta: _Meta | None = _Meta(None if ttl is None else now + ttl, deaths, props)
             if ttl is not None:
                 q.expiring = True
                 self._expiring.add(q.name)
@@ -982,7 +1092,8 @@ class BrokerCore:
                     continue
                 if not rejected_on_the_way and any(n == name for n, _ in deaths):
                     continue  # a cycle with no rejection in it: dropped, as RabbitMQ does
-                self._enqueue(target, dlx, new_key, [body], now, None, deaths)
+                self._enqueue(target, dlx, new_key, [body], now, None, deaths,
+                              meta.props if meta is not None else None)  # fmt: skip
                 kept += 1
             if kept:
                 self._count(q, "dead_lettered")
@@ -1002,11 +1113,19 @@ class BrokerCore:
             last = pending[-1]
             if last[0] + len(last[4]) == dtag:
                 run = last
-        for ex, key, body, redelivered, _ in msgs:
+        for ex, key, body, redelivered, meta in msgs:
+            props = meta.props if meta is not None else None
             if run is not None and key == run[2] and ex == run[1] and redelivered is run[3]:
                 run[4].append(body)
+                if props is not None or len(run) > 5:
+                    # The run's properties, one per body, from its first with any.
+                    if len(run) == 5:
+                        run.append([None] * (len(run[4]) - 1))
+                    run[5].append(props)
             else:
                 run = [dtag, ex, key, redelivered, [body]]
+                if props is not None:
+                    run.append([props])
                 pending.append(run)
             dtag += 1
         self._with_pending[(c.addr, c.tag)] = c
@@ -1056,7 +1175,7 @@ class BrokerCore:
         self._count(q, "delivered", take)
 
     def _attach(self, sender: Address, spec: ConsumerSpec, now: float) -> _Consumer:
-        q = self._queue(spec.queue)
+        q = self._queue_for(spec.queue, sender)
         key = (sender, spec.tag)
         c = self._consumers.get(key)
         if c is not None:
@@ -1066,8 +1185,11 @@ class BrokerCore:
                 )
             c.last_seen = now
             c.prefetch, c.no_ack = spec.prefetch, spec.no_ack
+            if c not in q.consumers and not c.tag.startswith(GET_TAG):
+                q.consumers.append(c)  # cancelled keeping its unacked: consuming again
         else:
             c = self._consumers[key] = _Consumer(sender, spec, q, now)
+            c.held = sender[0] in self._held
             q.consumers.append(c)
         self._dispatch(q, now)
         return c
@@ -1076,14 +1198,19 @@ class BrokerCore:
         del self._consumers[key]
         self._with_pending.pop(key, None)
         q = c.queue
-        q.consumers.remove(c)
+        if c in q.consumers:  # a basic.get's holder is not one
+            q.consumers.remove(c)
         # Deliveries computed but not yet handed to the driver never left:
         # they go back too, as do the unacknowledged ones (no_ack consumers'
         # in-flight messages are gone: that is what no_ack means).
         back = [msg for msg, _ in c.unacked.values()]
         if c.no_ack:
-            unsent = [(ex, key, body, again, None) for _, ex, key, again, bodies in c.pending
-                      for body in bodies]  # fmt: skip
+            unsent: list[_Msg] = []
+            for r in c.pending:
+                props = r[5] if len(r) > 5 else None
+                for i, body in enumerate(r[4]):
+                    p = props[i] if props is not None else None
+                    unsent.append((r[1], r[2], body, r[3], None if p is None else _Meta(None, (), p)))
             back += unsent
             self._count(q, "delivered", -len(unsent))
         c.unacked.clear()
@@ -1091,6 +1218,8 @@ class BrokerCore:
         if back and self._queues.get(q.name) is q:
             self._requeue(q, back)
             self._dispatch(q, now)
+        if q.auto_delete and not q.consumers and self._queues.get(q.name) is q and not c.tag.startswith(GET_TAG):
+            self._drop_queue(q, now)  # its last consumer went (AMQP's auto-delete)
 
     # -- request handlers (one per row of _HANDLERS) ---------------------------
 
@@ -1129,9 +1258,16 @@ class BrokerCore:
         return {"deleted": True}
 
     def _declare_queue(self, ev: DeclareQueue, sender: Address, now: float) -> Any:
-        _check_name("queue name", ev.name)
-        if _reserved(ev.name):
-            raise _Refused(ErrorCode.ACCESS_REFUSED, f"queue name {ev.name!r} is reserved")
+        name = ev.name
+        if name == "":
+            # A server-named queue (AMQP 0-9-1), named as RabbitMQ names them.
+            name = "amq.gen-" + secrets.token_urlsafe(16)
+        else:
+            _check_name("queue name", name)
+            if _reserved(name):
+                raise _Refused(ErrorCode.ACCESS_REFUSED, f"queue name {name!r} is reserved")
+        if ev.exclusive and sender[0] not in self._held:
+            raise _Refused(ErrorCode.BAD_REQUEST, "an exclusive queue needs a connection (declare it over AMQP)")
         try:
             overflow = Overflow(_OVERFLOW_ALIASES.get(ev.overflow, ev.overflow))
         except ValueError:
@@ -1142,32 +1278,43 @@ class BrokerCore:
         if ev.max_length < 1:
             raise _Refused(ErrorCode.BAD_REQUEST, f"max_length must be >= 1, got {ev.max_length}")
         dlx, dlrk, ttl = _queue_arguments(ev.arguments)
-        q = self._queues.get(ev.name)
+        q = self._queues.get(name)
         if q is not None:
+            self._queue_for(name, sender)
             have = (q.max_length, q.overflow, q.dlx, q.dlrk, q.ttl)
             want = (ev.max_length, overflow, dlx, dlrk, ttl)
             if have != want:
                 raise _Refused(
                     ErrorCode.PRECONDITION_FAILED,
-                    f"queue {ev.name!r} exists with {_describe(*have)}, not {_describe(*want)}",
+                    f"queue {name!r} exists with {_describe(*have)}, not {_describe(*want)}",
                 )
-            return {"created": False, "messages": len(q.ready), "consumers": len(q.consumers)}
-        q = self._queues[ev.name] = _Queue(ev.name, ev.max_length, overflow, dlx, dlrk, ttl)
+            return {"created": False, "messages": len(q.ready), "consumers": len(q.consumers), "queue": name}
+        q = self._queues[name] = _Queue(name, ev.max_length, overflow, dlx, dlrk, ttl)
+        if ev.exclusive:
+            q.owner = sender[0]
+        q.auto_delete = ev.auto_delete
         if ttl is not None:
-            self._expiring.add(ev.name)
-        self._exchanges[""].bind(ev.name, ev.name)
-        q.bindings.add(("", ev.name))
-        return {"created": True, "messages": 0, "consumers": 0}
+            self._expiring.add(name)
+        self._exchanges[""].bind(name, name)
+        q.bindings.add(("", name))
+        return {"created": True, "messages": 0, "consumers": 0, "queue": name}
 
     def _delete_queue(self, ev: DeleteQueue, sender: Address, now: float) -> Any:
-        q = self._queues.pop(ev.name, None)
+        q = self._queues.get(ev.name)
         if q is None:
             return {"deleted": False, "messages": 0}
-        self._expiring.discard(ev.name)
+        self._queue_for(ev.name, sender)
+        return {"deleted": True, "messages": self._drop_queue(q, now)}
+
+    def _drop_queue(self, q: _Queue, now: float) -> int:
+        """Delete ``q``: its bindings, consumers (told) and messages; return how many messages."""
+        name = q.name
+        del self._queues[name]
+        self._expiring.discard(name)
         for ex_name, key in q.bindings:
             ex = self._exchanges.get(ex_name)
             if ex is not None:
-                ex.unbind(ev.name, key)
+                ex.unbind(name, key)
         lost = len(q.ready)
         for c in list(q.consumers):
             lost += len(c.unacked) + (sum(len(r[4]) for r in c.pending) if c.no_ack else 0)
@@ -1181,41 +1328,42 @@ class BrokerCore:
                         Cancelled(
                             tag=c.tag,
                             code=ErrorCode.NOT_FOUND,
-                            message=f"queue {ev.name!r} deleted",
+                            message=f"queue {name!r} deleted",
                         )
                     ),
                 )
             )
         q.ready.clear()
         self._count(q, "purged", lost)
-        return {"deleted": True, "messages": lost}
+        return lost
 
     def _purge_queue(self, ev: PurgeQueue, sender: Address, now: float) -> Any:
-        q = self._queue(ev.name)
+        q = self._queue_for(ev.name, sender)
         n = len(q.ready)
         q.ready.clear()
         self._count(q, "purged", n)
         return {"messages": n}
 
-    def _binding(self, ev: Bind | Unbind) -> tuple[Exchange, _Queue]:
+    def _binding(self, ev: Bind | Unbind, sender: Address) -> tuple[Exchange, _Queue]:
         _check_name("binding key", ev.key)
         if ev.exchange == "":
             raise _Refused(ErrorCode.ACCESS_REFUSED, "the default exchange's bindings are fixed")
-        return self._exchange(ev.exchange), self._queue(ev.queue)
+        return self._exchange(ev.exchange), self._queue_for(ev.queue, sender)
 
     def _bind(self, ev: Bind, sender: Address, now: float) -> Any:
-        ex, q = self._binding(ev)
+        ex, q = self._binding(ev, sender)
         q.bindings.add((ev.exchange, ev.key))
         return {"created": ex.bind(ev.queue, ev.key)}
 
     def _unbind(self, ev: Unbind, sender: Address, now: float) -> Any:
-        ex, q = self._binding(ev)
+        ex, q = self._binding(ev, sender)
         q.bindings.discard((ev.exchange, ev.key))
         return {"deleted": ex.unbind(ev.queue, ev.key)}
 
     def _publish(self, ev: Publish, sender: Address, now: float) -> Any:
         bodies = self._bodies([ev.body], sender)
-        return {"routed": self._route(ev.exchange, ev.routing_key, bodies, now, _ttl(ev.expiration))}
+        routed = self._route(ev.exchange, ev.routing_key, bodies, now, _ttl(ev.expiration), ev.properties)
+        return {"routed": routed}
 
     def _publish_batch(self, ev: PublishBatch, sender: Address, now: float) -> Any:
         bodies = self._bodies(list(ev.bodies), sender)
@@ -1231,7 +1379,13 @@ class BrokerCore:
             raise
 
     def _route(
-        self, exchange: str, routing_key: str, bodies: Sequence[Any], now: float, ttl: float | None = None
+        self,
+        exchange: str,
+        routing_key: str,
+        bodies: Sequence[Any],
+        now: float,
+        ttl: float | None = None,
+        props: dict[str, Any] | None = None,
     ) -> int:
         """Put published messages in every queue they route to; return how many queues.
 
@@ -1253,7 +1407,7 @@ class BrokerCore:
         queues = self._queues
         refused = {}
         for name in names:
-            r = self._enqueue(queues[name], exchange, routing_key, bodies, now, ttl)
+            r = self._enqueue(queues[name], exchange, routing_key, bodies, now, ttl, (), props)
             if r:
                 refused[name] = r
         if refused:
@@ -1331,8 +1485,54 @@ class BrokerCore:
         c = self._consumers.get(key)
         if c is None:
             return {"cancelled": False}
-        self._detach(key, c, now)
+        if ev.keep_unacked and not c.no_ack and c in c.queue.consumers:
+            self._park(key, c, now)
+        else:
+            self._detach(key, c, now)
         return {"cancelled": True}
+
+    def _park(self, key: tuple[Address, str], c: _Consumer, now: float) -> None:
+        """Stop deliveries to ``c``; what it was sent stays unacknowledged with it
+        (AMQP's basic.cancel). What was computed for it but not yet handed to
+        the driver never left: it goes back to the head of the queue as it was."""
+        self._with_pending.pop(key, None)
+        q = c.queue
+        q.consumers.remove(c)
+        unsent = [d for r in c.pending for d in range(r[0], r[0] + len(r[4]))]
+        c.pending.clear()
+        back = [c.unacked.pop(d)[0] for d in unsent if d in c.unacked]
+        if back:
+            q.ready.extendleft(reversed(back))
+            self._count(q, "delivered", -len(back))
+        self._dispatch(q, now)
+        if q.auto_delete and not q.consumers and self._queues.get(q.name) is q:
+            self._drop_queue(q, now)
+
+    def _get(self, ev: Get, sender: Address, now: float) -> Any:
+        q = self._queue_for(ev.queue, sender)
+        if q.expiring:
+            self._expire(q, now)
+        if not q.ready:
+            return None
+        msg = q.ready.popleft()
+        self._count(q, "delivered")
+        dtag = self._next_dtag
+        self._next_dtag = dtag + 1
+        tag = GET_TAG + q.name
+        if not ev.no_ack:
+            # The message waits for its ack with a holder that is not one of
+            # the queue's consumers (no deliveries go to it).
+            key = (sender, tag)
+            c = self._consumers.get(key)
+            if c is None or c.queue is not q:
+                spec = ConsumerSpec(tag=tag, queue=q.name, prefetch=0, no_ack=False)
+                c = self._consumers[key] = _Consumer(sender, spec, q, now)
+                c.held = sender[0] in self._held
+            c.last_seen = now
+            c.unacked[dtag] = (msg, now)
+        ex, key_, body, redelivered, meta = msg
+        props = meta.props if meta is not None else None
+        return [tag, dtag, ex, key_, redelivered, body, len(q.ready), props]
 
     def _get_stats(self, ev: GetStats, sender: Address, now: float) -> Any:
         out = self.stats().as_dict()
@@ -1360,5 +1560,6 @@ _HANDLERS: Final[dict[type[Any], _Handler]] = {
     Ack: BrokerCore._ack,
     Nack: BrokerCore._nack,
     Cancel: BrokerCore._cancel,
+    Get: BrokerCore._get,
     GetStats: BrokerCore._get_stats,
 }

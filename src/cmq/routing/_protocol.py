@@ -61,6 +61,7 @@ __all__ = [
     "ErrorCode",
     "ErrorReply",
     "Event",
+    "Get",
     "GetStats",
     "Heartbeat",
     "Nack",
@@ -92,6 +93,7 @@ class ErrorCode:
     BAD_REQUEST: Final = "bad-request"  # unknown type, bad argument, malformed message
     QUEUE_FULL: Final = "queue-full"  # publish rejected by a queue with overflow=reject
     IN_USE: Final = "in-use"  # consumer tag already used for another queue
+    RESOURCE_LOCKED: Final = "resource-locked"  # an exclusive queue of another connection
     INTERNAL_ERROR: Final = "internal-error"  # the broker failed at the request (a bug; counted, logged)
 
 
@@ -129,6 +131,11 @@ class DeclareQueue:
     max_length: int
     overflow: str
     arguments: dict[str, Any] = field(default_factory=dict)
+    exclusive: bool = False
+    """Only the declaring connection may use the queue; it goes when that
+    connection closes (AMQP connections only: a cmq client has no connection)."""
+    auto_delete: bool = False
+    """The queue goes when its last consumer is cancelled (having had one)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -172,7 +179,9 @@ class Publish:
     """Route ``body`` through ``exchange`` with ``routing_key``; rid 0: no confirm.
 
     ``expiration``: milliseconds the message may wait in a queue before it
-    expires (AMQP's per-message TTL), None for no limit.
+    expires (AMQP's per-message TTL), None for no limit. ``properties``: the
+    message's AMQP basic properties as a map of plain values (``content_type``,
+    ``headers``, ``correlation_id``, ...), carried to every consumer as they came.
     """
 
     rid: int
@@ -180,6 +189,7 @@ class Publish:
     routing_key: str
     body: Any
     expiration: int | None = None
+    properties: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -246,10 +256,30 @@ class Nack:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Cancel:
-    """Detach consumer ``tag``; its unacknowledged messages go back to the queue."""
+    """Detach consumer ``tag``; its unacknowledged messages go back to the queue.
+
+    With ``keep_unacked`` (AMQP's basic.cancel), only deliveries stop: what
+    it was sent stays unacknowledged, to be acked or nacked under its tag.
+    """
 
     rid: int
     tag: str
+    keep_unacked: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Get:
+    """Take the message at the head of ``queue`` (AMQP's basic.get).
+
+    The ``ok`` result is None when the queue is empty, else ``[tag,
+    delivery_tag, exchange, routing_key, redelivered, body, messages left,
+    properties]``; unless ``no_ack``, the message waits for an ack (or nack)
+    naming ``tag`` and ``delivery_tag``, as a consumer's would.
+    """
+
+    rid: int
+    queue: str
+    no_ack: bool
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -274,6 +304,7 @@ Request = (
     | Ack
     | Nack
     | Cancel
+    | Get
     | GetStats
 )
 
@@ -303,6 +334,8 @@ class Delivery:
 
     ``delivery_tag`` identifies it for ``ack`` (unique per consumer);
     ``redelivered`` is True when an earlier delivery of it was not acknowledged.
+    ``properties``: the AMQP basic properties its publisher gave (a map of
+    plain values), or None.
     """
 
     delivery_tag: int
@@ -310,6 +343,7 @@ class Delivery:
     routing_key: str
     body: Any
     redelivered: bool
+    properties: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -324,9 +358,12 @@ class Run:
     routing_key: str
     redelivered: bool
     bodies: tuple[Any, ...]
+    properties: tuple[dict[str, Any] | None, ...] | None = None
+    """One entry per body (None: that message has none); None when no message of the run has any."""
 
     def deliveries(self) -> tuple[Delivery, ...]:
         """The run as one :class:`Delivery` per body."""
+        props = self.properties
         return tuple(
             Delivery(
                 delivery_tag=self.first_tag + i,
@@ -334,6 +371,7 @@ class Run:
                 routing_key=self.routing_key,
                 body=body,
                 redelivered=self.redelivered,
+                properties=props[i] if props is not None and i < len(props) else None,
             )
             for i, body in enumerate(self.bodies)
         )
@@ -442,6 +480,16 @@ def _opt_int(v: Any) -> int | None:
     return None if v is None else _int(v)
 
 
+def _opt_map(v: Any) -> dict[str, Any] | None:
+    return None if v is None else _args(v)
+
+
+def _props(v: Any) -> tuple[dict[str, Any] | None, ...]:
+    if not isinstance(v, list | tuple):
+        raise ProtocolError("expected a list of properties")
+    return tuple(_opt_map(x) for x in v)
+
+
 def _args(v: Any) -> dict[str, Any]:
     if type(v) is not dict or not all(type(k) is str for k in v):
         raise ProtocolError("expected a map with string keys")
@@ -483,8 +531,8 @@ def _runs(v: Any) -> tuple[Run, ...]:
         raise ProtocolError("expected a list of runs")
     out = []
     for item in v:
-        if not isinstance(item, list | tuple) or len(item) != 5:
-            raise ProtocolError("a run is [first_tag, exchange, key, redelivered, bodies]")
+        if not isinstance(item, list | tuple) or len(item) not in (5, 6):
+            raise ProtocolError("a run is [first_tag, exchange, key, redelivered, bodies, properties?]")
         out.append(
             Run(
                 first_tag=_int(item[0]),
@@ -492,6 +540,7 @@ def _runs(v: Any) -> tuple[Run, ...]:
                 routing_key=_str(item[2]),
                 redelivered=_bool(item[3]),
                 bodies=_list(item[4]),
+                properties=_props(item[5]) if len(item) == 6 else None,
             )
         )
     return tuple(out)
@@ -502,7 +551,11 @@ def _spec_out(specs: tuple[ConsumerSpec, ...]) -> list[list[Any]]:
 
 
 def _runs_out(runs: tuple[Run, ...]) -> list[list[Any]]:
-    return [[r.first_tag, r.exchange, r.routing_key, r.redelivered, list(r.bodies)] for r in runs]
+    return [
+        [r.first_tag, r.exchange, r.routing_key, r.redelivered, list(r.bodies)]
+        + ([list(r.properties)] if r.properties is not None else [])
+        for r in runs
+    ]
 
 
 _Check = Callable[[Any], Any]
@@ -513,18 +566,19 @@ _Check = Callable[[Any], Any]
 _LAYOUT: dict[str, tuple[type[Any], tuple[_Check, ...]]] = {
     "exchange.declare": (DeclareExchange, (_int, _str, _str)),
     "exchange.delete": (DeleteExchange, (_int, _str)),
-    "queue.declare": (DeclareQueue, (_int, _str, _int, _str, _args)),
+    "queue.declare": (DeclareQueue, (_int, _str, _int, _str, _args, _bool, _bool)),
     "queue.delete": (DeleteQueue, (_int, _str)),
     "queue.purge": (PurgeQueue, (_int, _str)),
     "bind": (Bind, (_int, _str, _str, _str)),
     "unbind": (Unbind, (_int, _str, _str, _str)),
-    "p": (Publish, (_int, _str, _str, _any, _opt_int)),
+    "p": (Publish, (_int, _str, _str, _any, _opt_int, _opt_map)),
     "P": (PublishBatch, (_int, _str, _str, _list, _opt_int)),
     "consume": (Consume, (_int, _str, _str, _int, _bool)),
     "h": (Heartbeat, (_specs,)),
     "a": (Ack, (_str, _ints)),
     "n": (Nack, (_str, _ints, _bool)),
-    "cancel": (Cancel, (_int, _str)),
+    "cancel": (Cancel, (_int, _str, _bool)),
+    "get": (Get, (_int, _str, _bool)),
     "stats": (GetStats, (_int,)),
     "ok": (OkReply, (_int, _any)),
     "err": (ErrorReply, (_int, _str, _str)),

@@ -41,12 +41,16 @@ import os
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from cmq._errors import CmqError, Timeout
+from cmq._errors import CmqError, ConfigError, Timeout
 from cmq.routing._client import Endpoint, check_codec
 from cmq.routing._core import Address, BrokerConfig, BrokerCore, BrokerStats, Note
 from cmq.routing._protocol import BROKER_MAILBOX
+
+if TYPE_CHECKING:
+    from cmq.routing._amqp import Users
+    from cmq.routing._amqp_server import AmqpListener
 
 __all__ = ["Broker"]
 
@@ -120,9 +124,15 @@ class Broker:
     ``serve_forever()`` runs it in this thread; ``start()`` in a daemon
     thread. ``close()`` stops it and closes the endpoint if it is its own.
 
+    With ``amqp_port`` (0: an ephemeral port) it also serves AMQP 0-9-1 over
+    TCP on ``host:amqp_port``, in a thread of its own, in front of the same
+    exchanges and queues; ``users`` says who may log in there (default:
+    RabbitMQ's ``guest``/``guest`` from loopback only). Needs pamqp (the
+    ``broker`` extra).
+
     Raises:
-        ConfigError: a bad option.
-        TransportError: the port is in use.
+        ConfigError: a bad option, or pamqp is missing for ``amqp_port``.
+        TransportError: a port is in use.
     """
 
     def __init__(
@@ -132,6 +142,8 @@ class Broker:
         host: str = "127.0.0.1",
         config: BrokerConfig | None = None,
         endpoint: Endpoint | None = None,
+        amqp_port: int | None = None,
+        users: Users | None = None,
     ) -> None:
         if endpoint is None:
             from cmq.net import Queue
@@ -144,6 +156,27 @@ class Broker:
         self.endpoint: Endpoint = endpoint
         self.core = BrokerCore(config, endpoint_stats=self._endpoint_stats)
         self._lock = threading.Lock()
+        # Pushes to the endpoint come from this loop and from the AMQP thread.
+        self._send_lock = threading.Lock()
+        self.amqp: AmqpListener | None = None
+        if amqp_port is not None:
+            try:
+                from cmq.routing._amqp import Users
+                from cmq.routing._amqp_server import AmqpListener
+            except ImportError as exc:
+                if self._owns_endpoint:
+                    endpoint.close()
+                raise ConfigError(
+                    f"the AMQP listener needs pamqp ({exc.name} is missing): pip install 'pycmq[broker]'"
+                ) from exc
+            try:
+                self.amqp = AmqpListener(self.core, self._lock, host=host, port=amqp_port,
+                                         users=users if users is not None else Users.default(),
+                                         send_udp=self._send_udp)  # fmt: skip
+            except CmqError:
+                if self._owns_endpoint:
+                    endpoint.close()
+                raise
         # Set by stop() (safe from a signal handler: one assignment); the
         # loop reads it once per turn.
         self._stopping = False
@@ -151,6 +184,11 @@ class Broker:
         self._limit = _RateLimitedLog(_log)
         self._drops_seen: dict[str, int] = {}
         self._drops_at = float("-inf")
+
+    @property
+    def amqp_address(self) -> Address | None:
+        """Where AMQP clients reach the broker, or None when it does not serve AMQP."""
+        return self.amqp.address if self.amqp is not None else None
 
     @property
     def address(self) -> Address:
@@ -175,6 +213,9 @@ class Broker:
         """Serve until :meth:`stop` or :meth:`close` is called (from another thread or a signal)."""
         ep, core = self.endpoint, self.core
         monotonic = time.monotonic
+        amqp = self.amqp
+        if amqp is not None and amqp._thread is None:
+            amqp.start()
         # With one CPU to run on, the process the broker would wait for
         # needs that CPU: polling would only delay it.
         spin = core.config.spin if _cpus() > 1 else 0.0
@@ -265,6 +306,23 @@ class Broker:
         return n
 
     def _send(self, out: list[Any]) -> None:
+        amqp = self.amqp
+        if amqp is not None:
+            from cmq.routing._amqp_server import is_amqp
+
+            mine = [o for o in out if is_amqp(o.dest)]
+            if mine:
+                amqp.post(mine)
+                out = [o for o in out if not is_amqp(o.dest)]
+                if not out:
+                    return
+        self._send_udp(out)
+
+    def _send_udp(self, out: list[Any]) -> None:
+        with self._send_lock:
+            self._push(out)
+
+    def _push(self, out: list[Any]) -> None:
         ep = self.endpoint
         failed = 0
         for o in out:
@@ -334,6 +392,8 @@ class Broker:
         self._stopping = True
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=2 * _MAX_WAIT + 1)
+        if self.amqp is not None:
+            self.amqp.close()
         if self._owns_endpoint:
             self.endpoint.close()
 

@@ -1,0 +1,270 @@
+"""The AMQP 0-9-1 listener: :class:`AmqpConnection` objects on real TCP sockets.
+
+Theory of operation
+-------------------
+One thread, one ``selectors`` loop: it accepts connections, reads what each
+socket has, feeds it to that connection's sans-IO object, fires their timers
+(heartbeats, handshake and close timeouts) and writes what they produce. A
+socket that cannot take everything keeps the rest in its own buffer and is
+watched for writability until it is drained.
+
+The broker's core is shared with the cmq-protocol loop (``Broker``), so
+every turn that touches it holds the broker's lock, and what the core then
+wants sent is split by destination: messages for an AMQP channel (addresses
+``("amqp#N", channel)``) go to that connection here, the others to the UDP
+endpoint through ``send_udp``. The UDP loop hands this thread the core's
+messages for AMQP channels through :meth:`AmqpListener.post`, which wakes the
+selector through a socket pair.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import selectors
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Final
+
+from cmq._errors import TransportError
+from cmq.routing._amqp import AmqpConnection, Users
+from cmq.routing._core import BrokerCore, Outgoing
+
+__all__ = ["AMQP_PREFIX", "AmqpListener", "is_amqp"]
+
+#: The first part of every AMQP channel's address in the core.
+AMQP_PREFIX: Final = "amqp#"
+#: Bytes read per socket per turn.
+_READ: Final = 256 * 1024
+#: Longest select wait, so that close() is noticed promptly.
+_MAX_WAIT: Final = 0.1
+
+_log = logging.getLogger("cmq.broker")
+
+
+def is_amqp(dest: Any) -> bool:
+    """Whether a core destination is an AMQP channel."""
+    return type(dest[0]) is str and dest[0].startswith(AMQP_PREFIX)
+
+
+class _Client:
+    __slots__ = ("conn", "out", "sock", "writing")
+
+    def __init__(self, sock: socket.socket, conn: AmqpConnection) -> None:
+        self.sock = sock
+        self.conn = conn
+        self.out = bytearray()
+        self.writing = False
+
+
+class AmqpListener:
+    """Serves AMQP 0-9-1 on ``host:port`` in front of ``core`` (guarded by ``lock``).
+
+    Raises:
+        TransportError: (constructor) the port cannot be bound.
+    """
+
+    def __init__(
+        self,
+        core: BrokerCore,
+        lock: threading.Lock,
+        *,
+        host: str,
+        port: int,
+        users: Users,
+        send_udp: Callable[[list[Outgoing]], None],
+    ) -> None:
+        self.core = core
+        self.lock = lock
+        self.users = users
+        self._send_udp = send_udp
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._sock = socket.socket(family, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self._sock.bind((host, port))
+            self._sock.listen(128)
+        except OSError as exc:
+            self._sock.close()
+            raise TransportError(f"cannot listen for AMQP on {host}:{port}: {exc.strerror or exc}") from exc
+        self._sock.setblocking(False)
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self._sock, selectors.EVENT_READ, "listen")
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self._posted: collections.deque[Outgoing] = collections.deque()
+        self._clients: dict[str, _Client] = {}
+        self._ids = itertools.count(1)
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    @property
+    def address(self) -> tuple[str, int]:
+        host, port = self._sock.getsockname()[:2]
+        return ("127.0.0.1" if host in ("0.0.0.0", "::") else host, port)
+
+    @property
+    def connections(self) -> int:
+        return len(self._clients)
+
+    def post(self, out: list[Outgoing]) -> None:
+        """Hand over the core's messages for AMQP channels (from another thread)."""
+        self._posted.extend(out)
+        try:
+            self._wake_w.send(b"\0")
+        except OSError:
+            pass  # the pipe is full: a wake-up is pending already
+
+    def start(self) -> AmqpListener:
+        self._thread = threading.Thread(target=self._run, name="cmq-amqp", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stopping = True
+        try:
+            self._wake_w.send(b"\0")
+        except OSError:
+            pass
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2)
+        for c in list(self._clients.values()):
+            self._drop(c, time.monotonic())
+        for s in (self._sock, self._wake_r, self._wake_w):
+            s.close()
+        self._sel.close()
+
+    # -- the loop ------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stopping:
+            try:
+                self._turn()
+            except Exception as exc:  # noqa: BLE001 - a bug must not stop the listener: counted, logged
+                with self.lock:
+                    self.core.note_internal_error(exc, None, "in the AMQP listener's loop")
+
+    def _turn(self) -> None:
+        wait = _MAX_WAIT
+        now = time.monotonic()
+        for c in self._clients.values():
+            dl = c.conn.next_deadline()
+            if dl is not None and dl - now < wait:
+                wait = max(dl - now, 0.0)
+        events = self._sel.select(wait)
+        now = time.monotonic()
+        reads: list[tuple[_Client, bytes]] = []
+        for key, mask in events:
+            what = key.data
+            if what == "listen":
+                self._accept(now)
+            elif what == "wake":
+                try:
+                    while self._wake_r.recv(4096):
+                        pass
+                except OSError:
+                    pass
+            else:
+                cl: _Client = what
+                if mask & selectors.EVENT_WRITE:
+                    self._write(cl, now)
+                if mask & selectors.EVENT_READ and not cl.conn.finished:
+                    try:
+                        data = cl.sock.recv(_READ)
+                    except (BlockingIOError, InterruptedError):
+                        continue
+                    except OSError:
+                        data = b""
+                    reads.append((cl, data))
+        with self.lock:
+            for c, data in reads:
+                c.conn.receive_data(data, now)
+            for c in self._clients.values():
+                dl = c.conn.next_deadline()
+                if dl is not None and dl <= now:
+                    c.conn.handle_timer(now)
+            out = list(self._posted)
+            self._posted.clear()
+            out += self.core.messages_to_send()
+            udp = self._route(out, now)
+        if udp:
+            self._send_udp(udp)
+        for c in list(self._clients.values()):
+            self._flush(c, now)
+
+    def _route(self, out: list[Outgoing], now: float) -> list[Outgoing]:
+        """Give AMQP channels their messages (under the lock); return the others."""
+        udp: list[Outgoing] = []
+        clients = self._clients
+        for o in out:
+            dest = o.dest
+            if is_amqp(dest):
+                c = clients.get(dest[0])
+                if c is not None:
+                    c.conn.deliver(dest[1], o.payload, now)
+            else:
+                udp.append(o)
+        return udp
+
+    def _accept(self, now: float) -> None:
+        for _ in range(64):
+            try:
+                sock, peer = self._sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                _log.warning("AMQP accept failed: %s", exc)
+                return
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            key = f"{AMQP_PREFIX}{next(self._ids)}"
+            with self.lock:
+                conn = AmqpConnection(self.core, key, peer[0], self.users, now)
+            c = self._clients[key] = _Client(sock, conn)
+            self._sel.register(sock, selectors.EVENT_READ, c)
+
+    def _flush(self, c: _Client, now: float) -> None:
+        data = c.conn.data_to_send(now)
+        if data:
+            c.out += data
+        if c.out and not c.writing:
+            self._write(c, now)
+        if c.conn.finished and not c.out:
+            self._drop(c, now)
+
+    def _write(self, c: _Client, now: float) -> None:
+        try:
+            n = c.sock.send(c.out)
+        except (BlockingIOError, InterruptedError):
+            n = 0
+        except OSError:
+            c.out.clear()
+            with self.lock:
+                c.conn.connection_lost(now)
+            self._drop(c, now)
+            return
+        del c.out[:n]
+        want = selectors.EVENT_READ | (selectors.EVENT_WRITE if c.out else 0)
+        if bool(c.out) != c.writing:
+            c.writing = bool(c.out)
+            try:
+                self._sel.modify(c.sock, want, c)
+            except (KeyError, ValueError):
+                pass
+
+    def _drop(self, c: _Client, now: float) -> None:
+        if self._clients.pop(c.conn.key, None) is None:
+            return
+        if not c.conn.finished:
+            with self.lock:
+                c.conn.connection_lost(now)
+        try:
+            self._sel.unregister(c.sock)
+        except (KeyError, ValueError):
+            pass
+        c.sock.close()
