@@ -51,6 +51,7 @@ from cmq.service.params import (
     message_attributes,
     opt_int,
     opt_str,
+    parse_int,
     parse_receipt_handle,
     receipt_handle,
     str_list,
@@ -611,12 +612,13 @@ class QueueService:
                 raise errors.InvalidAttributeName(f"Unknown Attribute {key}.")
             if key in _INT_ATTRIBUTES:
                 lo, hi = _INT_ATTRIBUTES[key]
-                if not (value.strip().lstrip("-").isdigit() and lo <= int(value) <= hi):
+                number = parse_int(value)
+                if number is None or not lo <= number <= hi:
                     raise errors.InvalidAttributeValue(
                         f"Invalid value for the parameter {key}: must be an integer from "
                         f"{lo} to {hi}."
                     )
-                out[key] = str(int(value))
+                out[key] = str(number)
             elif key in _BOOL_ATTRIBUTES:
                 if value.lower() not in ("true", "false"):
                     raise errors.InvalidAttributeValue(
@@ -639,8 +641,11 @@ class QueueService:
         try:
             policy = json.loads(value)
             arn = str(policy["deadLetterTargetArn"])
-            max_receives = int(policy["maxReceiveCount"])
-        except (ValueError, KeyError, TypeError) as exc:
+            count = policy["maxReceiveCount"]
+            max_receives = parse_int(count) if isinstance(count, str) else count
+            if isinstance(max_receives, bool) or not isinstance(max_receives, int):
+                raise TypeError("maxReceiveCount is not an integer")
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:
             raise errors.InvalidAttributeValue(
                 "Invalid value for the parameter RedrivePolicy: expected JSON with "
                 "deadLetterTargetArn and maxReceiveCount."

@@ -20,6 +20,7 @@ __all__ = [
     "BAD_BODY_CHAR",
     "MAX_BATCH",
     "MAX_MESSAGE_ATTRIBUTES",
+    "MAX_SEQ",
     "attr_wanted",
     "attributes_size",
     "entries",
@@ -30,6 +31,7 @@ __all__ = [
     "message_attributes",
     "opt_int",
     "opt_str",
+    "parse_int",
     "parse_receipt_handle",
     "receipt_handle",
     "str_list",
@@ -45,7 +47,18 @@ _ATTR_NAME = re.compile(r"[A-Za-z0-9_.-]{1,256}")
 _DATA_TYPE = re.compile(r"(String|Number|Binary)(\.[!-~]{1,250})?")
 #: Characters SQS does not allow in a body or string attribute (outside XML 1.0's).
 BAD_BODY_CHAR = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
-_NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
+_NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?", re.ASCII)
+#: An integer as a string: ASCII digits only (``str.isdigit`` also accepts
+#: "²" and other digits ``int`` refuses), and no more than any SQS integer needs.
+_INTEGER = re.compile(r"-?[0-9]{1,19}", re.ASCII)
+#: Receipt handle sequence numbers are SQLite INTEGERs (signed 64-bit).
+MAX_SEQ = 2**63 - 1
+
+
+def parse_int(text: str) -> int | None:
+    """The integer ``text`` spells in ASCII digits, or None."""
+    text = text.strip()
+    return int(text) if _INTEGER.fullmatch(text) else None
 
 
 def get_str(p: Mapping[str, Any], key: str) -> str:
@@ -65,8 +78,8 @@ def get_int(p: Mapping[str, Any], key: str, lo: int, hi: int) -> int:
     value = p.get(key)
     if value is None:
         raise errors.MissingParameter(f"The request must contain the parameter {key}.")
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        value = int(value)
+    if isinstance(value, str):
+        value = parse_int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise errors.InvalidParameterValue(f"Value for parameter {key} must be an integer.")
     if not lo <= value <= hi:
@@ -230,10 +243,11 @@ def parse_receipt_handle(name: str, handle: str) -> tuple[int, str]:
     """Sequence number and token of a receipt handle. Raises ReceiptHandleIsInvalid."""
     try:
         raw = base64.urlsafe_b64decode(handle + "=" * (-len(handle) % 4)).decode()
-        queue, seq, token = raw.split("\n")
-        if queue != name or not token:
+        queue, seq_text, token = raw.split("\n")
+        seq = parse_int(seq_text) if seq_text.isascii() else None
+        if queue != name or not token or seq is None or not 0 <= seq <= MAX_SEQ:
             raise ValueError("handle of another queue")
-        return int(seq), token
+        return seq, token
     except (ValueError, binascii.Error) as exc:
         raise errors.ReceiptHandleIsInvalid(
             f"The input receipt handle {handle[:100]!r} is not a valid receipt handle for "

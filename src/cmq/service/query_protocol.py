@@ -36,8 +36,11 @@ _LISTS = {
     "MessageAttributeName": "MessageAttributeNames",
     "MessageSystemAttributeName": "MessageSystemAttributeNames",
 }
-_ENTRY = re.compile(r"(\w+BatchRequestEntry)\.(\d+)\.(.+)")
-_INDEXED = re.compile(r"(\w+?)\.(\d+)\.(.+)")
+# Indexes are ASCII digits, at most 9 of them ("\d" alone also matches "²",
+# which int() refuses); anything else is an unknown parameter name.
+_ENTRY = re.compile(r"(\w+BatchRequestEntry)\.([0-9]{1,9})\.(.+)", re.ASCII | re.DOTALL)
+_INDEXED = re.compile(r"(\w+?)\.([0-9]{1,9})\.(.+)", re.ASCII | re.DOTALL)
+_INDEX = re.compile(r"[0-9]{1,9}", re.ASCII)
 
 
 def decode_form(body: bytes, path: str) -> Request:
@@ -64,6 +67,7 @@ def decode_form(body: bytes, path: str) -> Request:
 
 def _unflatten(flat: Mapping[str, str]) -> dict[str, Any]:
     params: dict[str, Any] = {}
+    lists: dict[str, dict[int, str]] = {}
     entries: dict[int, dict[str, str]] = {}
     groups: dict[str, dict[int, dict[str, str]]] = {}
     for key, value in flat.items():
@@ -76,13 +80,12 @@ def _unflatten(flat: Mapping[str, str]) -> dict[str, Any]:
             groups.setdefault(m.group(1), {}).setdefault(int(m.group(2)), {})[m.group(3)] = value
             continue
         name, dot, index = key.rpartition(".")
-        if dot and index.isdigit() and name in _LISTS:
-            params.setdefault(_LISTS[name], {})[int(index)] = value
+        if dot and _INDEX.fullmatch(index) and name in _LISTS:
+            lists.setdefault(_LISTS[name], {})[int(index)] = value
             continue
         params[key] = value
-    for name, indexed in list(params.items()):
-        if name in _LISTS.values():
-            params[name] = [indexed[i] for i in sorted(indexed)]
+    for name, indexed in lists.items():
+        params[name] = [indexed[i] for i in sorted(indexed)]
     for group, items in groups.items():
         ordered = [items[i] for i in sorted(items)]
         if group == "Attribute":
