@@ -242,7 +242,7 @@ def _malformed(i: int, url: str) -> tuple[str | None, bytes]:
     ]
     # Huge bodies cost the server real work to refuse: one in 100 requests.
     if i % 100 == 0:
-        return "SendMessage", json.dumps({"QueueUrl": url, "MessageBody": "x" * 262_145}).encode()
+        return "SendMessage", json.dumps({"QueueUrl": url, "MessageBody": "x" * 1_048_577}).encode()
     if i % 100 == 50:
         return "GetQueueUrl", b"[" * 100_000
     return cases[i % len(cases)]

@@ -81,9 +81,11 @@ class SqsApp:
         self.policy = policy or EdgePolicy()
         #: Read by :class:`~cmq.service.connection.EdgeHttpProtocol`.
         self.limits = limits or HttpLimits()
+        self.service = QueueService(
+            store, region=region, account_id=account_id, host_ok=self.policy.accepts_host
+        )
         #: Why the store did not open at startup, if it did not.
         self.startup_error: str | None = None
-        self.service = QueueService(store, region=region, account_id=account_id)
         self.metrics = Metrics()
         self.max_request_bytes = max_request_bytes
 

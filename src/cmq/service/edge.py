@@ -86,19 +86,25 @@ class EdgePolicy:
         names = {host_name(h) for h in self.allowed_hosts} | {host_name(self.listen_host)}
         object.__setattr__(self, "_names", frozenset(names))
 
+    def accepts_host(self, host: str) -> bool:
+        """Whether ``host`` (a Host header, or a QueueUrl's host) is served here."""
+        name = host_name(host)
+        return (
+            _is_ip(name)
+            or name in ("localhost",)
+            or name.endswith(".localhost")
+            or (name in self._names)
+        )
+
     def check_host(self, host: str | None) -> None:
         """Refuse a Host header that names something this node does not serve.
 
         A request without Host (HTTP/1.0) is let through: browsers always send
         one. Raises AccessDenied.
         """
-        if host is None:
+        if host is None or self.accepts_host(host):
             return
         name = host_name(host)
-        if _is_ip(name) or name == "localhost" or name.endswith(".localhost"):
-            return
-        if name in self._names:
-            return
         raise errors.AccessDenied(
             f"Host {host[:100]!r} is not a name this server answers to (a defence against "
             f"DNS rebinding); start cmq serve with --allow-host {name[:100]} to accept it."

@@ -34,11 +34,13 @@ __all__ = [
     "MessageNotInflight",
     "MissingAuthenticationToken",
     "MissingParameter",
+    "OverLimit",
     "QueueDoesNotExist",
     "QueueNameExists",
     "ReceiptHandleIsInvalid",
     "RequestExpired",
     "RequestTooLarge",
+    "ResourceNotFoundException",
     "SerializationError",
     "SignatureDoesNotMatch",
     "SqsError",
@@ -228,6 +230,19 @@ class RequestExpired(_SenderError):
     """A signed request whose date is more than 15 minutes from the server's."""
 
     type_name = query_code = "RequestExpired"
+
+
+class OverLimit(_SenderError):
+    """An action would pass a limit (AddPermission's actions, the node's bounds)."""
+
+    type_name = query_code = "OverLimit"
+    status = 403
+
+
+class ResourceNotFoundException(_SenderError):
+    """A message move task, or the queue an ARN names, does not exist."""
+
+    type_name = query_code = "ResourceNotFoundException"
 
 
 class StoreUnavailable(SqsError):

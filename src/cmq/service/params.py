@@ -74,23 +74,27 @@ def opt_str(p: Mapping[str, Any], key: str) -> str | None:
     return None if p.get(key) is None else get_str(p, key)
 
 
-def get_int(p: Mapping[str, Any], key: str, lo: int, hi: int) -> int:
+def get_int(p: Mapping[str, Any], key: str, lo: int, hi: int, *, reason: str = "") -> int:
     value = p.get(key)
     if value is None:
         raise errors.MissingParameter(f"The request must contain the parameter {key}.")
     if isinstance(value, str):
         value = parse_int(value)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise errors.InvalidParameterValue(f"Value for parameter {key} must be an integer.")
+        raise errors.InvalidParameterValue(
+            f"Value {str(p.get(key))[:50]} for parameter {key} is invalid. Reason: Must be an "
+            "integer."
+        )
     if not lo <= value <= hi:
         raise errors.InvalidParameterValue(
-            f"Value {value} for parameter {key} is invalid. Reason: must be between {lo} and {hi}."
+            f"Value {value} for parameter {key} is invalid. Reason: "
+            + (reason or f"Must be between {lo} and {hi}, if provided.")
         )
     return value
 
 
-def opt_int(p: Mapping[str, Any], key: str, lo: int, hi: int) -> int | None:
-    return None if p.get(key) is None else get_int(p, key, lo, hi)
+def opt_int(p: Mapping[str, Any], key: str, lo: int, hi: int, *, reason: str = "") -> int | None:
+    return None if p.get(key) is None else get_int(p, key, lo, hi, reason=reason)
 
 
 def str_list(p: Mapping[str, Any], key: str) -> list[str] | None:
@@ -113,10 +117,13 @@ def str_map(p: Mapping[str, Any], key: str) -> dict[str, str]:
     return value
 
 
-def entries(p: Mapping[str, Any]) -> list[dict[str, Any]]:
+def entries(p: Mapping[str, Any], action: str) -> list[dict[str, Any]]:
+    """The entries of a batch ``action`` (e.g. ``SendMessageBatch``), checked as SQS does."""
     entries = p.get("Entries")
     if entries is None or entries == []:
-        raise errors.EmptyBatchRequest("There should be at least one entry in the request.")
+        raise errors.EmptyBatchRequest(
+            f"There should be at least one {action}RequestEntry in the request."
+        )
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         raise errors.InvalidParameterValue("Value for parameter Entries must be a list of objects.")
     if len(entries) > MAX_BATCH:
@@ -132,8 +139,11 @@ def entries(p: Mapping[str, Any]) -> list[dict[str, Any]]:
                 "underscores. It can be at most 80 letters long."
             )
         ids.append(entry_id)
-    if len(set(ids)) != len(ids):
-        raise errors.BatchEntryIdsNotDistinct("Two or more batch entries have the same Id.")
+    seen: set[str] = set()
+    for entry_id in ids:
+        if entry_id in seen:
+            raise errors.BatchEntryIdsNotDistinct(f"Id {entry_id} repeated.")
+        seen.add(entry_id)
     return entries
 
 
@@ -192,8 +202,8 @@ def message_attributes(p: Mapping[str, Any], key: str) -> dict[str, dict[str, st
             text = attr.get("StringValue")
             if not isinstance(text, str) or not text:
                 raise errors.InvalidParameterValue(
-                    f"The message attribute {name!r} of type {data_type} needs a non-empty "
-                    "StringValue."
+                    f"Message (user) attribute '{name}' must contain a non-empty value of type "
+                    f"'{data_type.partition('.')[0]}'."
                 )
             if BAD_BODY_CHAR.search(text):
                 raise errors.InvalidParameterValue(
@@ -250,6 +260,5 @@ def parse_receipt_handle(name: str, handle: str) -> tuple[int, str]:
         return seq, token
     except (ValueError, binascii.Error) as exc:
         raise errors.ReceiptHandleIsInvalid(
-            f"The input receipt handle {handle[:100]!r} is not a valid receipt handle for "
-            "this queue."
+            f'The input receipt handle "{handle[:1000]}" is not a valid receipt handle.'
         ) from exc
