@@ -508,3 +508,27 @@ def test_message_move_task_cancel(sqs: Any) -> None:
         )
     )
     assert task["ApproximateNumberOfMessagesMoved"] < 6
+
+
+def test_deleted_dead_letter_queue_never_hides_a_message(sqs: Any) -> None:
+    """Over maxReceiveCount with the dead-letter queue deleted, the message is
+    delivered as usual (as SQS does), on every store; it used to be received
+    and held back on every call, invisible and never returned."""
+    dlq, _, src = _redrive_pair(sqs)
+    sent = sqs.send_message(QueueUrl=src, MessageBody="keep me")["MessageId"]
+    first = sqs.receive_message(QueueUrl=src, VisibilityTimeout=0)["Messages"]
+    assert first[0]["MessageId"] == sent
+    sqs.delete_queue(QueueUrl=dlq)
+    for count in (2, 3):
+        got = sqs.receive_message(QueueUrl=src, VisibilityTimeout=0, AttributeNames=["All"])
+        [msg] = got["Messages"]
+        assert msg["MessageId"] == sent
+        assert msg["Attributes"]["ApproximateReceiveCount"] == str(count)
+    msg = sqs.receive_message(QueueUrl=src, VisibilityTimeout=60)["Messages"][0]
+    sqs.delete_message(QueueUrl=src, ReceiptHandle=msg["ReceiptHandle"])
+    attrs = sqs.get_queue_attributes(QueueUrl=src, AttributeNames=["All"])["Attributes"]
+    assert (
+        attrs["ApproximateNumberOfMessages"]
+        == attrs["ApproximateNumberOfMessagesNotVisible"]
+        == "0"
+    )

@@ -572,12 +572,20 @@ class QueueService:
         if expired:
             await self.store.delete(queue.name, expired)
         if dead:
-            await self._redrive(queue, dead, now)
+            keep += await self._redrive(queue, dead, now)
         return keep
 
     async def _redrive(
         self, queue: _Queue, dead: list[tuple[Received, dict[str, Any]]], now: int
-    ) -> None:
+    ) -> list[tuple[Received, dict[str, Any]]]:
+        """Move ``dead`` to the queue's dead-letter queue; returns the messages
+        to deliver instead, which is all of them when that queue is gone.
+
+        SQS never destroys or hides a message over a redrive target that does
+        not resolve: the message stays in its queue and is delivered as usual.
+        Holding it back here instead (received, so in flight, but never
+        returned) would hide it on every receive until retention removed it.
+        """
         assert queue.dead_letter is not None
         # The source is recorded for DeadLetterQueueSourceArn and move tasks.
         moved = [
@@ -592,11 +600,11 @@ class QueueService:
         try:
             await self.store.send(queue.dead_letter, moved, now)
         except errors.QueueDoesNotExist:
-            # No dead-letter queue (deleted since): keep the messages where
-            # they are; they stay in flight and come back as usual.
-            return
+            # No dead-letter queue (deleted since): deliver them.
+            return dead
         self.notifier.notify(queue.dead_letter)
         await self.store.delete(queue.name, [(r.seq, r.token) for r, _ in dead])
+        return []
 
     def _render(
         self,
