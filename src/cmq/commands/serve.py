@@ -50,6 +50,28 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="accept this Host header name too (repeatable; e.g. a container's or proxy's name)",
     )
     parser.add_argument(
+        "--max-queues",
+        type=int,
+        default=10_000,
+        metavar="N",
+        help="queues the store may hold; CreateQueue past it gets OverLimit (0: no bound)",
+    )
+    parser.add_argument(
+        "--max-queue-messages",
+        type=int,
+        default=1_000_000,
+        metavar="N",
+        help="messages one queue may hold; sends past it get OverLimit (0: no bound)",
+    )
+    parser.add_argument(
+        "--max-store-bytes",
+        type=int,
+        default=0,
+        metavar="BYTES",
+        help="bytes the store may hold (SQLite file, Redis memory); sends past it get "
+        "OverLimit (default 0: no bound)",
+    )
+    parser.add_argument(
         "--request-timeout",
         type=float,
         default=30.0,
@@ -72,6 +94,9 @@ def run(args: argparse.Namespace) -> int:
         allow_remote_unsigned=args.insecure_allow_remote,
         allow_hosts=tuple(args.allow_host),
         request_timeout=args.request_timeout,
+        max_queues=args.max_queues,
+        max_queue_messages=args.max_queue_messages,
+        max_store_bytes=args.max_store_bytes,
     )
     serve(config)
     return 0

@@ -26,7 +26,7 @@ from cmq.service.connection import HttpLimits
 from cmq.service.edge import EdgePolicy
 from cmq.service.metrics import Metrics
 from cmq.service.model import QueueCounts
-from cmq.service.operations import QueueService
+from cmq.service.operations import Bounds, QueueService
 from cmq.service.protocol import decode_request, encode_error, encode_result
 from cmq.service.query_protocol import (
     FORM_CONTENT_TYPE,
@@ -75,6 +75,7 @@ class SqsApp:
         max_request_bytes: int = MAX_REQUEST_BYTES,
         policy: EdgePolicy | None = None,
         limits: HttpLimits | None = None,
+        bounds: Bounds | None = None,
     ) -> None:
         self.store = store
         #: Host, Origin and authentication rules (:mod:`cmq.service.edge`).
@@ -82,7 +83,11 @@ class SqsApp:
         #: Read by :class:`~cmq.service.connection.EdgeHttpProtocol`.
         self.limits = limits or HttpLimits()
         self.service = QueueService(
-            store, region=region, account_id=account_id, host_ok=self.policy.accepts_host
+            store,
+            region=region,
+            account_id=account_id,
+            host_ok=self.policy.accepts_host,
+            bounds=bounds,
         )
         #: Why the store did not open at startup, if it did not.
         self.startup_error: str | None = None

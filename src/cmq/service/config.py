@@ -127,6 +127,12 @@ class ServiceConfig:
     """Bytes of request line plus headers; more gets 431."""
     max_headers: int = 100
     """Header fields per request; more gets 431."""
+    max_queues: int = 10_000
+    """Queues the store may hold (0: no bound); CreateQueue past it gets OverLimit."""
+    max_queue_messages: int = 1_000_000
+    """Messages one queue may hold (0: no bound); sends past it get OverLimit."""
+    max_store_bytes: int = 0
+    """Bytes the store may hold (0: no bound); sends past it get OverLimit."""
     request_timeout: float = 30.0
     """Seconds a client has to finish a request it started (or to start one on
     a new connection); then 408 and the connection is closed."""
@@ -144,5 +150,7 @@ class ServiceConfig:
             raise ConfigError("max_request_bytes must leave room for a 1 MiB message")
         if self.max_header_bytes < 1024 or self.max_headers < 8:
             raise ConfigError("max_header_bytes must be >= 1024 and max_headers >= 8")
+        if min(self.max_queues, self.max_queue_messages, self.max_store_bytes) < 0:
+            raise ConfigError("max_queues, max_queue_messages and max_store_bytes must be >= 0")
         if not 0 < self.request_timeout <= 3600:
             raise ConfigError("request_timeout must be in (0, 3600] seconds")

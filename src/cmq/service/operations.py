@@ -61,7 +61,7 @@ from cmq.service.protocol import md5_of_body, md5_of_message_attributes
 from cmq.service.redrive import MessageMover
 from cmq.service.store.base import Store
 
-__all__ = ["ATTRIBUTE_CACHE_MS", "Notifier", "QueueService", "queue_url"]
+__all__ = ["ATTRIBUTE_CACHE_MS", "Bounds", "Notifier", "QueueService", "queue_url"]
 
 #: How long a node trusts its copy of a queue's attributes (see module doc).
 ATTRIBUTE_CACHE_MS = 1000
@@ -197,6 +197,36 @@ def _policy(record: QueueRecord, arn: str) -> dict[str, Any]:
     return policy
 
 
+#: How long a node trusts its estimate of a queue's depth or the store's bytes
+#: when far (under half) from the bound, and when near it. The estimate adds
+#: this node's own sends in between; other nodes' sends are what a bound can
+#: be passed by, at most their rate times the near period.
+BOUND_REFRESH_FAR_MS = 5000
+BOUND_REFRESH_NEAR_MS = 250
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Bounds:
+    """How much a node lets its store hold; 0 is no bound.
+
+    Reached, a request gets ``OverLimit`` (HTTP 403, so SDKs do not retry).
+    Queue and message counts are checked against the store's counts; bytes
+    against :meth:`Store.usage` (SQLite: the database file's pages in use;
+    Redis: the masters' ``used_memory``; memory: the payloads).
+    """
+
+    max_queues: int = 10_000
+    """Queues in the store (CreateQueue of a new name)."""
+    max_queue_messages: int = 1_000_000
+    """Messages in one queue, visible, in flight and delayed (sends)."""
+    max_store_bytes: int = 0
+    """Bytes the store holds (sends)."""
+
+    def __post_init__(self) -> None:
+        if min(self.max_queues, self.max_queue_messages, self.max_store_bytes) < 0:
+            raise ValueError("bounds must be >= 0 (0: no bound)")
+
+
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -292,8 +322,13 @@ class QueueService:
         rng: random.Random | None = None,
         notifier: Notifier | None = None,
         host_ok: Callable[[str], bool] | None = None,
+        bounds: Bounds | None = None,
     ) -> None:
         self.store = store
+        self.bounds = bounds or Bounds()
+        # name -> (when read, estimated depth); and (when read, estimated bytes)
+        self._depths: dict[str, tuple[int, int]] = {}
+        self._usage: tuple[int, int] | None = None
         #: Whether a QueueUrl's host is one this node answers to.
         self._host_ok = host_ok or (lambda host: True)
         self.region = region
@@ -368,6 +403,12 @@ class QueueService:
         full = {**_DEFAULTS, **(_FIFO_DEFAULTS if fifo else {}), **attrs}
         if tags:
             full[TAGS_KEY] = json.dumps(tags)
+        if self.bounds.max_queues:
+            names = await self.store.list_queues("")
+            if name not in names and len(names) >= self.bounds.max_queues:
+                raise errors.OverLimit(
+                    f"The maximum number of queues ({self.bounds.max_queues}) is reached."
+                )
         record, created = await self.store.create_queue(
             QueueRecord(name=name, attributes=full, created_at=now, modified_at=now)
         )
@@ -408,6 +449,7 @@ class QueueService:
         name = self._name(p)
         await self.store.delete_queue(name)
         self._cache.pop(name, None)
+        self._depths.pop(name, None)
         return {}
 
     async def get_queue_attributes(self, p: Mapping[str, Any], host: str) -> dict[str, Any]:
@@ -455,7 +497,9 @@ class QueueService:
 
     async def purge_queue(self, p: Mapping[str, Any], host: str) -> dict[str, Any]:
         """PurgeQueue. Raises QueueDoesNotExist."""
-        await self.store.purge(self._name(p))
+        name = self._name(p)
+        await self.store.purge(name)
+        self._depths.pop(name, None)
         return {}
 
     # -- messages ----------------------------------------------------------
@@ -465,6 +509,7 @@ class QueueService:
         queue = await self._queue(self._name(p))
         now = self._clock()
         new, reply = self._new_message(queue, p, now)
+        await self._room(queue.name, 1, len(new.payload), now)
         [result] = await self.store.send(queue.name, [new], now)
         self.notifier.notify(queue.name)
         reply["MessageId"] = result.message_id
@@ -503,6 +548,8 @@ class QueueService:
                 accepted.append((entry["Id"], new, reply))
         successful = []
         if accepted:
+            size = sum(len(a[1].payload) for a in accepted)
+            await self._room(queue.name, len(accepted), size, now)
             results = await self.store.send(queue.name, [a[1] for a in accepted], now)
             self.notifier.notify(queue.name)
             for (entry_id, _, reply), result in zip(accepted, results, strict=True):
@@ -717,6 +764,42 @@ class QueueService:
             )
 
     # -- helpers -----------------------------------------------------------
+
+    async def _room(self, name: str, count: int, size: int, now: int) -> None:
+        """Refuse a send that would pass a bound (see :class:`Bounds`). Raises OverLimit."""
+        bounds = self.bounds
+        if bounds.max_queue_messages:
+            hit = self._depths.get(name)
+            depth = hit[1] if hit else 0
+            period = (
+                BOUND_REFRESH_FAR_MS
+                if depth < bounds.max_queue_messages // 2
+                else BOUND_REFRESH_NEAR_MS
+            )
+            if hit is None or now - hit[0] >= period:
+                c = await self.store.counts(name, now)
+                depth = c.visible + c.in_flight + c.delayed
+                self._depths[name] = (now, depth)
+            if depth + count > bounds.max_queue_messages:
+                raise errors.OverLimit(
+                    f"The queue {name} holds its maximum of {bounds.max_queue_messages} messages."
+                )
+            self._depths[name] = (self._depths[name][0], depth + count)
+        if bounds.max_store_bytes:
+            used = self._usage[1] if self._usage else 0
+            period = (
+                BOUND_REFRESH_FAR_MS
+                if used < bounds.max_store_bytes // 2
+                else BOUND_REFRESH_NEAR_MS
+            )
+            if self._usage is None or now - self._usage[0] >= period:
+                used = await self.store.usage()
+                self._usage = (now, used)
+            if used + size > bounds.max_store_bytes:
+                raise errors.OverLimit(
+                    f"The store holds its maximum of {bounds.max_store_bytes} bytes."
+                )
+            self._usage = (self._usage[0], used + size)
 
     def _name(self, p: Mapping[str, Any]) -> str:
         """The queue a QueueUrl names. Raises QueueDoesNotExist for a URL of

@@ -24,6 +24,7 @@ from cmq.service.config import ServiceConfig, StoreConfig
 from cmq.service.connection import EdgeHttpProtocol, HttpLimits
 from cmq.service.edge import EdgePolicy
 from cmq.service.errors import StoreUnavailable
+from cmq.service.operations import Bounds
 from cmq.service.sigv4 import load_keys
 from cmq.service.store import open_store
 
@@ -57,6 +58,11 @@ def build_app(config: ServiceConfig) -> SqsApp:
             allowed_hosts=frozenset(config.allow_hosts),
             keys=load_auth(config.auth_file) if config.auth_file else None,
             allow_remote_unsigned=config.allow_remote_unsigned,
+        ),
+        bounds=Bounds(
+            max_queues=config.max_queues,
+            max_queue_messages=config.max_queue_messages,
+            max_store_bytes=config.max_store_bytes,
         ),
         limits=HttpLimits(
             max_header_bytes=config.max_header_bytes,

@@ -398,6 +398,17 @@ class SqliteStore(Store):
 
         await self._run(job)
 
+    async def usage(self) -> int:
+        """Bytes of the database file in use (pages minus free pages)."""
+
+        def job(conn: sqlite3.Connection) -> int:
+            pages = conn.execute("PRAGMA page_count").fetchone()[0]
+            free = conn.execute("PRAGMA freelist_count").fetchone()[0]
+            size = conn.execute("PRAGMA page_size").fetchone()[0]
+            return int((pages - free) * size)
+
+        return await self._run(job)
+
 
 def _get_queue(conn: sqlite3.Connection, name: str) -> QueueRecord:
     row = conn.execute(
