@@ -266,7 +266,7 @@ def test_load_keys() -> None:
 
 def test_unauthenticated_clients_only_on_loopback() -> None:
     common: dict[str, Any] = dict(
-        method="POST", raw_path="/", query="", headers=[], body=b"", now=0.0
+        method="POST", raw_path=b"/", query=b"", headers=[], body=b"", now=0.0
     )
     EdgePolicy().check_client(client="127.0.0.1", **common)
     EdgePolicy().check_client(client="::1", **common)

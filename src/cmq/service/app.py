@@ -178,9 +178,9 @@ class SqsApp:
             self.policy.check_client(
                 client=client[0] if client else None,
                 method=scope["method"],
-                raw_path=scope.get("raw_path", scope["path"].encode()).decode("latin-1"),
-                query=scope.get("query_string", b"").decode("latin-1"),
-                headers=[(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]],
+                raw_path=scope.get("raw_path") or scope["path"].encode(),
+                query=scope.get("query_string", b""),
+                headers=scope["headers"],
                 body=body,
                 now=time.time(),
             )
