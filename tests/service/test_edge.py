@@ -166,7 +166,9 @@ def test_huge_header_refused_and_node_keeps_serving(edge_node: Node) -> None:
         )
         assert reply.startswith(b"HTTP/1.1 431 ")
         many = b"".join(b"X-H%d: v\r\n" % i for i in range(200))
-        reply = _exchange(edge_node.port, b"GET /health HTTP/1.1\r\nHost: localhost\r\n" + many)
+        reply = _exchange(
+            edge_node.port, b"GET /health HTTP/1.1\r\nHost: localhost\r\n" + many + b"\r\n"
+        )
         assert reply.startswith(b"HTTP/1.1 431 ")
         wait_until(lambda: len(health) > 3)
     finally:

@@ -89,13 +89,21 @@ class EdgeHttpProtocol(HttpToolsProtocol):
         self._in_head = True
         self._head_bytes = 0
         self._heads_done = 0
-        self._header_count = 0
         self._too_large = ""
+        # When the request under way began (None between requests), and the
+        # one timer that checks it. A finished request leaves the timer to
+        # fire harmlessly rather than cancel it: one timer per request
+        # timeout, not two heap operations per request.
+        self._started: float | None = None
         self._deadline: asyncio.TimerHandle | None = None
 
     def _arm(self) -> None:
+        if self._started is None:
+            self._started = self.loop.time()
         if self._deadline is None:
-            self._deadline = self.loop.call_later(self.limits.request_timeout, self._expired)
+            self._deadline = self.loop.call_at(
+                self._started + self.limits.request_timeout, self._expired
+            )
 
     def _disarm(self) -> None:
         if self._deadline is not None:
@@ -110,6 +118,11 @@ class EdgeHttpProtocol(HttpToolsProtocol):
 
     def _expired(self) -> None:
         self._deadline = None
+        if self._started is None:
+            return  # between requests: the keep-alive timeout's business
+        if self._started + self.limits.request_timeout > self.loop.time():
+            self._arm()  # a later request than the one this timer was set for
+            return
         if self._in_head:
             self._refuse(408, "Request Timeout", "The request was not completed in time.\n")
         elif not self.transport.is_closing():
@@ -126,7 +139,8 @@ class EdgeHttpProtocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         self._unset_keepalive_if_required()
-        self._arm()
+        if self._started is None or self._deadline is None:
+            self._arm()
         heads_before, was_in_head = self._heads_done, self._in_head
         try:
             self.parser.feed_data(data)
@@ -154,22 +168,18 @@ class EdgeHttpProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._header_count = 0
         self._arm()
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._header_count += 1
-        if self._header_count > self.limits.max_headers:
-            self._too_large = f"The request has over {self.limits.max_headers} header fields.\n"
-            raise _HeadTooLarge
-        super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._heads_done += 1
+        # Counted here, not per header: the byte bound already caps memory.
+        if len(self.headers) > self.limits.max_headers:
+            self._too_large = f"The request has over {self.limits.max_headers} header fields.\n"
+            raise _HeadTooLarge
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
         self._in_head = True
-        self._disarm()
+        self._started = None
         super().on_message_complete()
