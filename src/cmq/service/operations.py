@@ -399,6 +399,8 @@ class QueueService:
                 "length"
             )
         attrs = await self._validate_attributes(given, fifo=fifo, create=True)
+        if not fifo:
+            attrs.pop("FifoQueue", None)  # SQS shows FifoQueue on FIFO queues only
         now = self._clock()
         full = {**_DEFAULTS, **(_FIFO_DEFAULTS if fifo else {}), **attrs}
         if tags:
