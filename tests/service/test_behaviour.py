@@ -74,8 +74,17 @@ def test_create_queue_with_other_attributes_conflicts(sqs: Any) -> None:
         ("ok", {"ReceiveMode": "lockfree"}, "InvalidAttributeValue"),
         ("ok.fifo", {"ReceiveMode": "lock-free"}, "InvalidAttributeValue"),
         ("ok", {"NoSuchAttribute": "1"}, "InvalidAttributeName"),
-        ("ok", {"FifoQueue": "true"}, "InvalidAttributeValue"),
-        ("ok", {"RedrivePolicy": "not json"}, "InvalidAttributeValue"),
+        # AWS: a FIFO queue's name must end in .fifo; a bad policy is a parameter error.
+        ("ok", {"FifoQueue": "true"}, "InvalidParameterValue"),
+        ("ok.fifo", {}, "InvalidParameterValue"),
+        ("ok", {"FifoQueue": "yes"}, "InvalidAttributeValue"),
+        ("ok", {"ContentBasedDeduplication": "true"}, "InvalidAttributeName"),
+        ("ok", {"DeduplicationScope": "queue"}, "InvalidAttributeName"),
+        ("ok", {"MaximumMessageSize": "1048577"}, "InvalidAttributeValue"),
+        ("ok", {"MessageRetentionPeriod": "59"}, "InvalidAttributeValue"),
+        ("ok", {"Policy": "not json"}, "InvalidAttributeValue"),
+        ("ok", {"Policy": '{"a": "\u0000"}\u0000'}, "InvalidAttributeValue"),
+        ("ok", {"RedrivePolicy": "not json"}, "InvalidParameterValue"),
     ],
 )
 def test_create_queue_validates(sqs: Any, name: str, attributes: dict[str, str], code: str) -> None:
@@ -239,7 +248,7 @@ def test_batches(sqs: Any, queue: str) -> None:
         ),
         ([{"Id": "bad id!", "MessageBody": "x"}], "AWS.SimpleQueueService.InvalidBatchEntryId"),
         (
-            [{"Id": "a", "MessageBody": "x" * 200_000}, {"Id": "b", "MessageBody": "x" * 100_000}],
+            [{"Id": "a", "MessageBody": "x" * 800_000}, {"Id": "b", "MessageBody": "x" * 300_000}],
             "AWS.SimpleQueueService.BatchRequestTooLong",
         ),
     ],
@@ -251,11 +260,13 @@ def test_batch_request_errors(sqs: Any, queue: str, entries: list[Any], code: st
 
 
 def test_message_limits(sqs: Any, queue: str) -> None:
-    sqs.send_message(QueueUrl=queue, MessageBody="x" * 262_144)  # exactly the limit
+    sqs.send_message(QueueUrl=queue, MessageBody="x" * 1_048_576)  # exactly the limit (1 MiB)
     with pytest.raises(ClientError) as exc:
-        sqs.send_message(QueueUrl=queue, MessageBody="x" * 262_145)
+        sqs.send_message(QueueUrl=queue, MessageBody="x" * 1_048_577)
     assert _error_code(exc) == "InvalidParameterValue"
-    assert "262144" in str(exc.value)
+    assert exc.value.response["Error"]["Message"] == (
+        "One or more parameters are invalid. Reason: Message must be shorter than 1048576 bytes."
+    )
     with pytest.raises(ClientError) as exc:
         sqs.send_message(QueueUrl=queue, MessageBody="bad \ufffe")
     assert _error_code(exc) == "InvalidMessageContents"
@@ -473,7 +484,10 @@ def test_redrive_to_dead_letter_queue(sqs: Any) -> None:
                 )
             },
         )
-    assert _error_code(exc) == "InvalidAttributeValue"
+    assert _error_code(exc) == "InvalidParameterValue"
+    assert exc.value.response["Error"]["Message"].endswith(
+        "for parameter RedrivePolicy is invalid. Reason: Dead letter target does not exist."
+    )
 
 
 # -- FIFO -----------------------------------------------------------------------------
@@ -553,7 +567,7 @@ def test_error_shape_on_the_wire(node: Node) -> None:
     status, body, _ = node.sqs("NoSuchAction", {})
     assert status == 400 and "Unknown operation" in body["message"]
     status, body, _ = node.sqs("TagQueue", {"QueueUrl": "x", "Tags": {}})
-    assert status == 400 and body["__type"].endswith("UnsupportedOperation")
+    assert status == 400 and body["__type"].endswith("QueueDoesNotExist")
 
 
 def test_metrics(node: Node, sqs: Any, queue: str) -> None:

@@ -242,7 +242,7 @@ def _malformed(i: int, url: str) -> tuple[str | None, bytes]:
     ]
     # Huge bodies cost the server real work to refuse: one in 100 requests.
     if i % 100 == 0:
-        return "SendMessage", json.dumps({"QueueUrl": url, "MessageBody": "x" * 262_145}).encode()
+        return "SendMessage", json.dumps({"QueueUrl": url, "MessageBody": "x" * 1_048_577}).encode()
     if i % 100 == 50:
         return "GetQueueUrl", b"[" * 100_000
     return cases[i % len(cases)]
@@ -268,11 +268,11 @@ async def _fire(node: Node, url: str, n: int) -> list[int]:
 
 
 def _oversized(node: Node) -> bytes:
-    """A request announcing a 3 MiB body: refused before the body is read."""
+    """A request announcing a 9 MiB body (over the 8 MiB cap): refused before the body is read."""
     with socket.create_connection(("127.0.0.1", node.port), timeout=10) as s:
         s.sendall(
-            b"POST / HTTP/1.1\r\nHost: x\r\nX-Amz-Target: AmazonSQS.SendMessage\r\n"
-            b"Content-Type: application/x-amz-json-1.0\r\nContent-Length: 3145728\r\n\r\n"
+            b"POST / HTTP/1.1\r\nHost: localhost\r\nX-Amz-Target: AmazonSQS.SendMessage\r\n"
+            b"Content-Type: application/x-amz-json-1.0\r\nContent-Length: 9437184\r\n\r\n"
             + b"{"
             * 65536
         )

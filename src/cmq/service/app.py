@@ -21,9 +21,12 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from cmq.service import errors
+from cmq.service.config import MAX_REQUEST_BYTES
+from cmq.service.connection import HttpLimits
+from cmq.service.edge import EdgePolicy
 from cmq.service.metrics import Metrics
 from cmq.service.model import QueueCounts
-from cmq.service.operations import QueueService
+from cmq.service.operations import Bounds, QueueService
 from cmq.service.protocol import decode_request, encode_error, encode_result
 from cmq.service.query_protocol import (
     FORM_CONTENT_TYPE,
@@ -45,6 +48,13 @@ _log = logging.getLogger("cmq.service")
 MAX_METRIC_QUEUES = 1000
 
 
+def _header(scope: Scope, name: bytes) -> str | None:
+    for k, v in scope["headers"]:
+        if k == name:
+            return str(v.decode("latin-1"))
+    return None
+
+
 def _is_form(scope: Scope) -> bool:
     """A query-protocol request, which may address its queue by the path."""
     return any(
@@ -62,10 +72,25 @@ class SqsApp:
         *,
         region: str = "us-east-1",
         account_id: str = "000000000000",
-        max_request_bytes: int = 2 * 1024 * 1024,
+        max_request_bytes: int = MAX_REQUEST_BYTES,
+        policy: EdgePolicy | None = None,
+        limits: HttpLimits | None = None,
+        bounds: Bounds | None = None,
     ) -> None:
         self.store = store
-        self.service = QueueService(store, region=region, account_id=account_id)
+        #: Host, Origin and authentication rules (:mod:`cmq.service.edge`).
+        self.policy = policy or EdgePolicy()
+        #: Read by :class:`~cmq.service.connection.EdgeHttpProtocol`.
+        self.limits = limits or HttpLimits()
+        self.service = QueueService(
+            store,
+            region=region,
+            account_id=account_id,
+            host_ok=self.policy.accepts_host,
+            bounds=bounds,
+        )
+        #: Why the store did not open at startup, if it did not.
+        self.startup_error: str | None = None
         self.metrics = Metrics()
         self.max_request_bytes = max_request_bytes
 
@@ -82,7 +107,8 @@ class SqsApp:
                 try:
                     await self.store.open()
                 except Exception as exc:  # noqa: BLE001 - reported to uvicorn, which exits
-                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    self.startup_error = str(exc) or type(exc).__name__
+                    await send({"type": "lifespan.startup.failed", "message": ""})
                     return
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
@@ -92,24 +118,34 @@ class SqsApp:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         method, path = scope["method"], scope["path"]
-        if method == "POST" and (path == "/" or _is_form(scope)):
+        form = _is_form(scope)
+        if method == "POST" and (path == "/" or form):
             status, headers, body = await self._sqs(scope, receive)
-        elif path == "/metrics" and method == "GET":
-            body = (await self._render_metrics()).encode()
-            status, headers = 200, [(b"content-type", b"text/plain; version=0.0.4")]
-        elif path == "/health" and method == "GET":
-            status, headers, body = 200, [(b"content-type", b"text/plain")], b"ok\n"
         else:
-            status, headers, body = encode_error(
-                errors.InvalidAction(f"No route {method} {path[:100]}; SQS requests are POST /.")
-            )
-            status = 404
+            host = _header(scope, b"host")
+            try:
+                self.policy.check_host(host)
+            except errors.SqsError as exc:
+                status, headers, body = encode_error(exc)
+            else:
+                if path == "/metrics" and method == "GET":
+                    body = (await self._render_metrics()).encode()
+                    status, headers = 200, [(b"content-type", b"text/plain; version=0.0.4")]
+                elif path == "/health" and method == "GET":
+                    status, headers, body = 200, [(b"content-type", b"text/plain")], b"ok\n"
+                else:
+                    status, headers, body = encode_error(
+                        errors.InvalidAction(
+                            f"No route {method} {path[:100]}; SQS requests are POST /."
+                        )
+                    )
+                    status = 404
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
     async def _sqs(self, scope: Scope, receive: Receive) -> tuple[int, list[Any], bytes]:
         start = time.perf_counter()
-        target = host = None
+        target = host = origin = fetch_site = None
         length = 0
         form = False
         for key, value in scope["headers"]:
@@ -118,19 +154,36 @@ class SqsApp:
             elif key == b"host":
                 host = value.decode("latin-1")
             elif key == b"content-length":
-                length = int(value) if value.isdigit() else 0
+                length = int(value) if value.isdigit() and len(value) < 20 else 0
             elif key == b"content-type":
                 form = value.startswith(FORM_CONTENT_TYPE.encode())
+            elif key == b"origin":
+                origin = value.decode("latin-1")
+            elif key == b"sec-fetch-site":
+                fetch_site = value.decode("latin-1")
         # The query protocol (older SDKs): a form without X-Amz-Target.
         form = form and target is None
         encode_err = encode_xml_error if form else encode_error
         action = "unknown"
         try:
+            # Who may ask comes first: nothing of a refused request is read.
+            self.policy.check_host(host)
+            self.policy.check_origin(origin, fetch_site, host)
             if length > self.max_request_bytes:
                 raise errors.RequestTooLarge(
                     f"The request body has {length} bytes; the limit is {self.max_request_bytes}."
                 )
             body = await self._read_body(receive)
+            client = scope.get("client")
+            self.policy.check_client(
+                client=client[0] if client else None,
+                method=scope["method"],
+                raw_path=scope.get("raw_path") or scope["path"].encode(),
+                query=scope.get("query_string", b""),
+                headers=scope["headers"],
+                body=body,
+                now=time.time(),
+            )
             request = decode_form(body, scope["path"]) if form else decode_request(target, body)
             action = request.action
             result = await self.service.handle(

@@ -20,10 +20,10 @@ __all__ = [
 DEFAULT_PORT = 9324
 #: The embedded default store: one file under ./cmq-data/.
 DEFAULT_SQLITE_PATH = os.path.join("cmq-data", "cmq.sqlite3")
-#: Hard cap on an HTTP request body. A batch of ten 256 KiB messages cannot
-#: be valid (SQS caps a whole batch at 256 KiB), but JSON escaping can blow a
-#: valid 256 KiB body up to 6x, so leave room before refusing unread.
-MAX_REQUEST_BYTES = 2 * 1024 * 1024
+#: Hard cap on an HTTP request body. SQS caps a message, and a whole batch, at
+#: 1 MiB, but JSON escaping can blow a valid 1 MiB body up to 6x (\u0001 for
+#: one byte), so leave room before refusing unread.
+MAX_REQUEST_BYTES = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -115,6 +115,27 @@ class ServiceConfig:
     """Account named in queue URLs and ARNs."""
     max_request_bytes: int = MAX_REQUEST_BYTES
     """Request bodies above this are refused with a 413 before being read."""
+    auth_file: str | None = None
+    """File of ``ACCESS_KEY_ID SECRET_ACCESS_KEY`` lines: every request must be
+    SigV4-signed by one of them. None: no authentication, loopback clients only
+    (unless ``allow_remote_unsigned``)."""
+    allow_remote_unsigned: bool = False
+    """Without ``auth_file``, serve clients that are not on loopback too."""
+    allow_hosts: tuple[str, ...] = ()
+    """Host header names accepted besides IP literals, localhost and ``host``."""
+    max_header_bytes: int = 64 * 1024
+    """Bytes of request line plus headers; more gets 431."""
+    max_headers: int = 100
+    """Header fields per request; more gets 431."""
+    max_queues: int = 10_000
+    """Queues the store may hold (0: no bound); CreateQueue past it gets OverLimit."""
+    max_queue_messages: int = 1_000_000
+    """Messages one queue may hold (0: no bound); sends past it get OverLimit."""
+    max_store_bytes: int = 0
+    """Bytes the store may hold (0: no bound); sends past it get OverLimit."""
+    request_timeout: float = 30.0
+    """Seconds a client has to finish a request it started (or to start one on
+    a new connection); then 408 and the connection is closed."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -125,5 +146,11 @@ class ServiceConfig:
             raise ConfigError("the memory store lives in one process: use --workers 1")
         if not (len(self.account_id) == 12 and self.account_id.isdigit()):
             raise ConfigError("account_id must be 12 digits")
-        if self.max_request_bytes < 300 * 1024:
-            raise ConfigError("max_request_bytes must leave room for a 256 KiB message")
+        if self.max_request_bytes < 2 * 1024 * 1024:
+            raise ConfigError("max_request_bytes must leave room for a 1 MiB message")
+        if self.max_header_bytes < 1024 or self.max_headers < 8:
+            raise ConfigError("max_header_bytes must be >= 1024 and max_headers >= 8")
+        if min(self.max_queues, self.max_queue_messages, self.max_store_bytes) < 0:
+            raise ConfigError("max_queues, max_queue_messages and max_store_bytes must be >= 0")
+        if not 0 < self.request_timeout <= 3600:
+            raise ConfigError("request_timeout must be in (0, 3600] seconds")

@@ -19,22 +19,30 @@ from __future__ import annotations
 from cmq._errors import CmqError
 
 __all__ = [
+    "AccessDenied",
     "BatchEntryIdsNotDistinct",
     "BatchRequestTooLong",
     "EmptyBatchRequest",
+    "IncompleteSignature",
     "InvalidAction",
     "InvalidAttributeName",
     "InvalidAttributeValue",
     "InvalidBatchEntryId",
+    "InvalidClientTokenId",
     "InvalidMessageContents",
     "InvalidParameterValue",
     "MessageNotInflight",
+    "MissingAuthenticationToken",
     "MissingParameter",
+    "OverLimit",
     "QueueDoesNotExist",
     "QueueNameExists",
     "ReceiptHandleIsInvalid",
+    "RequestExpired",
     "RequestTooLarge",
+    "ResourceNotFoundException",
     "SerializationError",
+    "SignatureDoesNotMatch",
     "SqsError",
     "StoreUnavailable",
     "TooManyEntriesInBatchRequest",
@@ -181,6 +189,60 @@ class UnsupportedOperation(_SenderError):
 
     type_name = "UnsupportedOperation"
     query_code = "AWS.SimpleQueueService.UnsupportedOperation"
+
+
+class AccessDenied(_SenderError):
+    """The edge refused the request: another origin, an unknown Host, or an
+    unauthenticated client that is not on loopback."""
+
+    type_name = query_code = "AccessDenied"
+    status = 403
+
+
+class MissingAuthenticationToken(_SenderError):
+    """Auth is on and the request carries no signature."""
+
+    type_name = query_code = "MissingAuthenticationToken"
+    status = 403
+
+
+class IncompleteSignature(_SenderError):
+    """A SigV4 signature that is malformed."""
+
+    type_name = query_code = "IncompleteSignature"
+
+
+class InvalidClientTokenId(_SenderError):
+    """A SigV4 signature by an access key the server does not know."""
+
+    type_name = query_code = "InvalidClientTokenId"
+    status = 403
+
+
+class SignatureDoesNotMatch(_SenderError):
+    """A SigV4 signature that does not verify."""
+
+    type_name = query_code = "SignatureDoesNotMatch"
+    status = 403
+
+
+class RequestExpired(_SenderError):
+    """A signed request whose date is more than 15 minutes from the server's."""
+
+    type_name = query_code = "RequestExpired"
+
+
+class OverLimit(_SenderError):
+    """An action would pass a limit (AddPermission's actions, the node's bounds)."""
+
+    type_name = query_code = "OverLimit"
+    status = 403
+
+
+class ResourceNotFoundException(_SenderError):
+    """A message move task, or the queue an ARN names, does not exist."""
+
+    type_name = query_code = "ResourceNotFoundException"
 
 
 class StoreUnavailable(SqsError):

@@ -51,20 +51,23 @@ from cmq.service.params import (
     message_attributes,
     opt_int,
     opt_str,
+    parse_int,
     parse_receipt_handle,
     receipt_handle,
     str_list,
     str_map,
 )
 from cmq.service.protocol import md5_of_body, md5_of_message_attributes
+from cmq.service.redrive import MessageMover
 from cmq.service.store.base import Store
 
-__all__ = ["ATTRIBUTE_CACHE_MS", "Notifier", "QueueService", "queue_url"]
+__all__ = ["ATTRIBUTE_CACHE_MS", "Bounds", "Notifier", "QueueService", "queue_url"]
 
 #: How long a node trusts its copy of a queue's attributes (see module doc).
 ATTRIBUTE_CACHE_MS = 1000
 #: SQS limits.
-MAX_MESSAGE_BYTES = 262_144
+#: Message (and whole batch) size limit: AWS raised it from 256 KiB to 1 MiB in 2025.
+MAX_MESSAGE_BYTES = 1_048_576
 MAX_WAIT_SECONDS = 20
 MAX_VISIBILITY_SECONDS = 43_200
 MAX_DELAY_SECONDS = 900
@@ -73,6 +76,15 @@ DEDUP_WINDOW_MS = 5 * 60 * 1000
 _QUEUE_NAME = re.compile(r"[A-Za-z0-9_-]{1,80}")
 _FIFO_NAME = re.compile(r"[A-Za-z0-9_-]{1,75}\.fifo")
 _DEDUP_ID = re.compile(r"[!-~]{1,128}")
+#: A queue URL: optional scheme and host, then /ACCOUNT/NAME.
+_QUEUE_URL = re.compile(r"(?:(?:https?://)?([^/\s]+))?/([0-9]{12})/([A-Za-z0-9_.-]{1,80})/?")
+#: Attributes whose empty value removes them (as AWS clients remove a policy).
+_REMOVABLE = ("RedrivePolicy", "Policy", "RedriveAllowPolicy")
+#: Where tags live among a queue's stored attributes (never shown as one).
+TAGS_KEY = "cmq:tags"
+MAX_TAGS = 50
+_TAG_KEY = re.compile(r"[\w.:/=+\-@ ]{1,128}")
+_TAG_VALUE = re.compile(r"[\w.:/=+\-@ ]{0,256}")
 
 _DEFAULTS = {
     "DelaySeconds": "0",
@@ -126,6 +138,104 @@ _SETTABLE = (
     | _FREE_ATTRIBUTES
     | {"RedrivePolicy"}
 )
+
+
+_FIFO_ONLY = ("DeduplicationScope", "FifoThroughputLimit")
+_CHOICES = {
+    "DeduplicationScope": ("messageGroup", "queue"),
+    "FifoThroughputLimit": ("perQueue", "perMessageGroupId"),
+}
+_NO_QUEUE = "The specified queue does not exist."
+_NO_DEDUP = (
+    "The queue should either have ContentBasedDeduplication enabled or "
+    "MessageDeduplicationId provided explicitly"
+)
+_LABEL = re.compile(r"[A-Za-z0-9_-]{1,80}")
+#: Actions a permission may name (AddPermission).
+_PERMISSION_ACTIONS = frozenset(
+    {
+        "SendMessage",
+        "ReceiveMessage",
+        "DeleteMessage",
+        "ChangeMessageVisibility",
+        "GetQueueAttributes",
+        "GetQueueUrl",
+        "ListDeadLetterSourceQueues",
+        "PurgeQueue",
+        "ListQueueTags",
+    }
+)
+
+
+def _entry_size(entry: Mapping[str, Any]) -> int:
+    """Bytes of one batch entry's body and attributes, as SQS counts a batch."""
+    size = len(str(entry.get("MessageBody", "")).encode())
+    attrs = entry.get("MessageAttributes")
+    if isinstance(attrs, dict):
+        for name, attr in attrs.items():
+            size += len(str(name).encode())
+            if isinstance(attr, dict):
+                size += sum(len(str(v).encode()) for v in attr.values())
+    return size
+
+
+def _json_object(key: str, value: str) -> str:
+    """A policy attribute: a JSON object, else InvalidAttributeValue."""
+    try:
+        parsed = json.loads(value)
+    except (ValueError, RecursionError) as exc:
+        raise errors.InvalidAttributeValue(f"Invalid value for the parameter {key}.") from exc
+    if not isinstance(parsed, dict):
+        raise errors.InvalidAttributeValue(f"Invalid value for the parameter {key}.")
+    return value
+
+
+def _stored_tags(record: QueueRecord) -> dict[str, str]:
+    raw = record.attributes.get(TAGS_KEY)
+    return dict(json.loads(raw)) if raw else {}
+
+
+def _policy(record: QueueRecord, arn: str) -> dict[str, Any]:
+    raw = record.attributes.get("Policy")
+    policy = json.loads(raw) if raw else {}
+    if not isinstance(policy, dict):
+        policy = {}
+    policy.setdefault("Version", "2012-10-17")
+    policy.setdefault("Id", f"{arn}/SQSDefaultPolicy")
+    if not isinstance(policy.get("Statement"), list):
+        statement = policy.get("Statement")
+        policy["Statement"] = [statement] if isinstance(statement, dict) else []
+    return policy
+
+
+#: How long a node trusts its estimate of a queue's depth or the store's bytes
+#: when far (under half) from the bound, and when near it. The estimate adds
+#: this node's own sends in between; other nodes' sends are what a bound can
+#: be passed by, at most their rate times the near period.
+BOUND_REFRESH_FAR_MS = 5000
+BOUND_REFRESH_NEAR_MS = 250
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Bounds:
+    """How much a node lets its store hold; 0 is no bound.
+
+    Reached, a request gets ``OverLimit`` (HTTP 403, so SDKs do not retry).
+    Queue and message counts are checked against the store's counts; bytes
+    against :meth:`Store.usage` (SQLite: the database file's pages in use;
+    Redis: the masters' ``used_memory``; memory: the payloads).
+    """
+
+    max_queues: int = 10_000
+    """Queues in the store (CreateQueue of a new name)."""
+    max_queue_messages: int = 1_000_000
+    """Messages in one queue, visible, in flight and delayed (sends)."""
+    max_store_bytes: int = 0
+    """Bytes the store holds (sends)."""
+
+    def __post_init__(self) -> None:
+        if min(self.max_queues, self.max_queue_messages, self.max_store_bytes) < 0:
+            raise ValueError("bounds must be >= 0 (0: no bound)")
 
 
 def _now_ms() -> int:
@@ -188,7 +298,7 @@ class _Queue:
     def from_record(cls, record: QueueRecord) -> _Queue:
         a = record.attributes
         dead_letter, max_receives = None, 0
-        if "RedrivePolicy" in a:
+        if a.get("RedrivePolicy"):
             policy = json.loads(a["RedrivePolicy"])
             dead_letter = str(policy["deadLetterTargetArn"]).rsplit(":", 1)[-1]
             max_receives = int(policy["maxReceiveCount"])
@@ -224,8 +334,16 @@ class QueueService:
         clock: Callable[[], int] = _now_ms,
         rng: random.Random | None = None,
         notifier: Notifier | None = None,
+        host_ok: Callable[[str], bool] | None = None,
+        bounds: Bounds | None = None,
     ) -> None:
         self.store = store
+        self.bounds = bounds or Bounds()
+        # name -> (when read, estimated depth); and (when read, estimated bytes)
+        self._depths: dict[str, tuple[int, int]] = {}
+        self._usage: tuple[int, int] | None = None
+        #: Whether a QueueUrl's host is one this node answers to.
+        self._host_ok = host_ok or (lambda host: True)
         self.region = region
         self.account_id = account_id
         self._clock = clock
@@ -247,7 +365,15 @@ class QueueService:
             "ChangeMessageVisibility": self.change_message_visibility,
             "ChangeMessageVisibilityBatch": self.change_message_visibility_batch,
             "PurgeQueue": self.purge_queue,
+            "TagQueue": self.tag_queue,
+            "UntagQueue": self.untag_queue,
+            "ListQueueTags": self.list_queue_tags,
+            "AddPermission": self.add_permission,
+            "RemovePermission": self.remove_permission,
+            "ListDeadLetterSourceQueues": self.list_dead_letter_source_queues,
         }
+        self.mover = MessageMover(self)
+        self._handlers.update(self.mover.handlers())
 
     async def handle(self, action: str, params: Mapping[str, Any], host: str) -> dict[str, Any]:
         """Run one action; ``host`` is the request's Host header (for URLs).
@@ -257,7 +383,12 @@ class QueueService:
         handler = self._handlers.get(action)
         if handler is None:
             raise errors.UnsupportedOperation(f"{action} is not supported by cmq serve.")
-        return await handler(params, host)
+        try:
+            return await handler(params, host)
+        except errors.QueueDoesNotExist as exc:
+            if exc.message == _NO_QUEUE:
+                raise
+            raise errors.QueueDoesNotExist(_NO_QUEUE) from exc
 
     # -- queues ------------------------------------------------------------
 
@@ -265,22 +396,34 @@ class QueueService:
         """CreateQueue: idempotent for equal attributes, else QueueNameExists."""
         name = get_str(p, "QueueName")
         given = str_map(p, "Attributes")
-        fifo = name.endswith(".fifo")
-        if not (_FIFO_NAME if fifo else _QUEUE_NAME).fullmatch(name):
+        tags = self._tags(str_map(p, "tags"))
+        flag = given.get("FifoQueue", "false")
+        if flag.lower() not in ("true", "false"):
+            raise errors.InvalidAttributeValue("Invalid value for the parameter FifoQueue.")
+        fifo = flag.lower() == "true"
+        if fifo and not _FIFO_NAME.fullmatch(name):
             raise errors.InvalidParameterValue(
-                "Can only include alphanumeric characters, hyphens, or underscores. "
-                "1 to 80 in length (a FIFO queue's name ends in .fifo)."
+                "The name of a FIFO queue can only include alphanumeric characters, hyphens, "
+                "or underscores, must end with .fifo suffix and be 1 to 80 in length."
             )
-        if given.get("FifoQueue", "true" if fifo else "false").lower() != (
-            "true" if fifo else "false"
-        ):
-            raise errors.InvalidAttributeValue(
-                "Invalid value for the parameter FifoQueue: a FIFO queue's name must end "
-                "in .fifo and only FIFO queues' names may."
+        if not fifo and not _QUEUE_NAME.fullmatch(name):
+            raise errors.InvalidParameterValue(
+                "Can only include alphanumeric characters, hyphens, or underscores. 1 to 80 in "
+                "length"
             )
         attrs = await self._validate_attributes(given, fifo=fifo, create=True)
+        if not fifo:
+            attrs.pop("FifoQueue", None)  # SQS shows FifoQueue on FIFO queues only
         now = self._clock()
         full = {**_DEFAULTS, **(_FIFO_DEFAULTS if fifo else {}), **attrs}
+        if tags:
+            full[TAGS_KEY] = json.dumps(tags)
+        if self.bounds.max_queues:
+            names = await self.store.list_queues("")
+            if name not in names and len(names) >= self.bounds.max_queues:
+                raise errors.OverLimit(
+                    f"The maximum number of queues ({self.bounds.max_queues}) is reached."
+                )
         record, created = await self.store.create_queue(
             QueueRecord(name=name, attributes=full, created_at=now, modified_at=now)
         )
@@ -288,10 +431,10 @@ class QueueService:
             # The name existed before: SQS answers with its URL if the given
             # attributes agree, else QueueNameExists.
             for key, value in attrs.items():
-                if record.attributes.get(key, _DEFAULTS.get(key)) != value:
+                if record.attributes.get(key, _DEFAULTS.get(key, "")) != value:
                     raise errors.QueueNameExists(
                         f"A queue already exists with the same name and a different value "
-                        f"for attribute {key}."
+                        f"for attribute {key}"
                     )
         return {"QueueUrl": queue_url(host, self.account_id, name)}
 
@@ -321,6 +464,7 @@ class QueueService:
         name = self._name(p)
         await self.store.delete_queue(name)
         self._cache.pop(name, None)
+        self._depths.pop(name, None)
         return {}
 
     async def get_queue_attributes(self, p: Mapping[str, Any], host: str) -> dict[str, Any]:
@@ -332,7 +476,13 @@ class QueueService:
         for attr in wanted - {"All"}:
             if attr not in _SETTABLE and attr not in _COMPUTED_ATTRIBUTES:
                 raise errors.InvalidAttributeName(f"Unknown Attribute {attr}.")
-        out = {k: v for k, v in record.attributes.items() if everything or k in wanted}
+            if attr in _FIFO_ONLY and record.attributes.get("FifoQueue") != "true":
+                raise errors.InvalidAttributeName(f"Unknown Attribute {attr}.")
+        out = {
+            k: v
+            for k, v in record.attributes.items()
+            if (everything or k in wanted) and k in _SETTABLE and v != ""
+        }
         if everything or wanted & set(_COMPUTED_ATTRIBUTES[:3]):
             counts = await self.store.counts(name, self._clock())
             computed = {
@@ -362,7 +512,9 @@ class QueueService:
 
     async def purge_queue(self, p: Mapping[str, Any], host: str) -> dict[str, Any]:
         """PurgeQueue. Raises QueueDoesNotExist."""
-        await self.store.purge(self._name(p))
+        name = self._name(p)
+        await self.store.purge(name)
+        self._depths.pop(name, None)
         return {}
 
     # -- messages ----------------------------------------------------------
@@ -372,6 +524,7 @@ class QueueService:
         queue = await self._queue(self._name(p))
         now = self._clock()
         new, reply = self._new_message(queue, p, now)
+        await self._room(queue.name, 1, len(new.payload), now)
         [result] = await self.store.send(queue.name, [new], now)
         self.notifier.notify(queue.name)
         reply["MessageId"] = result.message_id
@@ -382,25 +535,36 @@ class QueueService:
     async def send_message_batch(self, p: Mapping[str, Any], host: str) -> dict[str, Any]:
         """SendMessageBatch: valid entries go to the store in one atomic call."""
         queue = await self._queue(self._name(p))
-        batch = entries(p)
-        total = sum(len(str(e.get("MessageBody", "")).encode()) for e in batch)
+        batch = entries(p, "SendMessageBatch")
+        total = sum(_entry_size(e) for e in batch)
         if total > MAX_MESSAGE_BYTES:
             raise errors.BatchRequestTooLong(
-                f"Batch requests cannot be longer than {MAX_MESSAGE_BYTES} bytes; this one "
-                f"has {total} bytes of bodies."
+                f"Batch requests cannot be longer than {MAX_MESSAGE_BYTES} bytes. You have sent "
+                f"{total} bytes."
             )
+        if queue.fifo:
+            # A FIFO batch missing its ids fails as a whole, as in SQS.
+            for e in batch:
+                if e.get("MessageGroupId") is None:
+                    raise errors.InvalidParameterValue(
+                        "The request must contain the parameter MessageGroupId."
+                    )
+                if e.get("MessageDeduplicationId") is None and not queue.content_dedup:
+                    raise errors.InvalidParameterValue(_NO_DEDUP)
         now = self._clock()
         failed: list[dict[str, Any]] = []
         accepted: list[tuple[str, NewMessage, dict[str, Any]]] = []
         for entry in batch:
             try:
-                new, reply = self._new_message(queue, entry, now)
+                new, reply = self._new_message(queue, entry, now, batch=True)
             except errors.SqsError as exc:
                 failed.append(failure(entry["Id"], exc))
             else:
                 accepted.append((entry["Id"], new, reply))
         successful = []
         if accepted:
+            size = sum(len(a[1].payload) for a in accepted)
+            await self._room(queue.name, len(accepted), size, now)
             results = await self.store.send(queue.name, [a[1] for a in accepted], now)
             self.notifier.notify(queue.name)
             for (entry_id, _, reply), result in zip(accepted, results, strict=True):
@@ -415,7 +579,13 @@ class QueueService:
         name = self._name(p)
         max_messages = opt_int(p, "MaxNumberOfMessages", 1, MAX_BATCH) or 1
         visibility = opt_int(p, "VisibilityTimeout", 0, MAX_VISIBILITY_SECONDS)
-        wait = opt_int(p, "WaitTimeSeconds", 0, MAX_WAIT_SECONDS)
+        wait = opt_int(
+            p,
+            "WaitTimeSeconds",
+            0,
+            MAX_WAIT_SECONDS,
+            reason=f"Must be >= 0 and <= {MAX_WAIT_SECONDS}, if provided.",
+        )
         system = set(str_list(p, "AttributeNames") or []) | set(
             str_list(p, "MessageSystemAttributeNames") or []
         )
@@ -465,27 +635,39 @@ class QueueService:
         if expired:
             await self.store.delete(queue.name, expired)
         if dead:
-            await self._redrive(queue, dead, now)
+            keep += await self._redrive(queue, dead, now)
         return keep
 
     async def _redrive(
         self, queue: _Queue, dead: list[tuple[Received, dict[str, Any]]], now: int
-    ) -> None:
+    ) -> list[tuple[Received, dict[str, Any]]]:
+        """Move ``dead`` to the queue's dead-letter queue; returns the messages
+        to deliver instead, which is all of them when that queue is gone.
+
+        SQS never destroys or hides a message over a redrive target that does
+        not resolve: the message stays in its queue and is delivered as usual.
+        Holding it back here instead (received, so in flight, but never
+        returned) would hide it on every receive until retention removed it.
+        """
         assert queue.dead_letter is not None
+        # The source is recorded for DeadLetterQueueSourceArn and move tasks.
         moved = [
             NewMessage(
-                message_id=data["i"], payload=r.payload, visible_at=now, group_id=data.get("g")
+                message_id=data["i"],
+                payload=json.dumps({**data, "o": queue.name}, separators=(",", ":")),
+                visible_at=now,
+                group_id=data.get("g"),
             )
             for r, data in dead
         ]
         try:
             await self.store.send(queue.dead_letter, moved, now)
         except errors.QueueDoesNotExist:
-            # No dead-letter queue (deleted since): keep the messages where
-            # they are; they stay in flight and come back as usual.
-            return
+            # No dead-letter queue (deleted since): deliver them.
+            return dead
         self.notifier.notify(queue.dead_letter)
         await self.store.delete(queue.name, [(r.seq, r.token) for r, _ in dead])
+        return []
 
     def _render(
         self,
@@ -515,6 +697,8 @@ class QueueService:
             sysattrs["MessageDeduplicationId"] = data.get("d") or ""
         if "s" in data:
             sysattrs["AWSTraceHeader"] = data["s"]
+        if "o" in data:
+            sysattrs["DeadLetterQueueSourceArn"] = self._arn(data["o"])
         picked = {k: v for k, v in sysattrs.items() if everything or k in system}
         if picked:
             msg["Attributes"] = picked
@@ -541,7 +725,7 @@ class QueueService:
         """DeleteMessageBatch: valid handles are deleted in one store call."""
         name = self._name(p)
         failed, ok, receipts = [], [], []
-        for entry in entries(p):
+        for entry in entries(p, "DeleteMessageBatch"):
             try:
                 receipt = parse_receipt_handle(name, get_str(entry, "ReceiptHandle"))
             except errors.SqsError as exc:
@@ -566,7 +750,7 @@ class QueueService:
     ) -> dict[str, Any]:
         """ChangeMessageVisibilityBatch; entries fail one by one."""
         name = self._name(p)
-        batch = entries(p)
+        batch = entries(p, "ChangeMessageVisibilityBatch")
         await self.store.get_queue(name)
         ok, failed = [], []
         for entry in batch:
@@ -587,8 +771,8 @@ class QueueService:
         result = await self.store.change_visibility(name, seq, token, now + timeout * 1000, now)
         if result is ChangeResult.NOT_FOUND:
             raise errors.InvalidParameterValue(
-                "Value for parameter ReceiptHandle is invalid. Reason: Message does not exist "
-                "or is not available for visibility timeout change."
+                f"Value {p.get('ReceiptHandle')} for parameter ReceiptHandle is invalid. Reason: "
+                "Message does not exist or is not available for visibility timeout change."
             )
         if result is ChangeResult.NOT_IN_FLIGHT:
             raise errors.MessageNotInflight(
@@ -597,12 +781,56 @@ class QueueService:
 
     # -- helpers -----------------------------------------------------------
 
+    async def _room(self, name: str, count: int, size: int, now: int) -> None:
+        """Refuse a send that would pass a bound (see :class:`Bounds`). Raises OverLimit."""
+        bounds = self.bounds
+        if bounds.max_queue_messages:
+            hit = self._depths.get(name)
+            depth = hit[1] if hit else 0
+            period = (
+                BOUND_REFRESH_FAR_MS
+                if depth < bounds.max_queue_messages // 2
+                else BOUND_REFRESH_NEAR_MS
+            )
+            if hit is None or now - hit[0] >= period:
+                c = await self.store.counts(name, now)
+                depth = c.visible + c.in_flight + c.delayed
+                self._depths[name] = (now, depth)
+            if depth + count > bounds.max_queue_messages:
+                raise errors.OverLimit(
+                    f"The queue {name} holds its maximum of {bounds.max_queue_messages} messages."
+                )
+            self._depths[name] = (self._depths[name][0], depth + count)
+        if bounds.max_store_bytes:
+            used = self._usage[1] if self._usage else 0
+            period = (
+                BOUND_REFRESH_FAR_MS
+                if used < bounds.max_store_bytes // 2
+                else BOUND_REFRESH_NEAR_MS
+            )
+            if self._usage is None or now - self._usage[0] >= period:
+                used = await self.store.usage()
+                self._usage = (now, used)
+            if used + size > bounds.max_store_bytes:
+                raise errors.OverLimit(
+                    f"The store holds its maximum of {bounds.max_store_bytes} bytes."
+                )
+            self._usage = (self._usage[0], used + size)
+
     def _name(self, p: Mapping[str, Any]) -> str:
+        """The queue a QueueUrl names. Raises QueueDoesNotExist for a URL of
+        another account, of a host this node does not serve, or of no shape
+        SQS gives its URLs."""
         url = get_str(p, "QueueUrl")
-        name = url.rstrip("/").rsplit("/", 1)[-1]
-        if not (_QUEUE_NAME.fullmatch(name) or _FIFO_NAME.fullmatch(name)):
-            raise errors.QueueDoesNotExist(f"The specified queue {url[:200]!r} does not exist.")
-        return name
+        m = _QUEUE_URL.fullmatch(url.strip())
+        if (
+            m is None
+            or m.group(2) != self.account_id
+            or (m.group(1) is not None and not self._host_ok(m.group(1)))
+            or not (_QUEUE_NAME.fullmatch(m.group(3)) or _FIFO_NAME.fullmatch(m.group(3)))
+        ):
+            raise errors.QueueDoesNotExist(_NO_QUEUE)
+        return m.group(3)
 
     def _arn(self, name: str) -> str:
         return f"arn:aws:sqs:{self.region}:{self.account_id}:{name}"
@@ -619,24 +847,37 @@ class QueueService:
     async def _validate_attributes(
         self, given: Mapping[str, str], *, fifo: bool, create: bool
     ) -> dict[str, str]:
+        """Attributes as stored; the errors and texts are SQS's."""
         out: dict[str, str] = {}
         for key, value in given.items():
             if key not in _SETTABLE:
                 raise errors.InvalidAttributeName(f"Unknown Attribute {key}.")
+            if key == "FifoQueue":
+                if not create:
+                    if not fifo:
+                        raise errors.InvalidAttributeName("Unknown Attribute FifoQueue.")
+                    raise errors.InvalidAttributeValue(
+                        "Invalid value for the parameter FifoQueue. Reason: Modifying queue "
+                        "type is not supported."
+                    )
+            elif not fifo and key == "ContentBasedDeduplication":
+                raise errors.InvalidAttributeName(f"Unknown Attribute {key}.")
+            elif not fifo and key in _FIFO_ONLY:
+                raise errors.InvalidAttributeName(
+                    f"You can specify the {key} only when FifoQueue is set to true."
+                )
             if key in _INT_ATTRIBUTES:
                 lo, hi = _INT_ATTRIBUTES[key]
-                if not (value.strip().lstrip("-").isdigit() and lo <= int(value) <= hi):
-                    raise errors.InvalidAttributeValue(
-                        f"Invalid value for the parameter {key}: must be an integer from "
-                        f"{lo} to {hi}."
-                    )
-                out[key] = str(int(value))
+                number = parse_int(value)
+                if number is None or not lo <= number <= hi:
+                    raise errors.InvalidAttributeValue(f"Invalid value for the parameter {key}.")
+                out[key] = str(number)
             elif key in _BOOL_ATTRIBUTES:
                 if value.lower() not in ("true", "false"):
-                    raise errors.InvalidAttributeValue(
-                        f"Invalid value for the parameter {key}: must be true or false."
-                    )
+                    raise errors.InvalidAttributeValue(f"Invalid value for the parameter {key}.")
                 out[key] = value.lower()
+            elif key in _REMOVABLE and value == "":
+                out[key] = ""  # removes it (stored empty, never shown)
             elif key in _ENUM_ATTRIBUTES:
                 if value not in _ENUM_ATTRIBUTES[key]:
                     raise errors.InvalidAttributeValue(
@@ -646,53 +887,211 @@ class QueueService:
                 out[key] = value
             elif key == "RedrivePolicy":
                 out[key] = await self._validate_redrive(value, fifo)
+            elif key in ("Policy", "RedriveAllowPolicy"):
+                out[key] = _json_object(key, value)
+            elif value not in _CHOICES.get(key, (value,)) or BAD_BODY_CHAR.search(value):
+                raise errors.InvalidAttributeValue(f"Invalid value for the parameter {key}.")
             else:
                 out[key] = value
-        if "FifoQueue" in out and not create:
-            raise errors.InvalidAttributeName("FifoQueue can only be set at creation.")
         if fifo and out.get("ReceiveMode") == "lock-free":
             raise errors.InvalidAttributeValue(
                 "Invalid value for the parameter ReceiveMode: a FIFO queue receives atomically "
                 "(lock-free is for standard queues)."
             )
-        if not fifo and out.get("ContentBasedDeduplication") == "true":
-            raise errors.InvalidAttributeName(
-                "ContentBasedDeduplication is only valid for FIFO queues."
-            )
         return out
 
     async def _validate_redrive(self, value: str, fifo: bool) -> str:
+        def invalid(reason: str) -> errors.SqsError:
+            return errors.InvalidParameterValue(
+                f"Value {value[:1000]} for parameter RedrivePolicy is invalid. Reason: {reason}"
+            )
+
         try:
             policy = json.loads(value)
-            arn = str(policy["deadLetterTargetArn"])
-            max_receives = int(policy["maxReceiveCount"])
-        except (ValueError, KeyError, TypeError) as exc:
-            raise errors.InvalidAttributeValue(
-                "Invalid value for the parameter RedrivePolicy: expected JSON with "
-                "deadLetterTargetArn and maxReceiveCount."
-            ) from exc
-        if not 1 <= max_receives <= 1000:
-            raise errors.InvalidAttributeValue(
-                "Invalid value for the parameter RedrivePolicy: maxReceiveCount must be "
-                "from 1 to 1000."
+        except (ValueError, RecursionError) as exc:
+            raise invalid("Redrive policy is not a valid JSON map.") from exc
+        if not isinstance(policy, dict):
+            raise invalid("Redrive policy is not a valid JSON map.")
+        arn, count = policy.get("deadLetterTargetArn"), policy.get("maxReceiveCount")
+        if not isinstance(arn, str) or not arn:
+            raise invalid(
+                "Redrive policy does not contain mandatory attribute: deadLetterTargetArn."
             )
-        target = arn.rsplit(":", 1)[-1]
+        if count is None:
+            raise invalid("Redrive policy does not contain mandatory attribute: maxReceiveCount.")
+        max_receives = parse_int(count) if isinstance(count, str) else count
+        if (
+            isinstance(max_receives, bool)
+            or not isinstance(max_receives, int)
+            or not (1 <= max_receives <= 1000)
+        ):
+            raise invalid(
+                f"Invalid value for maxReceiveCount: {str(count)[:40]}, valid values are from 1 "
+                "to 1000 both inclusive."
+            )
+        target = self._arn_name(arn)
         try:
+            if target is None:
+                raise errors.QueueDoesNotExist(arn)
             dlq = _Queue.from_record(await self.store.get_queue(target))
         except errors.QueueDoesNotExist as exc:
-            raise errors.InvalidAttributeValue(
-                f"Invalid value for the parameter RedrivePolicy: dead-letter target {arn!r} "
-                "does not exist."
-            ) from exc
+            raise invalid("Dead letter target does not exist.") from exc
         if dlq.fifo != fifo:
-            raise errors.InvalidAttributeValue(
-                "Invalid value for the parameter RedrivePolicy: a queue and its dead-letter "
-                "queue must both be FIFO or both standard."
-            )
+            raise invalid("Dead-letter queue must be same type of queue as the source.")
         return json.dumps({"deadLetterTargetArn": arn, "maxReceiveCount": max_receives})
 
+    def _arn_name(self, arn: str) -> str | None:
+        """The queue name of an SQS ARN of this region and account, else None."""
+        parts = arn.split(":")
+        if (
+            len(parts) != 6
+            or parts[:3] != ["arn", "aws", "sqs"]
+            or parts[3] != self.region
+            or parts[4] != self.account_id
+            or not (_QUEUE_NAME.fullmatch(parts[5]) or _FIFO_NAME.fullmatch(parts[5]))
+        ):
+            return None
+        return parts[5]
+
+    def _tags(self, tags: Mapping[str, str]) -> dict[str, str]:
+        for key, value in tags.items():
+            if not _TAG_KEY.fullmatch(key) or key.lower().startswith("aws:"):
+                raise errors.InvalidParameterValue(f"Tag key {key[:130]!r} is invalid.")
+            if not _TAG_VALUE.fullmatch(value):
+                raise errors.InvalidParameterValue(f"Tag value for key {key[:130]!r} is invalid.")
+        if len(tags) > MAX_TAGS:
+            raise errors.InvalidParameterValue(
+                f"Too many tags: a queue may have at most {MAX_TAGS}."
+            )
+        return dict(tags)
+
+    # -- tags and permissions -------------------------------------------------
+
+    async def tag_queue(self, p: Mapping[str, Any], host: str) -> dict[str, Any]:
+        """TagQueue: add or overwrite tags (at most 50 a queue)."""
+        name = self._name(p)
+        given = str_map(p, "Tags")
+        if "Tags" not in p:
+            raise errors.MissingParameter("The request must contain the parameter Tags.")
+        record = await self.store.get_queue(name)
+        tags = {**_stored_tags(record), **given}
+        await self.store.set_attributes(
+            name, {TAGS_KEY: json.dumps(self._tags(tags))}, record.modified_at
+        )
+        return {}
+
+    async def untag_queue(self, p: Mapping[str, Any], host: str) -> dict[str, Any]:
+        """UntagQueue: remove the given tag keys (absent ones are ignored)."""
+        name = self._name(p)
+        keys = str_list(p, "TagKeys")
+        if keys is None:
+            raise errors.MissingParameter("The request must contain the parameter TagKeys.")
+        record = await self.store.get_queue(name)
+        tags = {k: v for k, v in _stored_tags(record).items() if k not in keys}
+        await self.store.set_attributes(name, {TAGS_KEY: json.dumps(tags)}, record.modified_at)
+        return {}
+
+    async def list_queue_tags(self, p: Mapping[str, Any], host: str) -> dict[str, Any]:
+        """ListQueueTags."""
+        tags = _stored_tags(await self.store.get_queue(self._name(p)))
+        return {"Tags": tags} if tags else {}
+
+    async def add_permission(self, p: Mapping[str, Any], host: str) -> dict[str, Any]:
+        """AddPermission: a statement in the queue's Policy (stored, not enforced)."""
+        name = self._name(p)
+        label = get_str(p, "Label")
+        accounts = str_list(p, "AWSAccountIds")
+        actions = str_list(p, "Actions")
+        if accounts is None:
+            raise errors.MissingParameter("The request must contain the parameter AWSAccountIds.")
+        if actions is None:
+            raise errors.MissingParameter("The request must contain the parameter Actions.")
+        if not _LABEL.fullmatch(label):
+            raise errors.InvalidParameterValue(
+                f"Value {label[:100]} for parameter Label is invalid. Reason: Can only include "
+                "alphanumeric characters, hyphens, or underscores. 1 to 80 in length."
+            )
+        if not accounts:
+            raise errors.InvalidParameterValue(
+                "The request must contain the parameter AWSAccountIds."
+            )
+        if len(actions) > 7:
+            raise errors.OverLimit(f"{len(actions)} Actions were found, maximum allowed is 7.")
+        for action in actions:
+            if action != "*" and action not in _PERMISSION_ACTIONS:
+                raise errors.InvalidParameterValue(
+                    f"Value SQS:{action[:64]} for parameter ActionName is invalid. Reason: "
+                    "Please refer to the appropriate WSDL for a list of valid actions."
+                )
+        record = await self.store.get_queue(name)
+        policy = _policy(record, self._arn(name))
+        if any(st.get("Sid") == label for st in policy["Statement"]):
+            raise errors.InvalidParameterValue(
+                f"Value {label} for parameter Label is invalid. Reason: Already exists."
+            )
+        policy["Statement"].append(
+            {
+                "Sid": label,
+                "Effect": "Allow",
+                "Principal": {"AWS": [f"arn:aws:iam::{a}:root" for a in accounts]},
+                "Action": [f"SQS:{a}" for a in actions],
+                "Resource": self._arn(name),
+            }
+        )
+        await self.store.set_attributes(name, {"Policy": json.dumps(policy)}, self._clock())
+        self._cache.pop(name, None)
+        return {}
+
+    async def remove_permission(self, p: Mapping[str, Any], host: str) -> dict[str, Any]:
+        """RemovePermission: drop the statement AddPermission made under Label."""
+        name = self._name(p)
+        label = get_str(p, "Label")
+        record = await self.store.get_queue(name)
+        policy = _policy(record, self._arn(name))
+        kept = [st for st in policy["Statement"] if st.get("Sid") != label]
+        if len(kept) == len(policy["Statement"]):
+            raise errors.InvalidParameterValue(
+                f"Value {label[:100]} for parameter Label is invalid. Reason: can't find label."
+            )
+        policy["Statement"] = kept
+        await self.store.set_attributes(
+            name, {"Policy": json.dumps(policy) if kept else ""}, self._clock()
+        )
+        self._cache.pop(name, None)
+        return {}
+
+    async def list_dead_letter_source_queues(
+        self, p: Mapping[str, Any], host: str
+    ) -> dict[str, Any]:
+        """ListDeadLetterSourceQueues: queues whose RedrivePolicy targets this one."""
+        name = self._name(p)
+        max_results = opt_int(p, "MaxResults", 1, 1000)
+        after = opt_str(p, "NextToken") or ""
+        await self.store.get_queue(name)
+        sources = [n for n in await self.dead_letter_sources(name) if n > after]
+        result: dict[str, Any] = {}
+        if max_results is not None and len(sources) > max_results:
+            sources = sources[:max_results]
+            result["NextToken"] = sources[-1]
+        result["queueUrls"] = [queue_url(host, self.account_id, n) for n in sources]
+        return result
+
+    async def dead_letter_sources(self, name: str) -> list[str]:
+        """Names of the queues that redrive to ``name``, sorted (a scan of all queues)."""
+        arn = self._arn(name)
+        out = []
+        for other in await self.store.list_queues(""):
+            try:
+                record = await self.store.get_queue(other)
+            except errors.QueueDoesNotExist:
+                continue
+            policy = record.attributes.get("RedrivePolicy")
+            if policy and json.loads(policy).get("deadLetterTargetArn") == arn:
+                out.append(other)
+        return out
+
     def _new_message(
-        self, queue: _Queue, p: Mapping[str, Any], now: int
+        self, queue: _Queue, p: Mapping[str, Any], now: int, *, batch: bool = False
     ) -> tuple[NewMessage, dict[str, Any]]:
         body = get_str(p, "MessageBody")
         if not body:
@@ -713,8 +1112,8 @@ class QueueService:
         size = len(body.encode()) + attributes_size(attrs)
         if size > queue.max_size:
             raise errors.InvalidParameterValue(
-                f"One or more parameters are invalid. Reason: Message must be shorter than "
-                f"{queue.max_size} bytes (this one is {size} bytes with its attributes)."
+                f"One or more parameters {'cannot be validated' if batch else 'are invalid'}. "
+                f"Reason: Message must be shorter than {queue.max_size} bytes."
             )
         delay = opt_int(p, "DelaySeconds", 0, MAX_DELAY_SECONDS)
         group = opt_str(p, "MessageGroupId")
@@ -722,9 +1121,8 @@ class QueueService:
         if queue.fifo:
             if delay is not None:
                 raise errors.InvalidParameterValue(
-                    "Value for parameter DelaySeconds is invalid. Reason: The request include "
-                    "parameter that is not valid for this queue type (per-message delay on a "
-                    "FIFO queue)."
+                    f"Value {delay} for parameter DelaySeconds is invalid. Reason: The request "
+                    "include parameter that is not valid for this queue type."
                 )
             if group is None:
                 raise errors.MissingParameter(
@@ -732,20 +1130,19 @@ class QueueService:
                 )
             if dedup is None:
                 if not queue.content_dedup:
-                    raise errors.InvalidParameterValue(
-                        "The queue should either have ContentBasedDeduplication enabled or "
-                        "MessageDeduplicationId provided explicitly."
-                    )
+                    raise errors.InvalidParameterValue(_NO_DEDUP)
                 dedup = hashlib.sha256(body.encode()).hexdigest()
             for label, value in (("MessageGroupId", group), ("MessageDeduplicationId", dedup)):
                 if not _DEDUP_ID.fullmatch(value):
                     raise errors.InvalidParameterValue(
-                        f"Value for parameter {label} is invalid: 1 to 128 printable ASCII "
-                        "characters."
+                        f"Value {value[:200]} for parameter {label} is invalid. Reason: {label} "
+                        "can only include alphanumeric and punctuation characters. 1 to 128 in "
+                        "length."
                     )
         elif dedup is not None:
             raise errors.InvalidParameterValue(
-                "MessageDeduplicationId is only valid for FIFO queues."
+                f"Value {dedup[:200]} for parameter MessageDeduplicationId is invalid. Reason: "
+                "The request include parameter that is not valid for this queue type."
             )
         else:
             # A standard queue ignores MessageGroupId (SQS fair queues use it

@@ -20,6 +20,7 @@ __all__ = [
     "BAD_BODY_CHAR",
     "MAX_BATCH",
     "MAX_MESSAGE_ATTRIBUTES",
+    "MAX_SEQ",
     "attr_wanted",
     "attributes_size",
     "entries",
@@ -30,6 +31,7 @@ __all__ = [
     "message_attributes",
     "opt_int",
     "opt_str",
+    "parse_int",
     "parse_receipt_handle",
     "receipt_handle",
     "str_list",
@@ -45,7 +47,18 @@ _ATTR_NAME = re.compile(r"[A-Za-z0-9_.-]{1,256}")
 _DATA_TYPE = re.compile(r"(String|Number|Binary)(\.[!-~]{1,250})?")
 #: Characters SQS does not allow in a body or string attribute (outside XML 1.0's).
 BAD_BODY_CHAR = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
-_NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
+_NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?", re.ASCII)
+#: An integer as a string: ASCII digits only (``str.isdigit`` also accepts
+#: "²" and other digits ``int`` refuses), and no more than any SQS integer needs.
+_INTEGER = re.compile(r"-?[0-9]{1,19}", re.ASCII)
+#: Receipt handle sequence numbers are SQLite INTEGERs (signed 64-bit).
+MAX_SEQ = 2**63 - 1
+
+
+def parse_int(text: str) -> int | None:
+    """The integer ``text`` spells in ASCII digits, or None."""
+    text = text.strip()
+    return int(text) if _INTEGER.fullmatch(text) else None
 
 
 def get_str(p: Mapping[str, Any], key: str) -> str:
@@ -61,23 +74,27 @@ def opt_str(p: Mapping[str, Any], key: str) -> str | None:
     return None if p.get(key) is None else get_str(p, key)
 
 
-def get_int(p: Mapping[str, Any], key: str, lo: int, hi: int) -> int:
+def get_int(p: Mapping[str, Any], key: str, lo: int, hi: int, *, reason: str = "") -> int:
     value = p.get(key)
     if value is None:
         raise errors.MissingParameter(f"The request must contain the parameter {key}.")
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        value = int(value)
+    if isinstance(value, str):
+        value = parse_int(value)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise errors.InvalidParameterValue(f"Value for parameter {key} must be an integer.")
+        raise errors.InvalidParameterValue(
+            f"Value {str(p.get(key))[:50]} for parameter {key} is invalid. Reason: Must be an "
+            "integer."
+        )
     if not lo <= value <= hi:
         raise errors.InvalidParameterValue(
-            f"Value {value} for parameter {key} is invalid. Reason: must be between {lo} and {hi}."
+            f"Value {value} for parameter {key} is invalid. Reason: "
+            + (reason or f"Must be between {lo} and {hi}, if provided.")
         )
     return value
 
 
-def opt_int(p: Mapping[str, Any], key: str, lo: int, hi: int) -> int | None:
-    return None if p.get(key) is None else get_int(p, key, lo, hi)
+def opt_int(p: Mapping[str, Any], key: str, lo: int, hi: int, *, reason: str = "") -> int | None:
+    return None if p.get(key) is None else get_int(p, key, lo, hi, reason=reason)
 
 
 def str_list(p: Mapping[str, Any], key: str) -> list[str] | None:
@@ -100,10 +117,13 @@ def str_map(p: Mapping[str, Any], key: str) -> dict[str, str]:
     return value
 
 
-def entries(p: Mapping[str, Any]) -> list[dict[str, Any]]:
+def entries(p: Mapping[str, Any], action: str) -> list[dict[str, Any]]:
+    """The entries of a batch ``action`` (e.g. ``SendMessageBatch``), checked as SQS does."""
     entries = p.get("Entries")
     if entries is None or entries == []:
-        raise errors.EmptyBatchRequest("There should be at least one entry in the request.")
+        raise errors.EmptyBatchRequest(
+            f"There should be at least one {action}RequestEntry in the request."
+        )
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         raise errors.InvalidParameterValue("Value for parameter Entries must be a list of objects.")
     if len(entries) > MAX_BATCH:
@@ -119,8 +139,11 @@ def entries(p: Mapping[str, Any]) -> list[dict[str, Any]]:
                 "underscores. It can be at most 80 letters long."
             )
         ids.append(entry_id)
-    if len(set(ids)) != len(ids):
-        raise errors.BatchEntryIdsNotDistinct("Two or more batch entries have the same Id.")
+    seen: set[str] = set()
+    for entry_id in ids:
+        if entry_id in seen:
+            raise errors.BatchEntryIdsNotDistinct(f"Id {entry_id} repeated.")
+        seen.add(entry_id)
     return entries
 
 
@@ -179,8 +202,8 @@ def message_attributes(p: Mapping[str, Any], key: str) -> dict[str, dict[str, st
             text = attr.get("StringValue")
             if not isinstance(text, str) or not text:
                 raise errors.InvalidParameterValue(
-                    f"The message attribute {name!r} of type {data_type} needs a non-empty "
-                    "StringValue."
+                    f"Message (user) attribute '{name}' must contain a non-empty value of type "
+                    f"'{data_type.partition('.')[0]}'."
                 )
             if BAD_BODY_CHAR.search(text):
                 raise errors.InvalidParameterValue(
@@ -230,12 +253,12 @@ def parse_receipt_handle(name: str, handle: str) -> tuple[int, str]:
     """Sequence number and token of a receipt handle. Raises ReceiptHandleIsInvalid."""
     try:
         raw = base64.urlsafe_b64decode(handle + "=" * (-len(handle) % 4)).decode()
-        queue, seq, token = raw.split("\n")
-        if queue != name or not token:
+        queue, seq_text, token = raw.split("\n")
+        seq = parse_int(seq_text) if seq_text.isascii() else None
+        if queue != name or not token or seq is None or not 0 <= seq <= MAX_SEQ:
             raise ValueError("handle of another queue")
-        return int(seq), token
+        return seq, token
     except (ValueError, binascii.Error) as exc:
         raise errors.ReceiptHandleIsInvalid(
-            f"The input receipt handle {handle[:100]!r} is not a valid receipt handle for "
-            "this queue."
+            f'The input receipt handle "{handle[:1000]}" is not a valid receipt handle.'
         ) from exc

@@ -37,9 +37,11 @@ __all__ = [
 CONTENT_TYPE = "application/x-amz-json-1.0"
 _TARGET_PREFIX = "AmazonSQS."
 
-#: The actions this service implements.
+#: The actions this service implements: the whole SQS API of botocore's model.
 ACTIONS = frozenset(
     {
+        "AddPermission",
+        "CancelMessageMoveTask",
         "ChangeMessageVisibility",
         "ChangeMessageVisibilityBatch",
         "CreateQueue",
@@ -48,29 +50,24 @@ ACTIONS = frozenset(
         "DeleteQueue",
         "GetQueueAttributes",
         "GetQueueUrl",
-        "ListQueues",
-        "PurgeQueue",
-        "ReceiveMessage",
-        "SendMessage",
-        "SendMessageBatch",
-        "SetQueueAttributes",
-    }
-)
-
-#: Actions of the SQS API that this service answers with UnsupportedOperation.
-UNSUPPORTED_ACTIONS = frozenset(
-    {
-        "AddPermission",
-        "CancelMessageMoveTask",
         "ListDeadLetterSourceQueues",
         "ListMessageMoveTasks",
         "ListQueueTags",
+        "ListQueues",
+        "PurgeQueue",
+        "ReceiveMessage",
         "RemovePermission",
+        "SendMessage",
+        "SendMessageBatch",
+        "SetQueueAttributes",
         "StartMessageMoveTask",
         "TagQueue",
         "UntagQueue",
     }
 )
+
+#: Actions of the SQS API that this service answers with UnsupportedOperation.
+UNSUPPORTED_ACTIONS: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

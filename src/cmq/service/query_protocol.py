@@ -35,9 +35,15 @@ _LISTS = {
     "AttributeName": "AttributeNames",
     "MessageAttributeName": "MessageAttributeNames",
     "MessageSystemAttributeName": "MessageSystemAttributeNames",
+    "TagKey": "TagKeys",
+    "AWSAccountId": "AWSAccountIds",
+    "ActionName": "Actions",
 }
-_ENTRY = re.compile(r"(\w+BatchRequestEntry)\.(\d+)\.(.+)")
-_INDEXED = re.compile(r"(\w+?)\.(\d+)\.(.+)")
+# Indexes are ASCII digits, at most 9 of them ("\d" alone also matches "²",
+# which int() refuses); anything else is an unknown parameter name.
+_ENTRY = re.compile(r"(\w+BatchRequestEntry)\.([0-9]{1,9})\.(.+)", re.ASCII | re.DOTALL)
+_INDEXED = re.compile(r"(\w+?)\.([0-9]{1,9})\.(.+)", re.ASCII | re.DOTALL)
+_INDEX = re.compile(r"[0-9]{1,9}", re.ASCII)
 
 
 def decode_form(body: bytes, path: str) -> Request:
@@ -56,6 +62,8 @@ def decode_form(body: bytes, path: str) -> Request:
     if action not in ACTIONS and action not in UNSUPPORTED_ACTIONS:
         raise InvalidAction(f"Unknown or missing Action {action[:64]!r}.")
     params = _unflatten(flat)
+    if action == "TagQueue" and "tags" in params:
+        params["Tags"] = params.pop("tags")  # Tag.N.Key/Value: CreateQueue's tags, TagQueue's Tags
     if "QueueUrl" not in params and path.strip("/"):
         # Old SDKs (boto 2) address the queue by the request path.
         params["QueueUrl"] = path
@@ -64,6 +72,7 @@ def decode_form(body: bytes, path: str) -> Request:
 
 def _unflatten(flat: Mapping[str, str]) -> dict[str, Any]:
     params: dict[str, Any] = {}
+    lists: dict[str, dict[int, str]] = {}
     entries: dict[int, dict[str, str]] = {}
     groups: dict[str, dict[int, dict[str, str]]] = {}
     for key, value in flat.items():
@@ -76,13 +85,12 @@ def _unflatten(flat: Mapping[str, str]) -> dict[str, Any]:
             groups.setdefault(m.group(1), {}).setdefault(int(m.group(2)), {})[m.group(3)] = value
             continue
         name, dot, index = key.rpartition(".")
-        if dot and index.isdigit() and name in _LISTS:
-            params.setdefault(_LISTS[name], {})[int(index)] = value
+        if dot and _INDEX.fullmatch(index) and name in _LISTS:
+            lists.setdefault(_LISTS[name], {})[int(index)] = value
             continue
         params[key] = value
-    for name, indexed in list(params.items()):
-        if name in _LISTS.values():
-            params[name] = [indexed[i] for i in sorted(indexed)]
+    for name, indexed in lists.items():
+        params[name] = [indexed[i] for i in sorted(indexed)]
     for group, items in groups.items():
         ordered = [items[i] for i in sorted(items)]
         if group == "Attribute":
@@ -123,7 +131,7 @@ def encode_xml_error(error: SqsError) -> tuple[int, list[tuple[bytes, bytes]], b
     fault = "Sender" if error.sender_fault else "Receiver"
     body = (
         f'<?xml version="1.0"?><ErrorResponse xmlns="{_NS}"><Error><Type>{fault}</Type>'
-        f"<Code>{escape(error.query_code)}</Code><Message>{escape(error.message)}</Message>"
+        f"<Code>{_text(error.query_code)}</Code><Message>{_text(error.message)}</Message>"
         f"<Detail/></Error><RequestId>{uuid.uuid4()}</RequestId></ErrorResponse>"
     ).encode()
     return error.status, _headers(body), body
@@ -134,17 +142,28 @@ def _headers(body: bytes) -> list[tuple[bytes, bytes]]:
 
 
 def _element(action: str, key: str, value: Any) -> str:
-    if key == "QueueUrls":
-        return "".join(f"<QueueUrl>{escape(u)}</QueueUrl>" for u in value)
+    if key in ("QueueUrls", "queueUrls"):
+        return "".join(f"<QueueUrl>{_text(u)}</QueueUrl>" for u in value)
+    if key == "Tags":
+        return "".join(
+            f"<Tag><Key>{_text(k)}</Key><Value>{_text(v)}</Value></Tag>" for k, v in value.items()
+        )
+    if key == "Results":
+        return "".join(
+            "<ListMessageMoveTasksResultEntry>"
+            + "".join(_element(action, k, v) for k, v in e.items())
+            + "</ListMessageMoveTasksResultEntry>"
+            for e in value
+        )
     if key == "Attributes":
         return "".join(
-            f"<Attribute><Name>{escape(k)}</Name><Value>{escape(v)}</Value></Attribute>"
+            f"<Attribute><Name>{_text(k)}</Name><Value>{_text(v)}</Value></Attribute>"
             for k, v in value.items()
         )
     if key == "MessageAttributes":
         return "".join(
-            f"<MessageAttribute><Name>{escape(k)}</Name><Value>"
-            + "".join(f"<{f}>{escape(str(x))}</{f}>" for f, x in v.items())
+            f"<MessageAttribute><Name>{_text(k)}</Name><Value>"
+            + "".join(f"<{f}>{_text(str(x))}</{f}>" for f, x in v.items())
             + "</Value></MessageAttribute>"
             for k, v in value.items()
         )
@@ -160,4 +179,15 @@ def _element(action: str, key: str, value: Any) -> str:
             for e in value
         )
     text = ("true" if value else "false") if isinstance(value, bool) else str(value)
-    return f"<{key}>{escape(text)}</{key}>"
+    return f"<{key}>{_text(text)}</{key}>"
+
+
+#: Characters XML 1.0 cannot carry at all, not even as character references.
+_NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def _text(value: str) -> str:
+    """XML text of ``value``. Input validation keeps such characters out of
+    everything stored; an error message may still echo one from a request,
+    and it becomes U+FFFD rather than a reply no XML parser can read."""
+    return escape(_NOT_XML.sub("\ufffd", value))

@@ -158,3 +158,8 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def purge(self, name: str) -> None:
         """Delete every message of the queue. Raises QueueDoesNotExist."""
+
+    async def usage(self) -> int:
+        """Bytes the store holds, approximately (what the node's byte bound
+        compares); 0 when a store cannot tell. Raises StoreUnavailable."""
+        return 0

@@ -188,3 +188,7 @@ class MemoryStore(Store):
 
     async def purge(self, name: str) -> None:
         self._queue(name).messages.clear()
+
+    async def usage(self) -> int:
+        """Bytes of the payloads held (a walk of every message)."""
+        return sum(len(m.payload) for q in self._queues.values() for m in q.messages.values())

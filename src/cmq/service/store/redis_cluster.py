@@ -691,6 +691,15 @@ class RedisClusterStore(Store):
     async def purge(self, name: str) -> None:
         await self._call("purge", name, [])
 
+    async def usage(self) -> int:
+        """Memory the cluster's masters use (``used_memory``, summed)."""
+        masters = {entry[0] for entry in self._slots if entry is not None}
+        try:
+            infos = [await self._client(addr).info("memory") for addr in sorted(masters)]
+        except (rexc.RedisError, OSError) as exc:
+            raise StoreUnavailable(f"Redis Cluster unavailable: {exc}") from exc
+        return sum(int(info.get("used_memory", 0)) for info in infos)
+
 
 def _pairs(flat: list[bytes]) -> dict[str, str]:
     return {flat[i].decode(): flat[i + 1].decode() for i in range(0, len(flat), 2)}

@@ -47,7 +47,7 @@ from cmq.service.model import (
     ReceiveSpec,
     SendResult,
 )
-from cmq.service.ordering import fifo_picks, standard_picks
+from cmq.service.ordering import standard_picks
 from cmq.service.store.base import Store
 
 __all__ = ["SqliteStore"]
@@ -78,6 +78,9 @@ CREATE TABLE IF NOT EXISTS messages (
     token TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (queue, seq)
 ) WITHOUT ROWID;
+-- FIFO receives walk groups, not messages (see _fifo_picks).
+CREATE INDEX IF NOT EXISTS messages_group ON messages (queue, group_id, seq)
+    WHERE group_id IS NOT NULL;
 CREATE TABLE IF NOT EXISTS dedup (
     queue TEXT NOT NULL,
     dedup_id TEXT NOT NULL,
@@ -326,12 +329,7 @@ class SqliteStore(Store):
         def job(conn: sqlite3.Connection) -> list[Received]:
             _check_queue(conn, name)
             if spec.fifo:
-                rows = conn.execute(
-                    "SELECT seq, group_id, visible_at <= ? FROM messages WHERE queue = ? "
-                    "ORDER BY seq",
-                    (spec.now, name),
-                )
-                picks = fifo_picks(((s, g, bool(v)) for s, g, v in rows), spec.max_messages)
+                picks = _fifo_picks(conn, name, spec.now, spec.max_messages)
             else:
                 picks = _window(conn, name, spec)
             return _mark(conn, name, spec, picks)
@@ -384,6 +382,46 @@ class SqliteStore(Store):
             conn.execute("DELETE FROM messages WHERE queue = ?", (name,))
 
         await self._run(job)
+
+    async def usage(self) -> int:
+        """Bytes of the database file in use (pages minus free pages)."""
+
+        def job(conn: sqlite3.Connection) -> int:
+            pages = conn.execute("PRAGMA page_count").fetchone()[0]
+            free = conn.execute("PRAGMA freelist_count").fetchone()[0]
+            size = conn.execute("PRAGMA page_size").fetchone()[0]
+            return int((pages - free) * size)
+
+        return await self._run(job)
+
+
+def _fifo_picks(conn: sqlite3.Connection, name: str, now: int, n: int) -> list[int]:
+    """:func:`~cmq.service.ordering.fifo_picks` over the group index.
+
+    The picks are the visible prefix of each group, merged in sequence order,
+    first ``n``. So walk the groups (one index seek each) and read at most
+    ``n`` rows of each: the cost grows with the number of groups, never with
+    the messages a blocked group holds (a full scan of the queue, in the
+    writer thread, once made a 20,000-message blocked group slow down every
+    other queue's requests).
+    """
+    prefix: list[int] = []
+    group = conn.execute(
+        "SELECT min(group_id) FROM messages WHERE queue = ? AND group_id IS NOT NULL", (name,)
+    ).fetchone()[0]
+    while group is not None:
+        for seq, visible_at in conn.execute(
+            "SELECT seq, visible_at FROM messages INDEXED BY messages_group "
+            "WHERE queue = ? AND group_id = ? ORDER BY seq LIMIT ?",
+            (name, group, n),
+        ):
+            if visible_at > now:
+                break
+            prefix.append(seq)
+        group = conn.execute(
+            "SELECT min(group_id) FROM messages WHERE queue = ? AND group_id > ?", (name, group)
+        ).fetchone()[0]
+    return sorted(prefix)[:n]
 
 
 def _get_queue(conn: sqlite3.Connection, name: str) -> QueueRecord:
