@@ -72,7 +72,7 @@ def test_create_queue_with_other_attributes_conflicts(sqs: Any) -> None:
         ("ok", {"VisibilityTimeout": "99999"}, "InvalidAttributeValue"),
         ("ok", {"ConsistencyK": "0"}, "InvalidAttributeValue"),
         ("ok", {"ReceiveMode": "lockfree"}, "InvalidAttributeValue"),
-        ("ok.fifo", {"ReceiveMode": "lock-free"}, "InvalidAttributeValue"),
+        ("ok.fifo", {"FifoQueue": "true", "ReceiveMode": "lock-free"}, "InvalidAttributeValue"),
         ("ok", {"NoSuchAttribute": "1"}, "InvalidAttributeName"),
         # AWS: a FIFO queue's name must end in .fifo; a bad policy is a parameter error.
         ("ok", {"FifoQueue": "true"}, "InvalidParameterValue"),
