@@ -406,22 +406,33 @@ def _fig6_interval(base: list[Row], lossy: list[Row], column: str) -> Interval |
     return ratio_interval(a, b) if a and b else None
 
 
+def _fig6_band(
+    data: ReportData, systems: Sequence[str], column: str, band: tuple[float, float]
+) -> tuple[list[str], list[str], list[Row]]:
+    """Per system and cell: the verdict of "``column`` under loss over lossless
+    lies in ``band``", its line of text, and the lossy rows judged."""
+    verdicts: list[str] = []
+    parts: list[str] = []
+    lossy_rows: list[Row] = []
+    for system in systems:
+        for (scenario, size), (base, lossy) in _fig6_cells(data, system).items():
+            iv = _fig6_interval(base, lossy, column)
+            if iv is None:
+                continue
+            v = decide_within(iv, *band)
+            verdicts.append(v)
+            who = "" if len(systems) == 1 else f"{system} "
+            parts.append(f"{who}{scenario} {size} B {iv} [{v}]")
+            lossy_rows += lossy
+    return verdicts, parts, lossy_rows
+
+
 def _judge_fig6_cmq(data: ReportData) -> Verdict:
-    cells = _fig6_cells(data, "cmq")
-    if not cells:
+    verdicts, parts, lossy = _fig6_band(data, ["cmq"], "p50_ns", FIG6_UNAFFECTED)
+    if not verdicts:
         return _inconclusive(_NO_BASELINE)
-    low, high = FIG6_UNAFFECTED
-    parts, verdicts = [], []
-    lost = sent = 0
-    for (scenario, size), (base, lossy) in cells.items():
-        iv = _fig6_interval(base, lossy, "p50_ns")
-        if iv is None:
-            continue
-        v = decide_within(iv, low, high)
-        verdicts.append(v)
-        parts.append(f"{scenario} {size} B {iv} [{v}]")
-        lost += sum(r["lost"] or 0 for r in lossy)
-        sent += sum(r["messages"] or 0 for r in lossy)
+    lost = sum(r["lost"] or 0 for r in lossy)
+    sent = sum(r["messages"] or 0 for r in lossy)
     text = (
         "cmq's median round trip under loss over lossless: " + "; ".join(parts)
         + f". {lost} of {sent} round trips lost ({100 * lost / max(sent, 1):.2f}%), counted, not waited for."
@@ -430,16 +441,7 @@ def _judge_fig6_cmq(data: ReportData) -> Verdict:
 
 
 def _judge_fig6_tcp(data: ReportData) -> Verdict:
-    parts, verdicts = [], []
-    low, high = FIG6_ABOUT_4X
-    for system in sorted(TCP_BASED):
-        for (scenario, size), (base, lossy) in _fig6_cells(data, system).items():
-            iv = _fig6_interval(base, lossy, "mean_ns")
-            if iv is None:
-                continue
-            v = decide_within(iv, low, high)
-            verdicts.append(v)
-            parts.append(f"{system} {scenario} {size} B {iv} [{v}]")
+    verdicts, parts, _ = _fig6_band(data, sorted(TCP_BASED), "mean_ns", FIG6_ABOUT_4X)
     if not verdicts:
         return _inconclusive("Needs a TCP-based system measured with and without loss. " + _NO_BASELINE)
     return Verdict(status=combine(verdicts), result="Mean round trip under loss over lossless: " + "; ".join(parts) + ".")
