@@ -2,7 +2,7 @@
 
 - :mod:`cmq.pipeline.session`: build the SparkSession (local or ``--master``).
 - :mod:`cmq.pipeline.jobs`: pure DataFrame -> DataFrame aggregates of the
-  records written by :mod:`cmq.lab.records`.
+  records whose contract is :mod:`cmq.pipeline.schema`.
 - :mod:`cmq.pipeline.report`: the self-contained HTML report and the
   registry of experiments; :mod:`cmq.pipeline.claims` registers the
   built-in ones (the CMQ and ØMQ papers' claims).

@@ -62,8 +62,8 @@ def generate(spark: SparkSession, n: int, out: Path) -> None:
     """Write ``n`` synthetic records as ``out/records/*.parquet`` with Spark."""
     from pyspark.sql import functions as F
 
-    from cmq.lab.records import RECORDS_SCHEMA
     from cmq.pipeline.jobs import spark_schema
+    from cmq.pipeline.schema import RECORDS_SCHEMA
 
     i = F.col("id")
     systems = F.array(*[F.lit(s) for s in _SYSTEMS])

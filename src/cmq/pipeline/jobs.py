@@ -1,7 +1,7 @@
 """The pipeline's jobs: pure DataFrame -> DataFrame functions on Spark.
 
 Every function here takes DataFrames with the schemas of
-:mod:`cmq.lab.records` and returns a new DataFrame; none collects, writes or
+:mod:`cmq.pipeline.schema` and returns a new DataFrame; none collects, writes or
 reads a clock, so they run unchanged on ``local[*]`` and on a cluster, and
 tests check them on small records whose answers are known.
 
@@ -41,7 +41,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
-from cmq.lab.records import RECORDS_SCHEMA, RUNS_SCHEMA, SAMPLES_SCHEMA, TOTALS_SCHEMA, table_paths
+from cmq.pipeline.schema import (
+    RECORDS_SCHEMA,
+    RUNS_SCHEMA,
+    SAMPLES_SCHEMA,
+    TOTALS_SCHEMA,
+    table_paths,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -77,7 +83,7 @@ _BYTES_PER_MB: Final = 1e6
 
 
 def spark_schema(schema: pa.Schema) -> StructType:
-    """The Spark schema of one of :mod:`cmq.lab.records`' pyarrow schemas."""
+    """The Spark schema of one of :mod:`cmq.pipeline.schema`'s pyarrow schemas."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
     return from_arrow_schema(schema)
