@@ -197,7 +197,11 @@ def test_a_sink_task_writes_every_row_exactly_once_in_order_through_loss(tmp_pat
         assert out.split() == ["written", str(N), str(N)]  # sent, confirmed
         stop(rx)
         lost_into_b, lost_into_a = dropped_by_rule(hosts, "b"), dropped_by_rule(hosts, "a")
-    assert lost_into_b > 0 and lost_into_a > 0
+    # Data was lost on the way and repaired. (Acknowledgements were exposed to
+    # the same loss, but a streamed batch needs only a few dozen of them, so
+    # none being hit is likely enough that it is not asserted here; the
+    # source test above, with its rounds of acknowledgements, asserts it.)
+    assert lost_into_b > 0
     stats = spool_stats(spool)
     # The task returned, so every row was acknowledged: all are in the spool,
     # once each, in the order the task pushed them.
