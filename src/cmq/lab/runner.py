@@ -65,13 +65,12 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import ModuleType
-from typing import IO, Any, Literal
+from typing import Any, Literal
 
-import cmq
 from cmq._errors import ConfigError
 from cmq.lab import systems as _systems
+from cmq.lab._child import LineProcess
 
 __all__ = [
     "PINS",
@@ -283,41 +282,16 @@ class _RunError(Exception):
     """A worker failed; the message says which and why."""
 
 
-class _Worker:
-    """One adapter role in a child process, its stdout read by a thread."""
+class _Worker(LineProcess):
+    """One adapter role in a child process (:class:`~cmq.lab._child.LineProcess`),
+    its ``TAG {json}`` lines read with :meth:`expect`."""
 
     def __init__(self, argv: list[str], label: str) -> None:
-        env = dict(os.environ)
-        # The workers import cmq from the same tree as this process, whether
-        # or not the package is installed in the interpreter.
-        src = str(Path(cmq.__file__).resolve().parent.parent)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
         self.label = label
         try:
-            self.proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                env=env,
-            )
+            super().__init__(argv, stdin=subprocess.DEVNULL)
         except OSError as exc:
             raise _RunError(f"{label}: cannot start {argv[0]}: {exc.strerror or exc}") from exc
-        self._lines: queue.Queue[str | None] = queue.Queue()
-        self._stderr: list[str] = []
-        assert self.proc.stdout is not None and self.proc.stderr is not None
-        threading.Thread(target=self._pump, args=(self.proc.stdout,), daemon=True).start()
-        self._err = threading.Thread(target=self._drain, args=(self.proc.stderr,), daemon=True)
-        self._err.start()
-
-    def _pump(self, stream: IO[str]) -> None:
-        for line in stream:
-            self._lines.put(line)
-        self._lines.put(None)
-
-    def _drain(self, stream: IO[str]) -> None:
-        self._stderr.extend(stream)
 
     def expect(self, tag: str, timeout: float) -> dict[str, Any]:
         """The JSON of the next ``TAG {json}`` line, within ``timeout`` s."""
@@ -344,11 +318,6 @@ class _Worker:
                 except json.JSONDecodeError as exc:
                     raise _RunError(f"{self.label}: unreadable {tag} line: {exc}") from None
                 return value
-
-    def _tail(self) -> str:
-        self._err.join(timeout=1)
-        lines = [ln.rstrip() for ln in self._stderr if ln.strip()]
-        return (": " + " | ".join(lines[-3:])) if lines else ""
 
     def stop(self) -> None:
         """Kill the process if it still runs, and reap it."""
