@@ -1,6 +1,7 @@
 """Run an AMQP-style broker on cmq, or talk to one (declare, bind, publish, consume).
 
-Serve:   cmq broker --port 5700
+Serve:   cmq broker --port 5700                        (durable state in ./cmq-data/)
+         cmq broker --port 5700 --data-dir /var/lib/cmq  (or --in-memory: nothing kept)
          cmq broker --port 5700 --amqp-port 5673 --users users.txt   (also AMQP 0-9-1 over TCP)
 Client:  cmq broker declare-exchange prices --type topic
          cmq broker declare-queue ibm --max-length 1000 --overflow reject
@@ -35,6 +36,9 @@ DEFAULT_PORT: Final = 5700
 
 
 DEFAULT_BROKER: Final = f"127.0.0.1:{DEFAULT_PORT}"
+# In the directory the broker starts in, as ``cmq serve``'s store: a broker
+# restarted in the same place finds its durable queues.
+DEFAULT_DATA_DIR: Final = "cmq-data"
 DEFAULT_TIMEOUT: Final = 2.0
 
 
@@ -97,6 +101,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="who may log in over AMQP: one 'name:password' a line ('#' comments); "
         "without it, only guest/guest from a loopback address (RabbitMQ's default)",
+    )
+    parser.add_argument(
+        "--data-dir",
+        default=DEFAULT_DATA_DIR,
+        metavar="DIR",
+        help="where durable exchanges and queues, their bindings and persistent messages are kept "
+        "(SQLite, fsynced before a confirm), taken back when a broker starts there again "
+        "(default: %(default)s; one broker per directory)",
+    )
+    parser.add_argument(
+        "--in-memory",
+        action="store_true",
+        help="keep nothing on disk: durable queues and persistent messages are gone when the broker stops",
     )
     _client_args(parser, here=True)
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
@@ -210,8 +227,9 @@ def _serve(args: argparse.Namespace) -> int:
         from cmq.routing._amqp import Users
 
         users = Users.load(args.users)
+    data_dir = None if args.in_memory else args.data_dir
     broker = Broker(port=args.port, host=args.host, config=BrokerConfig(**options),
-                    amqp_port=args.amqp_port, users=users)  # fmt: skip
+                    amqp_port=args.amqp_port, users=users, data_dir=data_dir)  # fmt: skip
     # Only set a flag here: closing from a signal handler could interrupt the
     # endpoint while it holds its own locks.
     signal.signal(signal.SIGTERM, lambda *_: broker.stop())

@@ -76,8 +76,12 @@ class AmqpListener:
         port: int,
         users: Users,
         send_udp: Callable[[list[Outgoing]], None],
+        commit: Callable[[], None] | None = None,
     ) -> None:
         self.core = core
+        # Writes the core's journal to the store (under the lock): called
+        # before a turn's frames leave, so a confirm follows its fsync.
+        self._commit = commit
         self.lock = lock
         self.users = users
         self._send_udp = send_udp
@@ -192,6 +196,8 @@ class AmqpListener:
             self._posted.clear()
             out += self.core.messages_to_send()
             udp = self._route(out, now)
+            if self._commit is not None and self.core.journal:
+                self._commit()
         if udp:
             self._send_udp(udp)
         for c in list(self._clients.values()):
