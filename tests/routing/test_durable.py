@@ -1,0 +1,210 @@
+"""Durable exchanges and queues, persistent messages: the core's journal, the
+store, and a real broker process killed with SIGKILL and started again."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cmq import ConfigError, RemoteError
+from cmq.routing import BrokerClient
+from cmq.routing._core import BrokerCore
+from cmq.routing._protocol import Ack, Bind, Consume, DeclareExchange, DeclareQueue, Publish
+from cmq.routing._server import Broker
+from cmq.routing._store import Store
+
+WAIT = 10.0
+P = {"delivery_mode": 2}
+ME = ("127.0.0.1", 4000)
+
+
+# -- the core's journal (sans-IO) ---------------------------------------------------
+
+
+def _core() -> BrokerCore:
+    core = BrokerCore()
+    core.persisting = True
+    core.call(DeclareExchange(rid=0, name="x", type="topic", durable=True), ME, 0.0)
+    core.call(DeclareQueue(rid=0, name="dq", max_length=100, overflow="drop-head", durable=True), ME, 0.0)
+    core.call(DeclareQueue(rid=0, name="tq", max_length=100, overflow="drop-head"), ME, 0.0)
+    core.call(Bind(rid=0, queue="dq", exchange="x", key="a.#"), ME, 0.0)
+    core.call(Bind(rid=0, queue="tq", exchange="x", key="a.#"), ME, 0.0)
+    return core
+
+
+def test_journal_keeps_durable_things_and_persistent_messages_in_durable_queues_only() -> None:
+    core = _core()
+    kinds = [r[0] for r in core.journal]
+    assert kinds == ["exchange", "queue", "bind"]  # tq and its binding are not kept
+    core.journal.clear()
+    core.call(Publish(rid=0, exchange="x", routing_key="a.b", body=b"p", properties=P), ME, 0.0)
+    core.call(Publish(rid=0, exchange="x", routing_key="a.b", body=b"t"), ME, 0.0)
+    # One record: the persistent message in dq (not its copy in tq, not the transient one).
+    assert [(r[0], r[2]) for r in core.journal] == [("msg", "dq")]
+
+
+def test_an_ack_forgets_the_record_and_a_journal_off_core_writes_nothing() -> None:
+    core = _core()
+    core.call(Publish(rid=0, exchange="x", routing_key="a.b", body=b"p", properties=P), ME, 0.0)
+    pid = core.journal[-1][1]
+    core.journal.clear()
+    core.call(Consume(rid=0, tag="c", queue="dq", prefetch=0, no_ack=False), ME, 0.0)
+    out = core.messages_to_send()
+    dtag = out[-1].payload[2][0][0]
+    core.call(Ack(tag="c", delivery_tags=(dtag,)), ME, 0.0)
+    assert core.journal == [("msg-", pid)]
+
+    plain = BrokerCore()  # no store: durable accepted, nothing journalled
+    plain.call(DeclareQueue(rid=0, name="dq", max_length=10, overflow="drop-head", durable=True), ME, 0.0)
+    plain.call(Publish(rid=0, exchange="", routing_key="dq", body=b"p", properties=P), ME, 0.0)
+    assert plain.journal == []
+
+
+def test_redeclaring_with_another_durability_is_refused() -> None:
+    from cmq.routing._core import Refused
+
+    core = _core()
+    with pytest.raises(Refused, match="durable"):
+        core.call(DeclareQueue(rid=0, name="dq", max_length=100, overflow="drop-head"), ME, 0.0)
+    with pytest.raises(Refused, match="durable"):
+        core.call(DeclareExchange(rid=0, name="x", type="topic"), ME, 0.0)
+
+
+def test_store_round_trip_in_order_marked_redelivered(tmp_path: Path) -> None:
+    core = _core()
+    for i in range(5):
+        core.call(Publish(rid=0, exchange="x", routing_key="a.b", body=b"m%d" % i, properties=P), ME, 0.0)
+    store = Store(tmp_path)
+    store.write(core.journal)
+    store.close()
+    again = BrokerCore()
+    store = Store(tmp_path)
+    again.restore(store.load(), 0.0)
+    store.close()
+    assert set(again._queues) == {"dq"}
+    assert again.exchange_type("x") == "topic"
+    assert [(m[2], m[3]) for m in again._queues["dq"].ready] == [(b"m%d" % i, True) for i in range(5)]
+    assert ("x", "a.#") in again._queues["dq"].bindings
+    assert again.next_message_id > max(m[4].pid for m in again._queues["dq"].ready if m[4] is not None)
+
+
+def test_one_broker_per_data_directory(tmp_path: Path) -> None:
+    with Broker(data_dir=tmp_path), pytest.raises(ConfigError, match="another broker is using"):
+        Broker(data_dir=tmp_path)
+
+
+# -- a real broker process, killed -----------------------------------------------
+
+
+class _Proc:
+    def __init__(self, data_dir: Path, *extra: str) -> None:
+        self.p = subprocess.Popen(
+            [sys.executable, "-m", "cmq", "broker", "--port", "0", "--data-dir", str(data_dir), *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert self.p.stdout is not None
+        self.line = self.p.stdout.readline()
+        m = re.search(r"serving on ([\d.]+):(\d+)", self.line)
+        if m is None:
+            self.p.kill()
+            raise AssertionError(f"the broker did not start: {self.line!r} {self.p.stderr.read()!r}")  # type: ignore[union-attr]
+        self.addr = f"{m.group(1)}:{m.group(2)}"
+        a = re.search(r"AMQP 0-9-1 on ([\d.]+):(\d+)", self.line)
+        self.amqp = (a.group(1), int(a.group(2))) if a else None
+
+    def kill9(self) -> None:
+        self.p.kill()  # SIGKILL: nothing flushed, nothing closed
+        self.p.wait(timeout=WAIT)
+
+    def stop(self) -> None:
+        if self.p.poll() is None:
+            self.p.kill()
+            self.p.wait(timeout=WAIT)
+
+
+@pytest.fixture
+def procs() -> Iterator[list[_Proc]]:
+    started: list[_Proc] = []
+    yield started
+    for p in started:
+        p.stop()
+
+
+def _drain(client: BrokerClient, queue: str, n: int) -> list[Any]:
+    got = []
+    c = client.consume(queue, prefetch=0, auto_ack=False)
+    for _ in range(n):
+        got.append(c.get(timeout=WAIT))
+    return got
+
+
+def test_kill_9_keeps_durable_queue_bindings_and_confirmed_persistent_messages(
+    tmp_path: Path, procs: list[_Proc]
+) -> None:
+    n = 40
+    b = _Proc(tmp_path)
+    procs.append(b)
+    with BrokerClient(b.addr, timeout=WAIT) as c:
+        c.declare_exchange("px", "topic", durable=True)
+        c.declare_exchange("tx", "fanout")
+        c.declare_queue("dq", durable=True)
+        c.declare_queue("tq")
+        c.bind("dq", "px", "stock.#")
+        c.bind("dq", "tx")
+        c.bind("tq", "px", "stock.#")
+        for i in range(n):
+            assert c.publish("px", "stock.ibm", b"p%d" % i, confirm=True, persistent=True) == 2
+        assert c.publish("px", "stock.ibm", b"transient", confirm=True) == 2
+        # Two consumed and acknowledged before the kill: they must not come back.
+        consumer = c.consume("dq", prefetch=2, auto_ack=False)
+        first = [consumer.get(timeout=WAIT) for _ in range(2)]
+        assert [d.body for d in first] == [b"p0", b"p1"]
+        for d in first:
+            consumer.ack(d)
+        consumer.cancel()  # sends the acks; its answer leaves after they are on disk
+    b.kill9()
+
+    again = _Proc(tmp_path)
+    procs.append(again)
+    with BrokerClient(again.addr, timeout=WAIT) as c:
+        names = {q["name"] for q in c.stats()["per_queue"]}
+        assert names == {"dq"}, "the non-durable queue is gone, the durable one is there"
+        got = _drain(c, "dq", n - 2)
+        assert [d.body for d in got] == [b"p%d" % i for i in range(2, n)]
+        assert all(d.redelivered for d in got)
+        assert all((d.properties or {}).get("delivery_mode") == 2 for d in got)
+        # The durable binding routes; the non-durable exchange is gone.
+        assert c.publish("px", "stock.x", b"after", confirm=True, persistent=True) == 1
+        with pytest.raises(RemoteError, match="no exchange"):
+            c.publish("tx", "", b"x", confirm=True)
+
+
+def test_acked_messages_stay_gone_across_two_restarts(tmp_path: Path, procs: list[_Proc]) -> None:
+    b = _Proc(tmp_path)
+    procs.append(b)
+    with BrokerClient(b.addr, timeout=WAIT) as c:
+        c.declare_queue("q", durable=True)
+        for i in range(5):
+            c.publish("", "q", b"m%d" % i, confirm=True, persistent=True)
+    b.kill9()
+    b = _Proc(tmp_path)
+    procs.append(b)
+    with BrokerClient(b.addr, timeout=WAIT) as c:
+        consumer = c.consume("q", prefetch=0, auto_ack=False)
+        got = [consumer.get(timeout=WAIT) for _ in range(5)]
+        for d in got[:3]:
+            consumer.ack(d)
+        consumer.cancel()
+    b.kill9()
+    b = _Proc(tmp_path)
+    procs.append(b)
+    with BrokerClient(b.addr, timeout=WAIT) as c:
+        assert [d.body for d in _drain(c, "q", 2)] == [b"m3", b"m4"]
+        (q,) = c.stats()["per_queue"]
+        assert (q["ready"], q["unacked"]) == (0, 2), "nothing else came back"
