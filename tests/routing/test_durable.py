@@ -208,3 +208,48 @@ def test_acked_messages_stay_gone_across_two_restarts(tmp_path: Path, procs: lis
         assert [d.body for d in _drain(c, "q", 2)] == [b"m3", b"m4"]
         (q,) = c.stats()["per_queue"]
         assert (q["ready"], q["unacked"]) == (0, 2), "nothing else came back"
+
+
+def test_amqp_durable_queue_and_delivery_mode_2_survive_kill_9(tmp_path: Path, procs: list[_Proc]) -> None:
+    """pika, unmodified: a durable queue, confirmed delivery_mode=2 messages
+    and a transient one; after SIGKILL the persistent ones come back to pika,
+    redelivered, and the transient queue and message are gone."""
+    pika = pytest.importorskip("pika", reason="pika is not installed: pip install 'pycmq[test]'")
+    pytest.importorskip("pamqp", reason="pamqp is not installed: pip install 'pycmq[broker]'")
+
+    def connect(p: _Proc) -> Any:
+        assert p.amqp is not None
+        return pika.BlockingConnection(pika.ConnectionParameters(p.amqp[0], p.amqp[1]))
+
+    b = _Proc(tmp_path, "--amqp-port", "0")
+    procs.append(b)
+    conn = connect(b)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.exchange_declare("orders", "direct", durable=True)
+    ch.queue_declare("work", durable=True)
+    ch.queue_declare("scratch")
+    ch.queue_bind("work", "orders", "new")
+    ch.queue_bind("scratch", "orders", "new")
+    persistent = pika.BasicProperties(delivery_mode=2, content_type="text/plain")
+    for i in range(10):
+        ch.basic_publish("orders", "new", b"o%d" % i, persistent)  # confirmed: raises if nacked
+    ch.basic_publish("orders", "new", b"transient")
+    b.kill9()
+
+    b = _Proc(tmp_path, "--amqp-port", "0")
+    procs.append(b)
+    conn = connect(b)
+    ch = conn.channel()
+    assert ch.queue_declare("work", durable=True, passive=True).method.message_count == 10
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker):
+        conn.channel().queue_declare("scratch", passive=True)
+    got = []
+    for _ in range(10):
+        method, props, body = ch.basic_get("work")
+        assert method is not None
+        assert method.redelivered and props.delivery_mode == 2 and props.content_type == "text/plain"
+        got.append(body)
+        ch.basic_ack(method.delivery_tag)
+    assert got == [b"o%d" % i for i in range(10)]
+    conn.close()
