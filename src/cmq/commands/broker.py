@@ -10,6 +10,7 @@ Client:  cmq broker declare-exchange prices --type topic
          cmq broker consume ibm --count 1
          cmq broker stats
 Bench:   cmq broker bench        (TE-SPSC 1 vs 1024 bindings; DE-SPSC vs RabbitMQ)
+         cmq broker bench-durable  (confirmed persistent 1 KB publishes/s, vs RabbitMQ)
 
 Client verbs reach the broker at --broker HOST:PORT (default 127.0.0.1:5700),
 given before or after the verb. Errors from the broker (unknown type, conflicting redeclaration, ...) are
@@ -196,6 +197,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--amqp-url", default="amqp://guest:guest@127.0.0.1:5672/%2F")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
 
+    p = verbs.add_parser(
+        "bench-durable",
+        help="confirmed persistent publishes per second (confirm each, and a window), "
+        "beside transient ones and RabbitMQ's",
+    )
+    p.add_argument("--seconds", type=float, default=2.0, help="length of each measurement")
+    p.add_argument("--size", type=int, default=1024, help="message body bytes (default: %(default)s)")
+    p.add_argument("--window", type=int, default=256, help="confirmed publishes in flight (default: %(default)s)")
+    p.add_argument("--amqp-url", default="amqp://guest:guest@127.0.0.1:5672/%2F")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+
 
 def _show(value: Any) -> str:
     if isinstance(value, bytes):
@@ -341,4 +353,8 @@ def run(args: argparse.Namespace) -> int:
         from cmq.routing._bench import main as bench
 
         return bench(args)
+    if args.verb == "bench-durable":
+        from cmq.routing._bench_durable import main as bench_durable
+
+        return bench_durable(args)
     return _client_verb(args)
