@@ -253,3 +253,20 @@ def test_amqp_durable_queue_and_delivery_mode_2_survive_kill_9(tmp_path: Path, p
         ch.basic_ack(method.delivery_tag)
     assert got == [b"o%d" % i for i in range(10)]
     conn.close()
+
+
+def test_cli_durable_queue_and_persistent_publish(tmp_path: Path) -> None:
+    from cmq.cli import main
+
+    with Broker(data_dir=tmp_path).start() as b:
+        addr = f"{b.address[0]}:{b.address[1]}"
+        assert main(["broker", "declare-exchange", "ex", "--durable", "--broker", addr]) == 0
+        assert main(["broker", "declare-queue", "orders", "--durable", "--broker", addr]) == 0
+        assert main(["broker", "bind", "orders", "ex", "k", "--broker", addr]) == 0
+        assert main(["broker", "publish", "ex", "k", "one", "two", "--persistent", "--confirm", "--broker", addr]) == 0
+        assert main(["broker", "publish", "ex", "k", "three", "--confirm", "--broker", addr]) == 0
+    with Broker(data_dir=tmp_path).start() as b, BrokerClient(b.address, timeout=WAIT) as c:
+        got = _drain(c, "orders", 2)
+        assert [(d.body, d.redelivered) for d in got] == [("one", True), ("two", True)]
+        (q,) = c.stats()["per_queue"]
+        assert q["ready"] == 0, "the transient message is not kept"

@@ -124,6 +124,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--type", default="direct", help="direct, fanout or topic (default: %(default)s)"
     )
+    p.add_argument("--durable", action="store_true", help="keep it across restarts (the broker's --data-dir)")
     _client_args(p)
 
     p = verbs.add_parser("delete-exchange", help="delete an exchange and its bindings")
@@ -133,6 +134,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p = verbs.add_parser("declare-queue", help="declare a bounded queue (idempotent)")
     p.add_argument("name")
     p.add_argument("--max-length", type=int, default=None, help="most ready messages")
+    p.add_argument("--durable", action="store_true",
+                   help="keep it, its bindings to durable exchanges and its persistent messages "
+                   "across restarts (the broker's --data-dir)")  # fmt: skip
     p.add_argument(
         "--overflow",
         default="drop-head",
@@ -175,6 +179,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--confirm", action="store_true", help="wait for the broker to route each message"
     )
+    p.add_argument("--persistent", action="store_true",
+                   help="kept on disk in durable queues until acknowledged (AMQP's delivery_mode 2)")  # fmt: skip
     _client_args(p)
 
     p = verbs.add_parser("consume", help="print deliveries from a queue, one per line")
@@ -262,7 +268,7 @@ def _client_verb(args: argparse.Namespace) -> int:
     with BrokerClient(args.broker, timeout=args.timeout) as client:
         verb = args.verb
         if verb == "declare-exchange":
-            created = client.declare_exchange(args.name, args.type)
+            created = client.declare_exchange(args.name, args.type, durable=args.durable)
             print(f"exchange {args.name!r} ({args.type}) {'created' if created else 'exists'}")
         elif verb == "delete-exchange":
             print(
@@ -274,6 +280,7 @@ def _client_verb(args: argparse.Namespace) -> int:
                 "dead_letter_exchange": args.dead_letter_exchange,
                 "dead_letter_routing_key": args.dead_letter_routing_key,
                 "message_ttl": args.message_ttl,
+                "durable": args.durable,
             }
             if args.max_length is not None:
                 options["max_length"] = args.max_length
@@ -307,12 +314,12 @@ def _publish(client: BrokerClient, args: argparse.Namespace) -> int:
     messages = [(args.exchange, args.routing_key, json.loads(t) if args.json else t) for t in texts]
     routed = 0
     if args.confirm:
-        results = client.publish_many(messages)
+        results = client.publish_many(messages, persistent=args.persistent)
         errors = [r for r in results if isinstance(r, RemoteError)]
         routed = sum(r for r in results if isinstance(r, int))
     else:
         for exchange, key, body in messages:
-            client.publish(exchange, key, body)
+            client.publish(exchange, key, body, persistent=args.persistent)
         # One round trip: refusals the broker sent before its answer are in.
         client.stats()
         errors = client.errors()
