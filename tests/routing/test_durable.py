@@ -270,3 +270,39 @@ def test_cli_durable_queue_and_persistent_publish(tmp_path: Path) -> None:
         assert [(d.body, d.redelivered) for d in got] == [("one", True), ("two", True)]
         (q,) = c.stats()["per_queue"]
         assert q["ready"] == 0, "the transient message is not kept"
+
+
+def test_no_confirm_while_the_store_cannot_be_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failing disk holds every reply back (a confirm never precedes its
+    fsync); once a write succeeds the held records are on disk and the
+    replies leave."""
+    import sqlite3
+    import threading
+
+    from cmq import Timeout
+
+    b = Broker(data_dir=tmp_path)
+    store = b.store
+    assert store is not None
+    real_write = store.write
+    failing = threading.Event()
+
+    def write(records: Any) -> None:
+        if failing.is_set():
+            raise sqlite3.OperationalError("disk I/O error")
+        real_write(records)
+
+    monkeypatch.setattr(store, "write", write)
+    with b.start():
+        with BrokerClient(b.address, timeout=WAIT) as c:
+            c.declare_queue("q", durable=True)
+            assert c.publish("", "q", b"one", confirm=True, persistent=True) == 1
+        failing.set()
+        with BrokerClient(b.address, timeout=0.5, retries=0) as c, pytest.raises(Timeout):
+            c.publish("", "q", b"two", confirm=True, persistent=True)
+        assert b.stats().as_dict()["internal_errors"] >= 1
+        failing.clear()
+        with BrokerClient(b.address, timeout=WAIT) as c:
+            c.stats()  # answered once the held records are committed
+    with Broker(data_dir=tmp_path).start() as again, BrokerClient(again.address, timeout=WAIT) as c:
+        assert [d.body for d in _drain(c, "q", 2)] == [b"one", b"two"]

@@ -216,6 +216,8 @@ class Broker:
         self._limit = _RateLimitedLog(_log)
         self._drops_seen: dict[str, int] = {}
         self._drops_at = float("-inf")
+        # Messages held back while the store cannot be written (see commit).
+        self._unsent: list[Any] = []
 
     @property
     def amqp_address(self) -> Address | None:
@@ -236,21 +238,35 @@ class Broker:
         as_dict = getattr(snapshot, "as_dict", None)
         return dict(as_dict()) if as_dict is not None else dict(snapshot)
 
-    def commit(self) -> None:
-        """Write and commit the core's journal (the caller holds the lock).
+    def commit(self) -> bool:
+        """Write and commit the core's journal (the caller holds the lock);
+        whether nothing is left to write.
 
-        A failed write is counted (``store_failed``) and logged, and its
-        records are kept to be tried again next turn.
+        A failed write (a full or failing disk) is counted and logged as an
+        internal error, and its records are kept and tried again next turn;
+        until one succeeds, the drivers hold back every reply and delivery
+        (see :meth:`_release`), so no confirm goes out for what is not on disk.
         """
         core, store = self.core, self.store
         if not core.journal or store is None:
-            return
+            return True
         try:
             store.write(core.journal)
         except sqlite3.Error as exc:
             core.note_internal_error(exc, None, "writing the store")
-            return
+            return False
         core.journal.clear()
+        return True
+
+    def _release(self, out: list[Any]) -> list[Any]:
+        """What of ``out`` (and what was held back) may leave now: all of it
+        once the journal is committed, else nothing (held back). Under the lock."""
+        if self.core.journal and not self.commit():
+            self._unsent += out
+            return []
+        if self._unsent:
+            out, self._unsent = self._unsent + out, []
+        return out
 
     def stats(self) -> BrokerStats:
         """A snapshot of the broker's counters."""
@@ -307,8 +323,8 @@ class Broker:
                         recheck = float("-inf")
                         core.handle_timer(now)
                     out = core.messages_to_send()
-                    if core.journal:
-                        self.commit()
+                    if core.journal or self._unsent:
+                        out = self._release(out)
                 if out:
                     self._send(out)
                 if first is not None and spin:
@@ -321,8 +337,8 @@ class Broker:
                         more = self._take_waiting(now) > 0
                         if more:
                             out = core.messages_to_send()
-                            if core.journal:
-                                self.commit()
+                            if core.journal or self._unsent:
+                                out = self._release(out)
                     if more and out:
                         self._send(out)
             except Exception as exc:  # noqa: BLE001 - a bug must not stop the broker: counted, logged
