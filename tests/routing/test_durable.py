@@ -306,3 +306,26 @@ def test_no_confirm_while_the_store_cannot_be_written(tmp_path: Path, monkeypatc
             c.stats()  # answered once the held records are committed
     with Broker(data_dir=tmp_path).start() as again, BrokerClient(again.address, timeout=WAIT) as c:
         assert [d.body for d in _drain(c, "q", 2)] == [b"one", b"two"]
+
+
+def test_async_client_durable_and_persistent(tmp_path: Path) -> None:
+    import asyncio
+
+    from cmq.routing import AsyncBrokerClient
+
+    async def publish(addr: Any) -> None:
+        async with await AsyncBrokerClient.open(addr, timeout=WAIT) as c:
+            await c.declare_exchange("ax", "fanout", durable=True)
+            await c.declare_queue("aq", durable=True)
+            await c.bind("aq", "ax")
+            assert await c.publish("ax", "", b"a1", confirm=True, persistent=True) == 1
+            assert await c.publish_many([("ax", "", b"a2"), ("ax", "", b"a3")], window=2, persistent=True) == [1, 1]
+            await c.publish("ax", "", b"a4", persistent=True)  # unconfirmed: on disk by the next answer
+            assert await c.publish("ax", "", b"transient", confirm=True) == 1
+
+    with Broker(data_dir=tmp_path).start() as b:
+        asyncio.run(publish(b.address))
+    with Broker(data_dir=tmp_path).start() as b, BrokerClient(b.address, timeout=WAIT) as c:
+        assert [d.body for d in _drain(c, "aq", 4)] == [b"a1", b"a2", b"a3", b"a4"]
+        (q,) = c.stats()["per_queue"]
+        assert q["ready"] == 0

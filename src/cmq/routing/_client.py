@@ -1260,9 +1260,9 @@ class AsyncBrokerClient(_ClientBase):
         host, port = self._s.broker
         raise Timeout(f"no reply from broker {host}:{port} in {self.timeout} s")
 
-    async def declare_exchange(self, name: str, type: str = "direct") -> bool:
+    async def declare_exchange(self, name: str, type: str = "direct", *, durable: bool = False) -> bool:
         """As :meth:`BrokerClient.declare_exchange` (raises RemoteError, Timeout)."""
-        return bool((await self._request(DeclareExchange, name=name, type=type))["created"])
+        return bool((await self._request(DeclareExchange, name=name, type=type, durable=durable))["created"])
 
     async def delete_exchange(self, name: str) -> bool:
         """As :meth:`BrokerClient.delete_exchange` (raises RemoteError, Timeout)."""
@@ -1277,9 +1277,10 @@ class AsyncBrokerClient(_ClientBase):
         dead_letter_exchange: str | None = None,
         dead_letter_routing_key: str | None = None,
         message_ttl: float | None = None,
+        durable: bool = False,
     ) -> dict[str, Any]:
         """As :meth:`BrokerClient.declare_queue` (raises RemoteError, Timeout)."""
-        return dict(await self._request(DeclareQueue, **_queue_fields(
+        return dict(await self._request(DeclareQueue, durable=durable, **_queue_fields(
             name, max_length, overflow, dead_letter_exchange, dead_letter_routing_key, message_ttl
         )))  # fmt: skip
 
@@ -1310,7 +1311,7 @@ class AsyncBrokerClient(_ClientBase):
         return dict(await self._request(GetStats))
 
     async def publish(
-        self, exchange: str, routing_key: str, body: Any, *, confirm: bool = False
+        self, exchange: str, routing_key: str, body: Any, *, confirm: bool = False, persistent: bool = False
     ) -> int | None:
         """As :meth:`BrokerClient.publish`; only ``confirm=True`` waits.
 
@@ -1318,23 +1319,33 @@ class AsyncBrokerClient(_ClientBase):
             RemoteError, Timeout: (confirm only) as :meth:`BrokerClient.publish`.
             TypeError: ``body`` is not MessagePack-able.
         """
+        props = PERSISTENT if persistent else None
         if confirm:
             result = await self._request(
-                Publish, exchange=exchange, routing_key=routing_key, body=wrap_body(body)
+                Publish, exchange=exchange, routing_key=routing_key, body=wrap_body(body), properties=props
             )
             return int(result["routed"])
+        if persistent:
+            self.endpoint.push(self._s.broker, encode(Publish(rid=0, exchange=exchange, routing_key=routing_key,
+                                                              body=wrap_body(body), properties=props)),
+                               BROKER_MAILBOX)  # fmt: skip
+            return None
         self.publish_nowait(exchange, routing_key, body)
         return None
 
     async def publish_many(
-        self, messages: Iterable[tuple[str, str, Any]], *, window: int = DEFAULT_PREFETCH
+        self,
+        messages: Iterable[tuple[str, str, Any]],
+        *,
+        window: int = DEFAULT_PREFETCH,
+        persistent: bool = False,
     ) -> list[int | RemoteError]:
         """As :meth:`BrokerClient.publish_many` (raises ConfigError, Timeout, TypeError)."""
         msgs = _publish_many_args(messages, window)
         results: list[PublishResult | None] = [None] * len(msgs)
         step = self.timeout / (self.retries + 1)
         for start in range(0, len(msgs), window):
-            w = _Window(self._s, msgs, start, window, results)
+            w = _Window(self._s, msgs, start, window, results, PERSISTENT if persistent else None)
             for _ in range(self.retries + 1):
                 for payload in w.payloads():
                     self.endpoint.push(self._s.broker, payload, BROKER_MAILBOX)
