@@ -56,6 +56,16 @@ request) for ``consumer_timeout`` is detached: its queue stops sending to it
 and keeps its messages. Heartbeats carry the consumer's spec, so a consumer
 that comes back after being detached is re-attached by its next heartbeat.
 
+Durability. A queue or exchange declared ``durable`` and a message
+published with ``delivery_mode`` 2 (in its properties) into a durable queue
+are what a store keeps. The core does no I/O for it: when ``persisting`` is
+set (the driver has a store), it appends records to ``journal`` ("msg" when
+a persistent message enters a durable queue, "msg-" when it leaves it for
+good: acked, rejected, dead-lettered, expired, dropped, purged, or delivered
+to a ``no_ack`` consumer; declarations, bindings and deletions likewise),
+and the driver commits them before it sends the replies of the same turn
+(:mod:`cmq.routing._store`). ``restore`` takes a store's state back.
+
 Batches. A batch publish (``P``) is routed once for all its bodies and
 enters each queue with one ``deque.extend``; the queue's consumers then take
 what their credit allows and only then is the bound applied, which gives the
