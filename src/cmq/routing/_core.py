@@ -746,10 +746,6 @@ class BrokerCore:
         """The store id the next persistent message gets."""
         return self._next_pid
 
-    @next_message_id.setter
-    def next_message_id(self, value: int) -> None:
-        self._next_pid = max(self._next_pid, value)
-
     # -- driver interface ----------------------------------------------------
 
     def receive(self, payload: Any, sender: Address, now: float) -> None:
@@ -1414,7 +1410,7 @@ class BrokerCore:
                     ErrorCode.PRECONDITION_FAILED,
                     f"queue {name!r} exists with {_describe(*have)}, not {_describe(*want)}",
                 )
-            if q.durable != ev.durable:
+            if q.durable != (ev.durable and not ev.exclusive):
                 raise _Refused(ErrorCode.PRECONDITION_FAILED, f"queue {name!r} exists with durable={q.durable}")
             return {"created": False, "messages": len(q.ready), "consumers": len(q.consumers), "queue": name}
         q = self._queues[name] = _Queue(name, ev.max_length, overflow, dlx, dlrk, ttl)
