@@ -329,3 +329,24 @@ def test_async_client_durable_and_persistent(tmp_path: Path) -> None:
         assert [d.body for d in _drain(c, "aq", 4)] == [b"a1", b"a2", b"a3", b"a4"]
         (q,) = c.stats()["per_queue"]
         assert q["ready"] == 0
+
+
+def test_a_kept_message_ttl_counts_again_from_the_restart(tmp_path: Path) -> None:
+    core = _core()
+    core.call(Publish(rid=0, exchange="", routing_key="dq", body=b"short", expiration=1000, properties=P), ME, 0.0)
+    core.call(Publish(rid=0, exchange="", routing_key="dq", body=b"forever", properties=P), ME, 0.0)
+    with_store = Store(tmp_path)
+    with_store.write(core.journal)
+    state = with_store.load()
+    again = BrokerCore()
+    again.persisting = True
+    again.restore(state, 100.0)
+    again.handle_timer(100.5)
+    assert [m[2] for m in again._queues["dq"].ready] == [b"short", b"forever"]
+    deadline = again.next_deadline()
+    assert deadline is not None and deadline <= 101.0
+    again.handle_timer(101.0)
+    assert [m[2] for m in again._queues["dq"].ready] == [b"forever"]
+    with_store.write(again.journal)  # the expired one's record goes
+    assert [m.body for m in with_store.load().messages] == [b"forever"]
+    with_store.close()

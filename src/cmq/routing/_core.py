@@ -702,7 +702,8 @@ class BrokerCore:
         Durable exchanges, queues and bindings are declared again; each
         stored message goes back to its queue, in the order it was stored,
         marked ``redelivered`` (it may have been delivered before the
-        restart). A message's TTL counts again from ``now``. Nothing is
+        restart). A message's TTL (its own or its queue's, the shorter)
+        counts again from ``now``. Nothing is
         written to the journal: it is on disk already.
 
         Raises:
@@ -733,9 +734,11 @@ class BrokerCore:
             q_ = self._queues.get(m.queue)
             if q_ is None:
                 continue
-            expires = None if q_.ttl is None else now + q_.ttl
+            ttl = m.ttl if q_.ttl is None or (m.ttl is not None and m.ttl < q_.ttl) else q_.ttl
+            expires = None if ttl is None else now + ttl
             if expires is not None:
                 q_.expiring = True
+                self._expiring.add(q_.name)
             meta = _Meta(expires, (), m.props, m.id)
             q_.ready.append((m.exchange, m.routing_key, m.body, True, meta))
             self._count(q_, "enqueued")
@@ -1091,7 +1094,7 @@ class BrokerCore:
             meta = None
         kept: list[_Msg] | None = None
         if q.durable and self.persisting and props is not None and props.get("delivery_mode") == 2:
-            kept = self._persist(q, exchange, key, bodies, meta)
+            kept = self._persist(q, exchange, key, bodies, meta, ttl)
         if not ready and len(consumers) == 1:
             # Nothing waits and one consumer: when its credit covers the
             # batch, hand it over without passing through ``ready`` (the
@@ -1136,8 +1139,11 @@ class BrokerCore:
             self._dead_letter(q, gone, "maxlen", now)
         return over if rule.tell_publisher else 0
 
-    def _persist(self, q: _Queue, exchange: str, key: str, bodies: Sequence[Any], meta: _Meta | None) -> list[_Msg]:
-        """Persistent messages entering durable queue ``q``: each gets a store record."""
+    def _persist(
+        self, q: _Queue, exchange: str, key: str, bodies: Sequence[Any], meta: _Meta | None, ttl: float | None
+    ) -> list[_Msg]:
+        """Persistent messages entering durable queue ``q``: each gets a store
+        record (``ttl``: the seconds they may wait there, None: no limit)."""
         m = meta if meta is not None else _Meta(None)
         pid = self._next_pid
         self._next_pid = pid + len(bodies)
@@ -1145,7 +1151,7 @@ class BrokerCore:
         msgs: list[_Msg] = []
         journal, name = self.journal, q.name
         for body in bodies:
-            journal.append(("msg", pid, name, exchange, key, pack(body), props))
+            journal.append(("msg", pid, name, exchange, key, pack(body), props, ttl))
             msgs.append((exchange, key, body, False, _Meta(m.expires, m.deaths, m.props, pid)))
             pid += 1
         return msgs

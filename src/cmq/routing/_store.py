@@ -46,7 +46,7 @@ CREATE TABLE IF NOT EXISTS bindings (
     PRIMARY KEY (queue, exchange, key));
 CREATE TABLE IF NOT EXISTS messages (
     id INTEGER PRIMARY KEY, queue TEXT NOT NULL, exchange TEXT NOT NULL,
-    key TEXT NOT NULL, body BLOB NOT NULL, props BLOB);
+    key TEXT NOT NULL, body BLOB NOT NULL, props BLOB, ttl REAL);
 CREATE INDEX IF NOT EXISTS messages_by_queue ON messages (queue, id);
 """
 
@@ -69,8 +69,8 @@ RECORDS: Final[dict[str, tuple[str, ...]]] = {
     # ("bind", queue, exchange, key) / ("unbind", ...)
     "bind": ("INSERT OR IGNORE INTO bindings VALUES (?, ?, ?)",),
     "unbind": ("DELETE FROM bindings WHERE queue = ? AND exchange = ? AND key = ?",),
-    # ("msg", id, queue, exchange, key, body (msgpack), props (msgpack or None))
-    "msg": ("INSERT OR REPLACE INTO messages VALUES (?, ?, ?, ?, ?, ?)",),
+    # ("msg", id, queue, exchange, key, body (msgpack), props (msgpack), ttl (seconds or None))
+    "msg": ("INSERT OR REPLACE INTO messages VALUES (?, ?, ?, ?, ?, ?, ?)",),
     # ("msg-", id): acknowledged, or otherwise gone from its queue
     "msg-": ("DELETE FROM messages WHERE id = ?",),
 }
@@ -97,6 +97,7 @@ class StoredMessage:
     routing_key: str
     body: Any
     props: dict[str, Any] | None
+    ttl: float | None = None  # seconds it may wait in its queue (counted again from a restart)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -168,8 +169,8 @@ class Store:
             bindings=list(db.execute("SELECT queue, exchange, key FROM bindings")),
             messages=[
                 StoredMessage(id=i, queue=q, exchange=e, routing_key=k, body=_unpack(b),
-                              props=None if p is None else _unpack(p))
-                for i, q, e, k, b, p in db.execute("SELECT * FROM messages ORDER BY id")
+                              props=None if p is None else _unpack(p), ttl=t)
+                for i, q, e, k, b, p, t in db.execute("SELECT * FROM messages ORDER BY id")
             ],
         )
 
