@@ -350,3 +350,22 @@ def test_a_kept_message_ttl_counts_again_from_the_restart(tmp_path: Path) -> Non
     with_store.write(again.journal)  # the expired one's record goes
     assert [m.body for m in with_store.load().messages] == [b"forever"]
     with_store.close()
+
+
+def test_persistent_batches_survive_kill_9(tmp_path: Path, procs: list[_Proc]) -> None:
+    b = _Proc(tmp_path)
+    procs.append(b)
+    with BrokerClient(b.addr, timeout=WAIT) as c:
+        c.declare_queue("bq", durable=True)
+        assert c.publish_batch("", "bq", [b"b%d" % i for i in range(100)], confirm=True, persistent=True) == 1
+        c.publish_batch("", "bq", [b"u%d" % i for i in range(3)], persistent=True)
+        c.publish_batch("", "bq", [b"transient"] * 3, confirm=True)
+        c.stats()  # answered after the unconfirmed batch's turn: it is on disk
+    b.kill9()
+    b = _Proc(tmp_path)
+    procs.append(b)
+    with BrokerClient(b.addr, timeout=WAIT) as c:
+        got = [d.body for d in _drain(c, "bq", 103)]
+        assert got == [b"b%d" % i for i in range(100)] + [b"u%d" % i for i in range(3)]
+        (q,) = c.stats()["per_queue"]
+        assert q["ready"] == 0

@@ -844,7 +844,13 @@ class BrokerClient(_ClientBase):
         return None
 
     def publish_batch(
-        self, exchange: str, routing_key: str, bodies: Iterable[Any], *, confirm: bool = False
+        self,
+        exchange: str,
+        routing_key: str,
+        bodies: Iterable[Any],
+        *,
+        confirm: bool = False,
+        persistent: bool = False,
     ) -> int | None:
         """Publish each of ``bodies``, in order, to ``exchange`` with ``routing_key``.
 
@@ -852,7 +858,9 @@ class BrokerClient(_ClientBase):
         are routed as batches, not one by one. Without ``confirm``, returns
         None at once (at most once; refusals come back through
         :meth:`errors`). With it, sends the batch as one request, waits, and
-        returns the number of queues the messages went to.
+        returns the number of queues the messages went to. ``persistent``:
+        each message is persistent, as :meth:`publish`'s (the batch then
+        travels as one message, however large).
 
         Raises:
             RemoteError: (confirm only) ``not-found`` (no such exchange) or
@@ -862,14 +870,20 @@ class BrokerClient(_ClientBase):
             TypeError: a body is not MessagePack-able.
         """
         items = bodies if type(bodies) is list else list(bodies)
+        props = PERSISTENT if persistent else None
         if confirm:
             result = self._request(
                 PublishBatch,
                 exchange=exchange,
                 routing_key=routing_key,
                 bodies=tuple(_wire_bodies(items)),
+                properties=props,
             )
             return int(result["routed"])
+        if persistent and items:
+            self._send(encode(PublishBatch(rid=0, exchange=exchange, routing_key=routing_key,
+                                           bodies=tuple(_wire_bodies(items)), properties=props)))  # fmt: skip
+            return None
         if items:
             self._push_batches(exchange, routing_key, items, 0)
         return None

@@ -1514,7 +1514,7 @@ class BrokerCore:
 
     def _publish_batch(self, ev: PublishBatch, sender: Address, now: float) -> Any:
         bodies = self._bodies(list(ev.bodies), sender)
-        return {"routed": self._route(ev.exchange, ev.routing_key, bodies, now, _ttl(ev.expiration))}
+        return {"routed": self._route(ev.exchange, ev.routing_key, bodies, now, _ttl(ev.expiration), ev.properties)}
 
     def _bodies(self, bodies: list[Any], sender: Address) -> list[Any]:
         """``bodies`` as the broker keeps them (:func:`_opaque`), or refused whole (noted)."""

@@ -210,6 +210,8 @@ class PublishBatch:
     routing_key: str
     bodies: tuple[Any, ...]
     expiration: int | None = None
+    properties: dict[str, Any] | None = None
+    """The AMQP basic properties of every message of the batch (as :class:`Publish`'s)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -577,7 +579,7 @@ _LAYOUT: dict[str, tuple[type[Any], tuple[_Check, ...]]] = {
     "bind": (Bind, (_int, _str, _str, _str)),
     "unbind": (Unbind, (_int, _str, _str, _str)),
     "p": (Publish, (_int, _str, _str, _any, _opt_int, _opt_map)),
-    "P": (PublishBatch, (_int, _str, _str, _list, _opt_int)),
+    "P": (PublishBatch, (_int, _str, _str, _list, _opt_int, _opt_map)),
     "consume": (Consume, (_int, _str, _str, _int, _bool)),
     "h": (Heartbeat, (_specs,)),
     "a": (Ack, (_str, _ints)),
