@@ -432,7 +432,7 @@ def test_cmq_broker_command_serves_amqp_and_stops_on_sigterm(tmp_path: Any) -> N
     cmq = str(Path(sys.executable).with_name("cmq"))
     users = tmp_path / "users"
     users.write_text("app:pw\n")
-    p = subprocess.Popen([cmq, "broker", "--port", "0", "--amqp-port", "0", "--users", str(users)],
+    p = subprocess.Popen([cmq, "broker", "--port", "0", "--amqp-port", "0", "--users", str(users), "--in-memory"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
         assert p.stdout is not None

@@ -336,7 +336,7 @@ def test_cli_reports_broker_errors(broker: Broker, capsys: pytest.CaptureFixture
     assert "bad-request" in err and "unknown exchange type 'nonsense'" in err
 
 
-def test_cli_serve_stops_on_close(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_serve_stops_on_close(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     import cmq.commands.broker as command
     from cmq.routing import _server
 
@@ -351,8 +351,9 @@ def test_cli_serve_stops_on_close(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_server.Broker, "serve_forever", serve_once)
     monkeypatch.setattr(command.signal, "signal", lambda *a: None)
     with contextlib.redirect_stdout(None):
-        assert cmq("broker", "--port", "0") == 0
+        assert cmq("broker", "--port", "0", "--data-dir", str(tmp_path / "data")) == 0
     assert started
+    assert (tmp_path / "data" / "broker.sqlite3").exists()
 
 
 @pytest.mark.parametrize("spin", [0.0, 100e-6, 0.01])

@@ -113,7 +113,7 @@ def test_the_broker_lingers_briefly_on_close() -> None:
 
 def test_sigterm_flushes_confirms_and_exits_0_with_a_dead_consumer_behind() -> None:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "cmq", "broker", "--port", "0"],
+    proc = subprocess.Popen([sys.executable, "-m", "cmq", "broker", "--port", "0", "--in-memory"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
     try:
         assert proc.stdout is not None

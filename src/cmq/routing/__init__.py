@@ -5,7 +5,9 @@
 - :class:`Broker`: that core served on a cmq endpoint (``cmq broker --port P``),
   and with ``amqp_port`` also over AMQP 0-9-1 on TCP (``cmq broker --amqp-port
   5673``; :mod:`cmq.routing._amqp` is one connection as a sans-IO object,
-  :mod:`cmq.routing._amqp_server` the listener thread).
+  :mod:`cmq.routing._amqp_server` the listener thread), and with ``data_dir``
+  keeping durable exchanges, queues, bindings and persistent messages in
+  SQLite (:mod:`cmq.routing._store`; ``cmq broker`` uses ``./cmq-data/``).
 - :class:`BrokerClient` (threads) and :class:`AsyncBrokerClient` (asyncio):
   ``declare_exchange``, ``declare_queue``, ``bind``, ``unbind``, ``publish``,
   ``consume`` (a :class:`Consumer` iterator / :class:`AsyncConsumer` async

@@ -826,7 +826,8 @@ class AmqpConnection:
                 raise _ChannelError(PRECONDITION_FAILED, f"inequivalent arg 'type' for exchange '{name}' in "
                                     f"vhost '/': received '{kind}' but current is '{have}'")  # fmt: skip
             if have is None or not (name == "" or name.startswith("amq.")):
-                self.core.call(DeclareExchange(rid=0, name=name, type=kind), (self.key, ch.number), now)
+                self.core.call(DeclareExchange(rid=0, name=name, type=kind, durable=bool(m.durable)),
+                               (self.key, ch.number), now)  # fmt: skip
         if not m.nowait:
             self._send_method(ch.number, spec.Exchange.DeclareOk())
 
@@ -864,7 +865,8 @@ class AmqpConnection:
                 max_length = 1
             res = self.core.call(DeclareQueue(rid=0, name=name, max_length=max_length, overflow=overflow,
                                               arguments=known, exclusive=bool(m.exclusive),
-                                              auto_delete=bool(m.auto_delete)), addr, now)  # fmt: skip
+                                              auto_delete=bool(m.auto_delete), durable=bool(m.durable)),
+                               addr, now)  # fmt: skip
             name, messages, consumers = res["queue"], res["messages"], res["consumers"]
         ch.last_queue = name
         if not m.nowait:

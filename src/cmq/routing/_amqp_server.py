@@ -76,8 +76,15 @@ class AmqpListener:
         port: int,
         users: Users,
         send_udp: Callable[[list[Outgoing]], None],
+        commit: Callable[[], bool] | None = None,
     ) -> None:
         self.core = core
+        # Writes the core's journal to the store (under the lock): called
+        # before a turn's frames leave, so a confirm follows its fsync.
+        self._commit = commit
+        # Set while the store cannot be written: no frame leaves (a confirm
+        # must follow its fsync), they wait in the connections' buffers.
+        self._held = False
         self.lock = lock
         self.users = users
         self._send_udp = send_udp
@@ -171,7 +178,7 @@ class AmqpListener:
                     pass
             else:
                 cl: _Client = what
-                if mask & selectors.EVENT_WRITE:
+                if mask & selectors.EVENT_WRITE and not self._held:
                     self._write(cl, now)
                 if mask & selectors.EVENT_READ and not cl.conn.finished:
                     try:
@@ -192,8 +199,14 @@ class AmqpListener:
             self._posted.clear()
             out += self.core.messages_to_send()
             udp = self._route(out, now)
+            if self._commit is not None and self.core.journal:
+                self._held = not self._commit()
+            else:
+                self._held = False
         if udp:
             self._send_udp(udp)
+        if self._held:
+            return
         for c in list(self._clients.values()):
             self._flush(c, now)
 

@@ -160,7 +160,7 @@ def _cmq_run(
 
 def _start_cmq_broker() -> tuple[subprocess.Popen[str], tuple[str, int]]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cmq", "broker", "--port", "0"],
+        [sys.executable, "-m", "cmq", "broker", "--port", "0", "--in-memory"],
         stdout=subprocess.PIPE,
         text=True,
     )

@@ -110,6 +110,8 @@ DEFAULT_MAX_LENGTH: Final = 100_000
 # Enough in flight to hide a 90 us round trip at 100k msgs/s (~10 needed)
 # many times over, few enough not to overrun a UDP receive buffer.
 DEFAULT_PREFETCH: Final = 256
+#: The properties of a persistent message (AMQP's delivery_mode 2); never mutated.
+PERSISTENT: Final[dict[str, Any]] = {"delivery_mode": 2}
 DEFAULT_TIMEOUT: Final = 2.0
 DEFAULT_RETRIES: Final = 3
 # Heartbeat interval until the broker tells us its own.
@@ -477,13 +479,14 @@ class _Window:
         start: int,
         size: int,
         results: list[PublishResult | None],
+        properties: dict[str, Any] | None = None,
     ) -> None:
         self.results = results
         self.pending: dict[int, tuple[int, list[Any]]] = {}
         for i in range(start, min(start + size, len(messages))):
             exchange, key, body = messages[i]
             rid, payload = session.request(
-                Publish, exchange=exchange, routing_key=key, body=wrap_body(body)
+                Publish, exchange=exchange, routing_key=key, body=wrap_body(body), properties=properties
             )
             self.pending[rid] = (i, payload)
 
@@ -688,15 +691,18 @@ class BrokerClient(_ClientBase):
         host, port = self._s.broker
         raise Timeout(f"no reply from broker {host}:{port} in {self.timeout} s")
 
-    def declare_exchange(self, name: str, type: str = "direct") -> bool:
+    def declare_exchange(self, name: str, type: str = "direct", *, durable: bool = False) -> bool:
         """Declare exchange ``name`` of ``type``; True if it was created now.
+
+        ``durable``: the exchange survives a restart of a broker that keeps
+        its state on disk (``cmq broker --data-dir``).
 
         Raises:
             RemoteError: ``bad-request`` (unknown type), ``precondition-failed``
-                (exists with another type), ``access-refused`` (reserved name).
+                (exists with another type or durability), ``access-refused`` (reserved name).
             Timeout: the broker did not answer.
         """
-        return bool(self._request(DeclareExchange, name=name, type=type)["created"])
+        return bool(self._request(DeclareExchange, name=name, type=type, durable=durable)["created"])
 
     def delete_exchange(self, name: str) -> bool:
         """Delete exchange ``name``; True if it existed.
@@ -716,8 +722,14 @@ class BrokerClient(_ClientBase):
         dead_letter_exchange: str | None = None,
         dead_letter_routing_key: str | None = None,
         message_ttl: float | None = None,
+        durable: bool = False,
     ) -> dict[str, Any]:
         """Declare queue ``name``; return ``{"created", "messages", "consumers"}``.
+
+        ``durable``: the queue, its bindings to durable exchanges and the
+        persistent messages in it (``publish(..., persistent=True)``)
+        survive a restart of a broker that keeps its state on disk
+        (``cmq broker --data-dir``), as AMQP's durable queues.
 
         ``overflow`` is what a full queue does with one more message, as
         RabbitMQ's ``x-overflow``: ``"drop-head"`` (the default: the oldest
@@ -740,7 +752,7 @@ class BrokerClient(_ClientBase):
                 arguments), ``bad-request`` (bad overflow, max_length or argument).
             Timeout: the broker did not answer.
         """
-        return dict(self._request(DeclareQueue, **_queue_fields(
+        return dict(self._request(DeclareQueue, durable=durable, **_queue_fields(
             name, max_length, overflow, dead_letter_exchange, dead_letter_routing_key, message_ttl
         )))  # fmt: skip
 
@@ -790,14 +802,24 @@ class BrokerClient(_ClientBase):
         return dict(self._request(GetStats))
 
     def publish(
-        self, exchange: str, routing_key: str, body: Any, *, confirm: bool = False, ttl: float | None = None
+        self,
+        exchange: str,
+        routing_key: str,
+        body: Any,
+        *,
+        confirm: bool = False,
+        ttl: float | None = None,
+        persistent: bool = False,
     ) -> int | None:
         """Publish ``body`` (any MessagePack value) to ``exchange`` with ``routing_key``.
 
         Without ``confirm``, returns None at once (see :meth:`errors`). With
         it, waits and returns the number of queues that kept the message.
         ``ttl``: seconds the message may wait in a queue before it expires
-        (AMQP's per-message ``expiration``).
+        (AMQP's per-message ``expiration``). ``persistent``: AMQP's
+        ``delivery_mode`` 2: in a durable queue of a broker that keeps its
+        state on disk, the message survives a restart until acknowledged,
+        and the confirm comes only once it is on disk.
 
         Raises:
             RemoteError: (confirm only) ``not-found`` (no such exchange) or
@@ -805,9 +827,9 @@ class BrokerClient(_ClientBase):
             Timeout: (confirm only) the broker did not answer.
             TypeError: ``body`` is not MessagePack-able.
         """
-        if confirm or ttl is not None:
+        if confirm or ttl is not None or persistent:
             event = dict(exchange=exchange, routing_key=routing_key, body=wrap_body(body),
-                         expiration=_ms(ttl, "ttl"))  # fmt: skip
+                         expiration=_ms(ttl, "ttl"), properties=PERSISTENT if persistent else None)  # fmt: skip
             if not confirm:
                 self._send(encode(Publish(rid=0, **event)))
                 return None
@@ -822,7 +844,13 @@ class BrokerClient(_ClientBase):
         return None
 
     def publish_batch(
-        self, exchange: str, routing_key: str, bodies: Iterable[Any], *, confirm: bool = False
+        self,
+        exchange: str,
+        routing_key: str,
+        bodies: Iterable[Any],
+        *,
+        confirm: bool = False,
+        persistent: bool = False,
     ) -> int | None:
         """Publish each of ``bodies``, in order, to ``exchange`` with ``routing_key``.
 
@@ -830,7 +858,9 @@ class BrokerClient(_ClientBase):
         are routed as batches, not one by one. Without ``confirm``, returns
         None at once (at most once; refusals come back through
         :meth:`errors`). With it, sends the batch as one request, waits, and
-        returns the number of queues the messages went to.
+        returns the number of queues the messages went to. ``persistent``:
+        each message is persistent, as :meth:`publish`'s (the batch then
+        travels as one message, however large).
 
         Raises:
             RemoteError: (confirm only) ``not-found`` (no such exchange) or
@@ -840,22 +870,34 @@ class BrokerClient(_ClientBase):
             TypeError: a body is not MessagePack-able.
         """
         items = bodies if type(bodies) is list else list(bodies)
+        props = PERSISTENT if persistent else None
         if confirm:
             result = self._request(
                 PublishBatch,
                 exchange=exchange,
                 routing_key=routing_key,
                 bodies=tuple(_wire_bodies(items)),
+                properties=props,
             )
             return int(result["routed"])
+        if persistent and items:
+            self._send(encode(PublishBatch(rid=0, exchange=exchange, routing_key=routing_key,
+                                           bodies=tuple(_wire_bodies(items)), properties=props)))  # fmt: skip
+            return None
         if items:
             self._push_batches(exchange, routing_key, items, 0)
         return None
 
     def publish_many(
-        self, messages: Iterable[tuple[str, str, Any]], *, window: int = DEFAULT_PREFETCH
+        self,
+        messages: Iterable[tuple[str, str, Any]],
+        *,
+        window: int = DEFAULT_PREFETCH,
+        persistent: bool = False,
     ) -> list[int | RemoteError]:
         """Publish ``(exchange, routing_key, body)`` messages, each confirmed, ``window`` at a time.
+
+        ``persistent``: each message is persistent, as :meth:`publish`'s.
 
         The reliable way to publish fast: up to ``window`` confirmed
         publishes are in flight at once, unanswered ones are resent (the
@@ -874,7 +916,7 @@ class BrokerClient(_ClientBase):
         results: list[PublishResult | None] = [None] * len(msgs)
         step = self.timeout / (self.retries + 1)
         for start in range(0, len(msgs), window):
-            w = _Window(self._s, msgs, start, window, results)
+            w = _Window(self._s, msgs, start, window, results, PERSISTENT if persistent else None)
             for _ in range(self.retries + 1):
                 for payload in w.payloads():
                     self.endpoint.push(self._s.broker, payload, BROKER_MAILBOX)
@@ -1232,9 +1274,9 @@ class AsyncBrokerClient(_ClientBase):
         host, port = self._s.broker
         raise Timeout(f"no reply from broker {host}:{port} in {self.timeout} s")
 
-    async def declare_exchange(self, name: str, type: str = "direct") -> bool:
+    async def declare_exchange(self, name: str, type: str = "direct", *, durable: bool = False) -> bool:
         """As :meth:`BrokerClient.declare_exchange` (raises RemoteError, Timeout)."""
-        return bool((await self._request(DeclareExchange, name=name, type=type))["created"])
+        return bool((await self._request(DeclareExchange, name=name, type=type, durable=durable))["created"])
 
     async def delete_exchange(self, name: str) -> bool:
         """As :meth:`BrokerClient.delete_exchange` (raises RemoteError, Timeout)."""
@@ -1249,9 +1291,10 @@ class AsyncBrokerClient(_ClientBase):
         dead_letter_exchange: str | None = None,
         dead_letter_routing_key: str | None = None,
         message_ttl: float | None = None,
+        durable: bool = False,
     ) -> dict[str, Any]:
         """As :meth:`BrokerClient.declare_queue` (raises RemoteError, Timeout)."""
-        return dict(await self._request(DeclareQueue, **_queue_fields(
+        return dict(await self._request(DeclareQueue, durable=durable, **_queue_fields(
             name, max_length, overflow, dead_letter_exchange, dead_letter_routing_key, message_ttl
         )))  # fmt: skip
 
@@ -1282,7 +1325,7 @@ class AsyncBrokerClient(_ClientBase):
         return dict(await self._request(GetStats))
 
     async def publish(
-        self, exchange: str, routing_key: str, body: Any, *, confirm: bool = False
+        self, exchange: str, routing_key: str, body: Any, *, confirm: bool = False, persistent: bool = False
     ) -> int | None:
         """As :meth:`BrokerClient.publish`; only ``confirm=True`` waits.
 
@@ -1290,23 +1333,33 @@ class AsyncBrokerClient(_ClientBase):
             RemoteError, Timeout: (confirm only) as :meth:`BrokerClient.publish`.
             TypeError: ``body`` is not MessagePack-able.
         """
+        props = PERSISTENT if persistent else None
         if confirm:
             result = await self._request(
-                Publish, exchange=exchange, routing_key=routing_key, body=wrap_body(body)
+                Publish, exchange=exchange, routing_key=routing_key, body=wrap_body(body), properties=props
             )
             return int(result["routed"])
+        if persistent:
+            self.endpoint.push(self._s.broker, encode(Publish(rid=0, exchange=exchange, routing_key=routing_key,
+                                                              body=wrap_body(body), properties=props)),
+                               BROKER_MAILBOX)  # fmt: skip
+            return None
         self.publish_nowait(exchange, routing_key, body)
         return None
 
     async def publish_many(
-        self, messages: Iterable[tuple[str, str, Any]], *, window: int = DEFAULT_PREFETCH
+        self,
+        messages: Iterable[tuple[str, str, Any]],
+        *,
+        window: int = DEFAULT_PREFETCH,
+        persistent: bool = False,
     ) -> list[int | RemoteError]:
         """As :meth:`BrokerClient.publish_many` (raises ConfigError, Timeout, TypeError)."""
         msgs = _publish_many_args(messages, window)
         results: list[PublishResult | None] = [None] * len(msgs)
         step = self.timeout / (self.retries + 1)
         for start in range(0, len(msgs), window):
-            w = _Window(self._s, msgs, start, window, results)
+            w = _Window(self._s, msgs, start, window, results, PERSISTENT if persistent else None)
             for _ in range(self.retries + 1):
                 for payload in w.payloads():
                     self.endpoint.push(self._s.broker, payload, BROKER_MAILBOX)

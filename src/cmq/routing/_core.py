@@ -56,6 +56,16 @@ request) for ``consumer_timeout`` is detached: its queue stops sending to it
 and keeps its messages. Heartbeats carry the consumer's spec, so a consumer
 that comes back after being detached is re-attached by its next heartbeat.
 
+Durability. A queue or exchange declared ``durable`` and a message
+published with ``delivery_mode`` 2 (in its properties) into a durable queue
+are what a store keeps. The core does no I/O for it: when ``persisting`` is
+set (the driver has a store), it appends records to ``journal`` ("msg" when
+a persistent message enters a durable queue, "msg-" when it leaves it for
+good: acked, rejected, dead-lettered, expired, dropped, purged, or delivered
+to a ``no_ack`` consumer; declarations, bindings and deletions likewise),
+and the driver commits them before it sends the replies of the same turn
+(:mod:`cmq.routing._store`). ``restore`` takes a store's state back.
+
 Batches. A batch publish (``P``) is routed once for all its bodies and
 enters each queue with one ``deque.extend``; the queue's consumers then take
 what their credit allows and only then is the bound applied, which gives the
@@ -73,7 +83,7 @@ from __future__ import annotations
 import enum
 import secrets
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any, Final
@@ -110,6 +120,7 @@ from cmq.routing._protocol import (
     encode,
     wrap_body,
 )
+from cmq.routing._store import StoredState, pack
 from cmq.routing.exchanges import Exchange, ExchangeType, make_exchange
 
 __all__ = [
@@ -207,6 +218,7 @@ class _Meta:
     expires: float | None
     deaths: tuple[tuple[str, str], ...] = ()
     props: dict[str, Any] | None = None
+    pid: int | None = None  # its record in the store (a persistent message in a durable queue)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -401,8 +413,8 @@ GET_TAG: Final = "\x00get:"
 
 
 class _Queue:
-    __slots__ = ("auto_delete", "bindings", "consumers", "counts", "dlrk", "dlx", "expiring", "handed",
-                 "max_length", "name", "overflow", "owner", "ready", "rr", "ttl")  # fmt: skip
+    __slots__ = ("auto_delete", "bindings", "consumers", "counts", "dlrk", "dlx", "durable", "expiring",
+                 "handed", "max_length", "name", "overflow", "owner", "ready", "rr", "ttl")  # fmt: skip
 
     def __init__(
         self,
@@ -421,6 +433,7 @@ class _Queue:
         self.ttl = ttl  # seconds a message may wait here (None: no limit)
         self.owner: str | None = None  # the connection of an exclusive queue
         self.auto_delete = False  # deleted when its last consumer goes
+        self.durable = False  # kept in the store (with its persistent messages)
         # Whether messages that expire may be in ``ready`` (a TTL, or one
         # published with an expiration): only such queues are looked at by the timer.
         self.expiring = ttl is not None
@@ -559,6 +572,18 @@ def _describe(max_length: int, overflow: Overflow, dlx: str | None, dlrk: str | 
     return text
 
 
+def _arguments_of(q: _Queue) -> dict[str, Any]:
+    """The RabbitMQ queue arguments ``q`` was declared with."""
+    args: dict[str, Any] = {}
+    if q.dlx is not None:
+        args[DLX_ARG] = q.dlx
+    if q.dlrk is not None:
+        args[DLRK_ARG] = q.dlrk
+    if q.ttl is not None:
+        args[TTL_ARG] = round(q.ttl * 1000)
+    return args
+
+
 def _reserved(name: str) -> bool:
     return name == "" or name.startswith("amq.")
 
@@ -604,6 +629,14 @@ class BrokerCore:
         # Connections (the first part of their addresses) whose consumers
         # are not timed out: a front end over TCP says when one ends.
         self._held: set[str] = set()
+        # The store (see cmq.routing._store): when ``persisting`` (the driver
+        # has a store), what must be kept or forgotten on disk is appended to
+        # ``journal`` as records, for the driver to write and commit before
+        # the replies of the same turn leave.
+        self.persisting = False
+        self.journal: list[tuple[Any, ...]] = []
+        self._next_pid = 1
+        self._durable_exchanges: set[str] = set()
 
     # -- in-process front ends (AMQP) -------------------------------------------
 
@@ -651,14 +684,7 @@ class BrokerCore:
         q = self._queues.get(name)
         if q is None:
             return None
-        args: dict[str, Any] = {}
-        if q.dlx is not None:
-            args[DLX_ARG] = q.dlx
-        if q.dlrk is not None:
-            args[DLRK_ARG] = q.dlrk
-        if q.ttl is not None:
-            args[TTL_ARG] = round(q.ttl * 1000)
-        return q.max_length, q.overflow.value, args
+        return q.max_length, q.overflow.value, _arguments_of(q)
 
     def exchange_in_use(self, name: str) -> bool:
         """Whether exchange ``name`` has bindings."""
@@ -669,6 +695,59 @@ class BrokerCore:
         """The type of exchange ``name``, or None when there is none."""
         ex = self._exchanges.get(name)
         return None if ex is None else ex.type.value
+
+    def restore(self, state: StoredState, now: float) -> None:
+        """Take back what a store kept (see :mod:`cmq.routing._store`), before serving.
+
+        Durable exchanges, queues and bindings are declared again; each
+        stored message goes back to its queue, in the order it was stored,
+        marked ``redelivered`` (it may have been delivered before the
+        restart). A message's TTL (its own or its queue's, the shorter)
+        counts again from ``now``. Nothing is
+        written to the journal: it is on disk already.
+
+        Raises:
+            Refused: the stored state is not one this broker can take
+                (a bad queue argument or exchange type).
+        """
+        for name, kind in state.exchanges:
+            if name not in self._exchanges:
+                self._exchanges[name] = make_exchange(ExchangeType(kind))
+            self._durable_exchanges.add(name)
+        for sq in state.queues:
+            dlx, dlrk, ttl = _queue_arguments(sq.arguments)
+            overflow = Overflow(_OVERFLOW_ALIASES.get(sq.overflow, sq.overflow))
+            q = self._queues[sq.name] = _Queue(sq.name, sq.max_length, overflow, dlx, dlrk, ttl)
+            q.auto_delete = sq.auto_delete
+            q.durable = True
+            if ttl is not None:
+                self._expiring.add(sq.name)
+            self._exchanges[""].bind(sq.name, sq.name)
+            q.bindings.add(("", sq.name))
+        for qname, exname, key in state.bindings:
+            q_ = self._queues.get(qname)
+            ex = self._exchanges.get(exname)
+            if q_ is not None and ex is not None:
+                ex.bind(qname, key)
+                q_.bindings.add((exname, key))
+        for m in state.messages:
+            q_ = self._queues.get(m.queue)
+            if q_ is None:
+                continue
+            ttl = m.ttl if q_.ttl is None or (m.ttl is not None and m.ttl < q_.ttl) else q_.ttl
+            expires = None if ttl is None else now + ttl
+            if expires is not None:
+                q_.expiring = True
+                self._expiring.add(q_.name)
+            meta = _Meta(expires, (), m.props, m.id)
+            q_.ready.append((m.exchange, m.routing_key, m.body, True, meta))
+            self._count(q_, "enqueued")
+            self._next_pid = max(self._next_pid, m.id + 1)
+
+    @property
+    def next_message_id(self) -> int:
+        """The store id the next persistent message gets."""
+        return self._next_pid
 
     # -- driver interface ----------------------------------------------------
 
@@ -1013,20 +1092,27 @@ class BrokerCore:
                 self._expiring.add(q.name)
         else:
             meta = None
+        kept: list[_Msg] | None = None
+        if q.durable and self.persisting and props is not None and props.get("delivery_mode") == 2:
+            kept = self._persist(q, exchange, key, bodies, meta, ttl)
         if not ready and len(consumers) == 1:
             # Nothing waits and one consumer: when its credit covers the
             # batch, hand it over without passing through ``ready`` (the
             # same outcome, fewer steps: the latency path of a ping-pong).
             c = consumers[0]
             if c.no_ack or not c.prefetch or len(c.unacked) + n <= c.prefetch:
-                self._hand(c, [(exchange, key, body, False, meta) for body in bodies], now)
+                self._hand(c, kept if kept is not None else [(exchange, key, body, False, meta) for body in bodies],
+                           now)  # fmt: skip
                 counts, totals = q.counts, self._totals
                 counts["delivered"] += n
                 counts["enqueued"] += n
                 totals["delivered"] += n
                 totals["enqueued"] += n
                 return 0
-        ready.extend(zip(repeat(exchange), repeat(key), bodies, repeat(False), repeat(meta)))
+        if kept is not None:
+            ready.extend(kept)
+        else:
+            ready.extend(zip(repeat(exchange), repeat(key), bodies, repeat(False), repeat(meta)))
         if q.consumers:
             self._dispatch(q, now)
         if ttl is not None and ttl <= 0:
@@ -1047,9 +1133,36 @@ class BrokerCore:
             gone = [pop() for _ in range(over)]  # the newest are the batch's last
             gone.reverse()
             self._count(q, "enqueued", n - over)
+        if self.persisting:
+            self._forget(gone)
         if rule.dead_letter:
             self._dead_letter(q, gone, "maxlen", now)
         return over if rule.tell_publisher else 0
+
+    def _persist(
+        self, q: _Queue, exchange: str, key: str, bodies: Sequence[Any], meta: _Meta | None, ttl: float | None
+    ) -> list[_Msg]:
+        """Persistent messages entering durable queue ``q``: each gets a store
+        record (``ttl``: the seconds they may wait there, None: no limit)."""
+        m = meta if meta is not None else _Meta(None)
+        pid = self._next_pid
+        self._next_pid = pid + len(bodies)
+        props = pack(m.props)
+        msgs: list[_Msg] = []
+        journal, name = self.journal, q.name
+        for body in bodies:
+            journal.append(("msg", pid, name, exchange, key, pack(body), props, ttl))
+            msgs.append((exchange, key, body, False, _Meta(m.expires, m.deaths, m.props, pid)))
+            pid += 1
+        return msgs
+
+    def _forget(self, msgs: Iterable[_Msg]) -> None:
+        """``msgs`` left their queue for good: their store records go."""
+        journal = self.journal
+        for m in msgs:
+            meta = m[4]
+            if meta is not None and meta.pid is not None:
+                journal.append(("msg-", meta.pid))
 
     def _requeue(self, q: _Queue, msgs: list[_Msg]) -> None:
         # Back to the front in their original order, marked redelivered, and
@@ -1069,6 +1182,8 @@ class BrokerCore:
                 break
             gone.append(ready.popleft())
         if gone:
+            if self.persisting:
+                self._forget(gone)
             self._count(q, "expired", len(gone))
             self._dead_letter(q, gone, "expired", now)
 
@@ -1107,6 +1222,8 @@ class BrokerCore:
         self._next_dtag = dtag + n
         if not c.no_ack:
             c.unacked.update(zip(range(dtag, dtag + n), zip(msgs, repeat(now)), strict=True))
+        elif self.persisting:
+            self._forget(msgs)  # delivered without acknowledgement: gone
         pending = c.pending
         run: list[Any] | None = None
         if pending:
@@ -1241,8 +1358,15 @@ class BrokerCore:
                     ErrorCode.PRECONDITION_FAILED,
                     f"exchange {ev.name!r} exists with type {have.type.value!r}, not {kind.value!r}",
                 )
+            if (ev.name in self._durable_exchanges) != ev.durable:
+                raise _Refused(ErrorCode.PRECONDITION_FAILED,
+                               f"exchange {ev.name!r} exists with durable={not ev.durable}")  # fmt: skip
             return {"created": False}
         self._exchanges[ev.name] = make_exchange(kind)
+        if ev.durable:
+            self._durable_exchanges.add(ev.name)
+            if self.persisting:
+                self.journal.append(("exchange", ev.name, kind.value))
         return {"created": True}
 
     def _delete_exchange(self, ev: DeleteExchange, sender: Address, now: float) -> Any:
@@ -1251,6 +1375,10 @@ class BrokerCore:
         ex = self._exchanges.pop(ev.name, None)
         if ex is None:
             return {"deleted": False}
+        if ev.name in self._durable_exchanges:
+            self._durable_exchanges.discard(ev.name)
+            if self.persisting:
+                self.journal.append(("exchange-", ev.name))
         for b in ex.bindings():
             q = self._queues.get(b.queue)
             if q is not None:
@@ -1288,11 +1416,18 @@ class BrokerCore:
                     ErrorCode.PRECONDITION_FAILED,
                     f"queue {name!r} exists with {_describe(*have)}, not {_describe(*want)}",
                 )
+            if q.durable != (ev.durable and not ev.exclusive):
+                raise _Refused(ErrorCode.PRECONDITION_FAILED, f"queue {name!r} exists with durable={q.durable}")
             return {"created": False, "messages": len(q.ready), "consumers": len(q.consumers), "queue": name}
         q = self._queues[name] = _Queue(name, ev.max_length, overflow, dlx, dlrk, ttl)
         if ev.exclusive:
             q.owner = sender[0]
         q.auto_delete = ev.auto_delete
+        # An exclusive queue goes with its connection: never kept (as RabbitMQ).
+        q.durable = ev.durable and not ev.exclusive
+        if q.durable and self.persisting:
+            self.journal.append(("queue", name, q.max_length, q.overflow.value,
+                                 pack(_arguments_of(q)), int(q.auto_delete)))  # fmt: skip
         if ttl is not None:
             self._expiring.add(name)
         self._exchanges[""].bind(name, name)
@@ -1311,6 +1446,8 @@ class BrokerCore:
         name = q.name
         del self._queues[name]
         self._expiring.discard(name)
+        if q.durable and self.persisting:
+            self.journal.append(("queue-", name))
         for ex_name, key in q.bindings:
             ex = self._exchanges.get(ex_name)
             if ex is not None:
@@ -1340,6 +1477,8 @@ class BrokerCore:
     def _purge_queue(self, ev: PurgeQueue, sender: Address, now: float) -> Any:
         q = self._queue_for(ev.name, sender)
         n = len(q.ready)
+        if self.persisting:
+            self._forget(q.ready)
         q.ready.clear()
         self._count(q, "purged", n)
         return {"messages": n}
@@ -1353,11 +1492,19 @@ class BrokerCore:
     def _bind(self, ev: Bind, sender: Address, now: float) -> Any:
         ex, q = self._binding(ev, sender)
         q.bindings.add((ev.exchange, ev.key))
+        if self.persisting and self._durable_binding(q, ev.exchange):
+            self.journal.append(("bind", ev.queue, ev.exchange, ev.key))
         return {"created": ex.bind(ev.queue, ev.key)}
+
+    def _durable_binding(self, q: _Queue, exchange: str) -> bool:
+        # A binding is kept when both its ends are (AMQP 0-9-1).
+        return q.durable and exchange in self._durable_exchanges
 
     def _unbind(self, ev: Unbind, sender: Address, now: float) -> Any:
         ex, q = self._binding(ev, sender)
         q.bindings.discard((ev.exchange, ev.key))
+        if self.persisting and self._durable_binding(q, ev.exchange):
+            self.journal.append(("unbind", ev.queue, ev.exchange, ev.key))
         return {"deleted": ex.unbind(ev.queue, ev.key)}
 
     def _publish(self, ev: Publish, sender: Address, now: float) -> Any:
@@ -1367,7 +1514,7 @@ class BrokerCore:
 
     def _publish_batch(self, ev: PublishBatch, sender: Address, now: float) -> Any:
         bodies = self._bodies(list(ev.bodies), sender)
-        return {"routed": self._route(ev.exchange, ev.routing_key, bodies, now, _ttl(ev.expiration))}
+        return {"routed": self._route(ev.exchange, ev.routing_key, bodies, now, _ttl(ev.expiration), ev.properties)}
 
     def _bodies(self, bodies: list[Any], sender: Address) -> list[Any]:
         """``bodies`` as the broker keeps them (:func:`_opaque`), or refused whole (noted)."""
@@ -1450,9 +1597,13 @@ class BrokerCore:
             return None
         c.last_seen = now
         acked = 0
+        persisting = self.persisting
         for dtag in ev.delivery_tags:
-            if c.unacked.pop(dtag, None) is not None:
+            entry = c.unacked.pop(dtag, None)
+            if entry is not None:
                 acked += 1
+                if persisting:
+                    self._forget((entry[0],))
         stale = len(ev.delivery_tags) - acked
         if stale:
             self._totals["stale_acks"] += stale
@@ -1476,6 +1627,8 @@ class BrokerCore:
                 self._requeue(q, msgs)
             else:
                 self._count(q, "nacked", len(msgs))
+                if self.persisting:
+                    self._forget(msgs)
                 self._dead_letter(q, msgs, "rejected", now)
         self._dispatch(q, now)
         return None
@@ -1530,6 +1683,8 @@ class BrokerCore:
                 c.held = sender[0] in self._held
             c.last_seen = now
             c.unacked[dtag] = (msg, now)
+        elif self.persisting:
+            self._forget((msg,))
         ex, key_, body, redelivered, meta = msg
         props = meta.props if meta is not None else None
         return [tag, dtag, ex, key_, redelivered, body, len(q.ready), props]

@@ -107,6 +107,8 @@ class DeclareExchange:
     rid: int
     name: str
     type: str
+    durable: bool = False
+    """The exchange survives a restart of a broker that has a data directory."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -136,6 +138,9 @@ class DeclareQueue:
     connection closes (AMQP connections only: a cmq client has no connection)."""
     auto_delete: bool = False
     """The queue goes when its last consumer is cancelled (having had one)."""
+    durable: bool = False
+    """The queue, its bindings to durable exchanges and its persistent messages
+    survive a restart of a broker that has a data directory."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -205,6 +210,8 @@ class PublishBatch:
     routing_key: str
     bodies: tuple[Any, ...]
     expiration: int | None = None
+    properties: dict[str, Any] | None = None
+    """The AMQP basic properties of every message of the batch (as :class:`Publish`'s)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -564,15 +571,15 @@ _Check = Callable[[Any], Any]
 # The hot ops (publish, publish batch, ack, heartbeat, deliver) get one-letter names: the
 # paper's stock-exchange messages are about 9 bytes, so the op name matters.
 _LAYOUT: dict[str, tuple[type[Any], tuple[_Check, ...]]] = {
-    "exchange.declare": (DeclareExchange, (_int, _str, _str)),
+    "exchange.declare": (DeclareExchange, (_int, _str, _str, _bool)),
     "exchange.delete": (DeleteExchange, (_int, _str)),
-    "queue.declare": (DeclareQueue, (_int, _str, _int, _str, _args, _bool, _bool)),
+    "queue.declare": (DeclareQueue, (_int, _str, _int, _str, _args, _bool, _bool, _bool)),
     "queue.delete": (DeleteQueue, (_int, _str)),
     "queue.purge": (PurgeQueue, (_int, _str)),
     "bind": (Bind, (_int, _str, _str, _str)),
     "unbind": (Unbind, (_int, _str, _str, _str)),
     "p": (Publish, (_int, _str, _str, _any, _opt_int, _opt_map)),
-    "P": (PublishBatch, (_int, _str, _str, _list, _opt_int)),
+    "P": (PublishBatch, (_int, _str, _str, _list, _opt_int, _opt_map)),
     "consume": (Consume, (_int, _str, _str, _int, _bool)),
     "h": (Heartbeat, (_specs,)),
     "a": (Ack, (_str, _ints)),

@@ -32,12 +32,19 @@ summed up in the next line: a flood of garbage costs a few lines a minute.
 
 The core is guarded by a lock only so that :meth:`Broker.stats` may be
 called from another thread.
+
+Durable state. With a data directory, the core's journal (see
+:mod:`cmq.routing._store`) is written and committed, one transaction per
+turn, under the lock and before the turn's messages leave: a confirm is
+never sent before what it confirms is on disk, and the confirms of a
+turn share one fsync. The AMQP listener's thread does the same in its turns.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sqlite3
 import threading
 import time
 from collections.abc import Mapping
@@ -51,6 +58,7 @@ from cmq.routing._protocol import BROKER_MAILBOX
 if TYPE_CHECKING:
     from cmq.routing._amqp import Users
     from cmq.routing._amqp_server import AmqpListener
+    from cmq.routing._store import Store
 
 __all__ = ["Broker"]
 
@@ -130,8 +138,17 @@ class Broker:
     RabbitMQ's ``guest``/``guest`` from loopback only). Needs pamqp (the
     ``broker`` extra).
 
+    With ``data_dir`` (``cmq broker``'s default is ``./cmq-data``), durable
+    exchanges, durable queues, their bindings and the persistent messages in
+    durable queues are kept in SQLite there and taken back when a broker
+    starts on the same directory; a confirm for a persistent message is sent
+    only once it is on disk. ``data_dir=None`` (the default here) keeps
+    everything in memory only: ``durable`` and ``persistent`` are accepted
+    and nothing survives the process.
+
     Raises:
-        ConfigError: a bad option, or pamqp is missing for ``amqp_port``.
+        ConfigError: a bad option, pamqp is missing for ``amqp_port``, or
+            the store in ``data_dir`` cannot be opened.
         TransportError: a port is in use.
     """
 
@@ -144,7 +161,13 @@ class Broker:
         endpoint: Endpoint | None = None,
         amqp_port: int | None = None,
         users: Users | None = None,
+        data_dir: str | os.PathLike[str] | None = None,
     ) -> None:
+        self.store: Store | None = None
+        if data_dir is not None:
+            from cmq.routing._store import Store
+
+            self.store = Store(data_dir)  # raises ConfigError before any port is taken
         if endpoint is None:
             from cmq.net import Queue
 
@@ -155,6 +178,15 @@ class Broker:
             self._owns_endpoint = False
         self.endpoint: Endpoint = endpoint
         self.core = BrokerCore(config, endpoint_stats=self._endpoint_stats)
+        if self.store is not None:
+            try:
+                self.core.restore(self.store.load(), time.monotonic())
+            except Exception as exc:
+                if self._owns_endpoint:
+                    endpoint.close()
+                self.store.close()
+                raise ConfigError(f"cannot take back the broker's state from {str(self.store.path)!r}: {exc}") from exc
+            self.core.persisting = True
         self._lock = threading.Lock()
         # Pushes to the endpoint come from this loop and from the AMQP thread.
         self._send_lock = threading.Lock()
@@ -172,7 +204,7 @@ class Broker:
             try:
                 self.amqp = AmqpListener(self.core, self._lock, host=host, port=amqp_port,
                                          users=users if users is not None else Users.default(),
-                                         send_udp=self._send_udp)  # fmt: skip
+                                         send_udp=self._send_udp, commit=self.commit)  # fmt: skip
             except CmqError:
                 if self._owns_endpoint:
                     endpoint.close()
@@ -184,6 +216,8 @@ class Broker:
         self._limit = _RateLimitedLog(_log)
         self._drops_seen: dict[str, int] = {}
         self._drops_at = float("-inf")
+        # Messages held back while the store cannot be written (see commit).
+        self._unsent: list[Any] = []
 
     @property
     def amqp_address(self) -> Address | None:
@@ -203,6 +237,36 @@ class Broker:
         snapshot = stats()
         as_dict = getattr(snapshot, "as_dict", None)
         return dict(as_dict()) if as_dict is not None else dict(snapshot)
+
+    def commit(self) -> bool:
+        """Write and commit the core's journal (the caller holds the lock);
+        whether nothing is left to write.
+
+        A failed write (a full or failing disk) is counted and logged as an
+        internal error, and its records are kept and tried again next turn;
+        until one succeeds, the drivers hold back every reply and delivery
+        (see :meth:`_release`), so no confirm goes out for what is not on disk.
+        """
+        core, store = self.core, self.store
+        if not core.journal or store is None:
+            return True
+        try:
+            store.write(core.journal)
+        except sqlite3.Error as exc:
+            core.note_internal_error(exc, None, "writing the store")
+            return False
+        core.journal.clear()
+        return True
+
+    def _release(self, out: list[Any]) -> list[Any]:
+        """What of ``out`` (and what was held back) may leave now: all of it
+        once the journal is committed, else nothing (held back). Under the lock."""
+        if self.core.journal and not self.commit():
+            self._unsent += out
+            return []
+        if self._unsent:
+            out, self._unsent = self._unsent + out, []
+        return out
 
     def stats(self) -> BrokerStats:
         """A snapshot of the broker's counters."""
@@ -259,6 +323,8 @@ class Broker:
                         recheck = float("-inf")
                         core.handle_timer(now)
                     out = core.messages_to_send()
+                    if core.journal or self._unsent:
+                        out = self._release(out)
                 if out:
                     self._send(out)
                 if first is not None and spin:
@@ -271,6 +337,8 @@ class Broker:
                         more = self._take_waiting(now) > 0
                         if more:
                             out = core.messages_to_send()
+                            if core.journal or self._unsent:
+                                out = self._release(out)
                     if more and out:
                         self._send(out)
             except Exception as exc:  # noqa: BLE001 - a bug must not stop the broker: counted, logged
@@ -396,6 +464,12 @@ class Broker:
             self.amqp.close()
         if self._owns_endpoint:
             self.endpoint.close()
+        store = self.store
+        if store is not None:
+            with self._lock:
+                self.commit()
+                store.close()
+                self.store = None
 
     def __enter__(self) -> Broker:
         return self

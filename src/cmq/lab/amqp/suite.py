@@ -259,7 +259,7 @@ def cmq_broker() -> BrokerProcess:
         WorkerError: it did not say where it serves.
     """
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cmq", "broker", "--port", "0"],
+        [sys.executable, "-m", "cmq", "broker", "--port", "0", "--in-memory"],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         text=True,

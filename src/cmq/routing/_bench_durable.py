@@ -1,0 +1,136 @@
+"""``cmq broker bench-durable``: confirmed persistent publishes per second.
+
+Theory of operation
+-------------------
+One publisher (this process), a broker in its own process: ``cmq broker``
+started here on a fresh data directory, and RabbitMQ already running (when
+it is there) through pika, in the same run. Each run publishes ``--size``
+byte bodies for ``--seconds`` to a durable queue, as persistent messages
+(delivery_mode 2), and waits for each confirm:
+
+- ``confirm-each``: one publish, wait for its confirm, the next (cmq's
+  ``publish(..., confirm=True, persistent=True)``; pika's ``basic_publish`` on
+  a channel in confirm mode, which waits the same way);
+- ``window``: cmq's ``publish_many(..., window=N, persistent=True)``: N
+  confirmed publishes in flight at once (pika's blocking channel has no
+  such mode, so RabbitMQ has no row here).
+
+Beside them, the same runs on a transient queue with transient messages
+(nothing written), which shows what the disk costs. Nobody consumes: the
+messages stay in the queue (deleted after each run). A confirm for a
+persistent message leaves the broker only after its record is committed
+(fsync); confirms that arrive in the same loop turn share one commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+__all__ = ["main"]
+
+
+def _start(data_dir: str) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cmq", "broker", "--port", "0", "--data-dir", data_dir],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()  # "cmq broker serving on HOST:PORT"
+    return proc, line.strip().rpartition(" ")[2]
+
+
+def _cmq_run(addr: str, durable: bool, window: int, size: int, seconds: float) -> float:
+    from cmq.routing import BrokerClient
+
+    body = b"x" * size
+    queue = f"bench-{'d' if durable else 't'}-{window}"
+    with BrokerClient(addr, timeout=10.0) as c:
+        c.declare_queue(queue, durable=durable, max_length=10_000_000)
+        n = 0
+        start = time.perf_counter()
+        end = start + seconds
+        if window <= 1:
+            while time.perf_counter() < end:
+                c.publish("", queue, body, confirm=True, persistent=durable)
+                n += 1
+        else:
+            batch = [("", queue, body)] * window
+            while time.perf_counter() < end:
+                c.publish_many(batch, window=window, persistent=durable)
+                n += window
+        took = time.perf_counter() - start
+        c.delete_queue(queue)
+    return n / took
+
+
+def _rabbit_run(url: str, durable: bool, size: int, seconds: float) -> float:
+    import pika
+
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        queue = f"cmq-bench-{'d' if durable else 't'}"
+        ch.queue_declare(queue, durable=durable)
+        props = pika.BasicProperties(delivery_mode=2 if durable else 1)
+        body = b"x" * size
+        n = 0
+        start = time.perf_counter()
+        end = start + seconds
+        while time.perf_counter() < end:
+            ch.basic_publish("", queue, body, props)
+            n += 1
+        took = time.perf_counter() - start
+        ch.queue_delete(queue)
+    finally:
+        conn.close()
+    return n / took
+
+
+def _rabbit_available(url: str) -> str | None:
+    try:
+        import pika
+    except ImportError:
+        return "pika is not installed (pip install 'pycmq[lab]')"
+    try:
+        pika.BlockingConnection(pika.URLParameters(url)).close()
+    except Exception as exc:  # noqa: BLE001 - any failure means: no RabbitMQ here
+        return f"RabbitMQ is not reachable at {url} ({type(exc).__name__}): apt-get install rabbitmq-server"
+    return None
+
+
+def main(args: argparse.Namespace) -> int:
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="cmq-bench-durable-") as data_dir:
+        proc, addr = _start(data_dir)
+        try:
+            for durable in (True, False):
+                for window in (1, args.window):
+                    rate = _cmq_run(addr, durable, window, args.size, args.seconds)
+                    rows.append({"system": "cmq", "persistent": durable, "window": window, "msgs_per_s": rate})
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+    skipped = _rabbit_available(args.amqp_url)
+    if skipped is None:
+        for durable in (True, False):
+            rate = _rabbit_run(args.amqp_url, durable, args.size, args.seconds)
+            rows.append({"system": "rabbitmq", "persistent": durable, "window": 1, "msgs_per_s": rate})
+    if args.json:
+        print(json.dumps({"size": args.size, "seconds": args.seconds, "runs": rows, "rabbitmq_skipped": skipped}))
+        return 0
+    print(f"confirmed publishes of {args.size} B, one publisher, {args.seconds:g} s each")
+    for r in rows:
+        kind = "persistent, durable queue" if r["persistent"] else "transient"
+        how = "confirm each" if r["window"] == 1 else f"window {r['window']}"
+        print(f"  {r['system']:<8} {kind:<26} {how:<13} {r['msgs_per_s']:>10,.0f} msgs/s")
+    if skipped is not None:
+        print(f"  rabbitmq skipped: {skipped}")
+    return 0

@@ -1,0 +1,371 @@
+"""Durable exchanges and queues, persistent messages: the core's journal, the
+store, and a real broker process killed with SIGKILL and started again."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cmq import ConfigError, RemoteError
+from cmq.routing import BrokerClient
+from cmq.routing._core import BrokerCore
+from cmq.routing._protocol import Ack, Bind, Consume, DeclareExchange, DeclareQueue, Publish
+from cmq.routing._server import Broker
+from cmq.routing._store import Store
+
+WAIT = 10.0
+P = {"delivery_mode": 2}
+ME = ("127.0.0.1", 4000)
+
+
+# -- the core's journal (sans-IO) ---------------------------------------------------
+
+
+def _core() -> BrokerCore:
+    core = BrokerCore()
+    core.persisting = True
+    core.call(DeclareExchange(rid=0, name="x", type="topic", durable=True), ME, 0.0)
+    core.call(DeclareQueue(rid=0, name="dq", max_length=100, overflow="drop-head", durable=True), ME, 0.0)
+    core.call(DeclareQueue(rid=0, name="tq", max_length=100, overflow="drop-head"), ME, 0.0)
+    core.call(Bind(rid=0, queue="dq", exchange="x", key="a.#"), ME, 0.0)
+    core.call(Bind(rid=0, queue="tq", exchange="x", key="a.#"), ME, 0.0)
+    return core
+
+
+def test_journal_keeps_durable_things_and_persistent_messages_in_durable_queues_only() -> None:
+    core = _core()
+    kinds = [r[0] for r in core.journal]
+    assert kinds == ["exchange", "queue", "bind"]  # tq and its binding are not kept
+    core.journal.clear()
+    core.call(Publish(rid=0, exchange="x", routing_key="a.b", body=b"p", properties=P), ME, 0.0)
+    core.call(Publish(rid=0, exchange="x", routing_key="a.b", body=b"t"), ME, 0.0)
+    # One record: the persistent message in dq (not its copy in tq, not the transient one).
+    assert [(r[0], r[2]) for r in core.journal] == [("msg", "dq")]
+
+
+def test_an_ack_forgets_the_record_and_a_journal_off_core_writes_nothing() -> None:
+    core = _core()
+    core.call(Publish(rid=0, exchange="x", routing_key="a.b", body=b"p", properties=P), ME, 0.0)
+    pid = core.journal[-1][1]
+    core.journal.clear()
+    core.call(Consume(rid=0, tag="c", queue="dq", prefetch=0, no_ack=False), ME, 0.0)
+    out = core.messages_to_send()
+    dtag = out[-1].payload[2][0][0]
+    core.call(Ack(tag="c", delivery_tags=(dtag,)), ME, 0.0)
+    assert core.journal == [("msg-", pid)]
+
+    plain = BrokerCore()  # no store: durable accepted, nothing journalled
+    plain.call(DeclareQueue(rid=0, name="dq", max_length=10, overflow="drop-head", durable=True), ME, 0.0)
+    plain.call(Publish(rid=0, exchange="", routing_key="dq", body=b"p", properties=P), ME, 0.0)
+    assert plain.journal == []
+
+
+def test_redeclaring_with_another_durability_is_refused() -> None:
+    from cmq.routing._core import Refused
+
+    core = _core()
+    with pytest.raises(Refused, match="durable"):
+        core.call(DeclareQueue(rid=0, name="dq", max_length=100, overflow="drop-head"), ME, 0.0)
+    with pytest.raises(Refused, match="durable"):
+        core.call(DeclareExchange(rid=0, name="x", type="topic"), ME, 0.0)
+
+
+def test_store_round_trip_in_order_marked_redelivered(tmp_path: Path) -> None:
+    core = _core()
+    for i in range(5):
+        core.call(Publish(rid=0, exchange="x", routing_key="a.b", body=b"m%d" % i, properties=P), ME, 0.0)
+    store = Store(tmp_path)
+    store.write(core.journal)
+    store.close()
+    again = BrokerCore()
+    store = Store(tmp_path)
+    again.restore(store.load(), 0.0)
+    store.close()
+    assert set(again._queues) == {"dq"}
+    assert again.exchange_type("x") == "topic"
+    assert [(m[2], m[3]) for m in again._queues["dq"].ready] == [(b"m%d" % i, True) for i in range(5)]
+    assert ("x", "a.#") in again._queues["dq"].bindings
+    assert again.next_message_id > max(m[4].pid for m in again._queues["dq"].ready if m[4] is not None)
+
+
+def test_one_broker_per_data_directory(tmp_path: Path) -> None:
+    with Broker(data_dir=tmp_path), pytest.raises(ConfigError, match="another broker is using"):
+        Broker(data_dir=tmp_path)
+
+
+# -- a real broker process, killed -----------------------------------------------
+
+
+class _Proc:
+    def __init__(self, data_dir: Path, *extra: str) -> None:
+        self.p = subprocess.Popen(
+            [sys.executable, "-m", "cmq", "broker", "--port", "0", "--data-dir", str(data_dir), *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert self.p.stdout is not None
+        self.line = self.p.stdout.readline()
+        m = re.search(r"serving on ([\d.]+):(\d+)", self.line)
+        if m is None:
+            self.p.kill()
+            raise AssertionError(f"the broker did not start: {self.line!r} {self.p.stderr.read()!r}")  # type: ignore[union-attr]
+        self.addr = f"{m.group(1)}:{m.group(2)}"
+        a = re.search(r"AMQP 0-9-1 on ([\d.]+):(\d+)", self.line)
+        self.amqp = (a.group(1), int(a.group(2))) if a else None
+
+    def kill9(self) -> None:
+        self.p.kill()  # SIGKILL: nothing flushed, nothing closed
+        self.p.wait(timeout=WAIT)
+
+    def stop(self) -> None:
+        if self.p.poll() is None:
+            self.p.kill()
+            self.p.wait(timeout=WAIT)
+
+
+@pytest.fixture
+def procs() -> Iterator[list[_Proc]]:
+    started: list[_Proc] = []
+    yield started
+    for p in started:
+        p.stop()
+
+
+def _drain(client: BrokerClient, queue: str, n: int) -> list[Any]:
+    got = []
+    c = client.consume(queue, prefetch=0, auto_ack=False)
+    for _ in range(n):
+        got.append(c.get(timeout=WAIT))
+    return got
+
+
+def test_kill_9_keeps_durable_queue_bindings_and_confirmed_persistent_messages(
+    tmp_path: Path, procs: list[_Proc]
+) -> None:
+    n = 40
+    b = _Proc(tmp_path)
+    procs.append(b)
+    with BrokerClient(b.addr, timeout=WAIT) as c:
+        c.declare_exchange("px", "topic", durable=True)
+        c.declare_exchange("tx", "fanout")
+        c.declare_queue("dq", durable=True)
+        c.declare_queue("tq")
+        c.bind("dq", "px", "stock.#")
+        c.bind("dq", "tx")
+        c.bind("tq", "px", "stock.#")
+        for i in range(n):
+            assert c.publish("px", "stock.ibm", b"p%d" % i, confirm=True, persistent=True) == 2
+        assert c.publish("px", "stock.ibm", b"transient", confirm=True) == 2
+        # Two consumed and acknowledged before the kill: they must not come back.
+        consumer = c.consume("dq", prefetch=2, auto_ack=False)
+        first = [consumer.get(timeout=WAIT) for _ in range(2)]
+        assert [d.body for d in first] == [b"p0", b"p1"]
+        for d in first:
+            consumer.ack(d)
+        consumer.cancel()  # sends the acks; its answer leaves after they are on disk
+    b.kill9()
+
+    again = _Proc(tmp_path)
+    procs.append(again)
+    with BrokerClient(again.addr, timeout=WAIT) as c:
+        names = {q["name"] for q in c.stats()["per_queue"]}
+        assert names == {"dq"}, "the non-durable queue is gone, the durable one is there"
+        got = _drain(c, "dq", n - 2)
+        assert [d.body for d in got] == [b"p%d" % i for i in range(2, n)]
+        assert all(d.redelivered for d in got)
+        assert all((d.properties or {}).get("delivery_mode") == 2 for d in got)
+        # The durable binding routes; the non-durable exchange is gone.
+        assert c.publish("px", "stock.x", b"after", confirm=True, persistent=True) == 1
+        with pytest.raises(RemoteError, match="no exchange"):
+            c.publish("tx", "", b"x", confirm=True)
+
+
+def test_acked_messages_stay_gone_across_two_restarts(tmp_path: Path, procs: list[_Proc]) -> None:
+    b = _Proc(tmp_path)
+    procs.append(b)
+    with BrokerClient(b.addr, timeout=WAIT) as c:
+        c.declare_queue("q", durable=True)
+        for i in range(5):
+            c.publish("", "q", b"m%d" % i, confirm=True, persistent=True)
+    b.kill9()
+    b = _Proc(tmp_path)
+    procs.append(b)
+    with BrokerClient(b.addr, timeout=WAIT) as c:
+        consumer = c.consume("q", prefetch=0, auto_ack=False)
+        got = [consumer.get(timeout=WAIT) for _ in range(5)]
+        for d in got[:3]:
+            consumer.ack(d)
+        consumer.cancel()
+    b.kill9()
+    b = _Proc(tmp_path)
+    procs.append(b)
+    with BrokerClient(b.addr, timeout=WAIT) as c:
+        assert [d.body for d in _drain(c, "q", 2)] == [b"m3", b"m4"]
+        (q,) = c.stats()["per_queue"]
+        assert (q["ready"], q["unacked"]) == (0, 2), "nothing else came back"
+
+
+def test_amqp_durable_queue_and_delivery_mode_2_survive_kill_9(tmp_path: Path, procs: list[_Proc]) -> None:
+    """pika, unmodified: a durable queue, confirmed delivery_mode=2 messages
+    and a transient one; after SIGKILL the persistent ones come back to pika,
+    redelivered, and the transient queue and message are gone."""
+    pika = pytest.importorskip("pika", reason="pika is not installed: pip install 'pycmq[test]'")
+    pytest.importorskip("pamqp", reason="pamqp is not installed: pip install 'pycmq[broker]'")
+
+    def connect(p: _Proc) -> Any:
+        assert p.amqp is not None
+        return pika.BlockingConnection(pika.ConnectionParameters(p.amqp[0], p.amqp[1]))
+
+    b = _Proc(tmp_path, "--amqp-port", "0")
+    procs.append(b)
+    conn = connect(b)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.exchange_declare("orders", "direct", durable=True)
+    ch.queue_declare("work", durable=True)
+    ch.queue_declare("scratch")
+    ch.queue_bind("work", "orders", "new")
+    ch.queue_bind("scratch", "orders", "new")
+    persistent = pika.BasicProperties(delivery_mode=2, content_type="text/plain")
+    for i in range(10):
+        ch.basic_publish("orders", "new", b"o%d" % i, persistent)  # confirmed: raises if nacked
+    ch.basic_publish("orders", "new", b"transient")
+    b.kill9()
+
+    b = _Proc(tmp_path, "--amqp-port", "0")
+    procs.append(b)
+    conn = connect(b)
+    ch = conn.channel()
+    assert ch.queue_declare("work", durable=True, passive=True).method.message_count == 10
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker):
+        conn.channel().queue_declare("scratch", passive=True)
+    got = []
+    for _ in range(10):
+        method, props, body = ch.basic_get("work")
+        assert method is not None
+        assert method.redelivered and props.delivery_mode == 2 and props.content_type == "text/plain"
+        got.append(body)
+        ch.basic_ack(method.delivery_tag)
+    assert got == [b"o%d" % i for i in range(10)]
+    conn.close()
+
+
+def test_cli_durable_queue_and_persistent_publish(tmp_path: Path) -> None:
+    from cmq.cli import main
+
+    with Broker(data_dir=tmp_path).start() as b:
+        addr = f"{b.address[0]}:{b.address[1]}"
+        assert main(["broker", "declare-exchange", "ex", "--durable", "--broker", addr]) == 0
+        assert main(["broker", "declare-queue", "orders", "--durable", "--broker", addr]) == 0
+        assert main(["broker", "bind", "orders", "ex", "k", "--broker", addr]) == 0
+        assert main(["broker", "publish", "ex", "k", "one", "two", "--persistent", "--confirm", "--broker", addr]) == 0
+        assert main(["broker", "publish", "ex", "k", "three", "--confirm", "--broker", addr]) == 0
+    with Broker(data_dir=tmp_path).start() as b, BrokerClient(b.address, timeout=WAIT) as c:
+        got = _drain(c, "orders", 2)
+        assert [(d.body, d.redelivered) for d in got] == [("one", True), ("two", True)]
+        (q,) = c.stats()["per_queue"]
+        assert q["ready"] == 0, "the transient message is not kept"
+
+
+def test_no_confirm_while_the_store_cannot_be_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failing disk holds every reply back (a confirm never precedes its
+    fsync); once a write succeeds the held records are on disk and the
+    replies leave."""
+    import sqlite3
+    import threading
+
+    from cmq import Timeout
+
+    b = Broker(data_dir=tmp_path)
+    store = b.store
+    assert store is not None
+    real_write = store.write
+    failing = threading.Event()
+
+    def write(records: Any) -> None:
+        if failing.is_set():
+            raise sqlite3.OperationalError("disk I/O error")
+        real_write(records)
+
+    monkeypatch.setattr(store, "write", write)
+    with b.start():
+        with BrokerClient(b.address, timeout=WAIT) as c:
+            c.declare_queue("q", durable=True)
+            assert c.publish("", "q", b"one", confirm=True, persistent=True) == 1
+        failing.set()
+        with BrokerClient(b.address, timeout=0.5, retries=0) as c, pytest.raises(Timeout):
+            c.publish("", "q", b"two", confirm=True, persistent=True)
+        assert b.stats().as_dict()["internal_errors"] >= 1
+        failing.clear()
+        with BrokerClient(b.address, timeout=WAIT) as c:
+            c.stats()  # answered once the held records are committed
+    with Broker(data_dir=tmp_path).start() as again, BrokerClient(again.address, timeout=WAIT) as c:
+        assert [d.body for d in _drain(c, "q", 2)] == [b"one", b"two"]
+
+
+def test_async_client_durable_and_persistent(tmp_path: Path) -> None:
+    import asyncio
+
+    from cmq.routing import AsyncBrokerClient
+
+    async def publish(addr: Any) -> None:
+        async with await AsyncBrokerClient.open(addr, timeout=WAIT) as c:
+            await c.declare_exchange("ax", "fanout", durable=True)
+            await c.declare_queue("aq", durable=True)
+            await c.bind("aq", "ax")
+            assert await c.publish("ax", "", b"a1", confirm=True, persistent=True) == 1
+            assert await c.publish_many([("ax", "", b"a2"), ("ax", "", b"a3")], window=2, persistent=True) == [1, 1]
+            await c.publish("ax", "", b"a4", persistent=True)  # unconfirmed: on disk by the next answer
+            assert await c.publish("ax", "", b"transient", confirm=True) == 1
+
+    with Broker(data_dir=tmp_path).start() as b:
+        asyncio.run(publish(b.address))
+    with Broker(data_dir=tmp_path).start() as b, BrokerClient(b.address, timeout=WAIT) as c:
+        assert [d.body for d in _drain(c, "aq", 4)] == [b"a1", b"a2", b"a3", b"a4"]
+        (q,) = c.stats()["per_queue"]
+        assert q["ready"] == 0
+
+
+def test_a_kept_message_ttl_counts_again_from_the_restart(tmp_path: Path) -> None:
+    core = _core()
+    core.call(Publish(rid=0, exchange="", routing_key="dq", body=b"short", expiration=1000, properties=P), ME, 0.0)
+    core.call(Publish(rid=0, exchange="", routing_key="dq", body=b"forever", properties=P), ME, 0.0)
+    with_store = Store(tmp_path)
+    with_store.write(core.journal)
+    state = with_store.load()
+    again = BrokerCore()
+    again.persisting = True
+    again.restore(state, 100.0)
+    again.handle_timer(100.5)
+    assert [m[2] for m in again._queues["dq"].ready] == [b"short", b"forever"]
+    deadline = again.next_deadline()
+    assert deadline is not None and deadline <= 101.0
+    again.handle_timer(101.0)
+    assert [m[2] for m in again._queues["dq"].ready] == [b"forever"]
+    with_store.write(again.journal)  # the expired one's record goes
+    assert [m.body for m in with_store.load().messages] == [b"forever"]
+    with_store.close()
+
+
+def test_persistent_batches_survive_kill_9(tmp_path: Path, procs: list[_Proc]) -> None:
+    b = _Proc(tmp_path)
+    procs.append(b)
+    with BrokerClient(b.addr, timeout=WAIT) as c:
+        c.declare_queue("bq", durable=True)
+        assert c.publish_batch("", "bq", [b"b%d" % i for i in range(100)], confirm=True, persistent=True) == 1
+        c.publish_batch("", "bq", [b"u%d" % i for i in range(3)], persistent=True)
+        c.publish_batch("", "bq", [b"transient"] * 3, confirm=True)
+        c.stats()  # answered after the unconfirmed batch's turn: it is on disk
+    b.kill9()
+    b = _Proc(tmp_path)
+    procs.append(b)
+    with BrokerClient(b.addr, timeout=WAIT) as c:
+        got = [d.body for d in _drain(c, "bq", 103)]
+        assert got == [b"b%d" % i for i in range(100)] + [b"u%d" % i for i in range(3)]
+        (q,) = c.stats()["per_queue"]
+        assert q["ready"] == 0
