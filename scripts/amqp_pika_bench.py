@@ -78,7 +78,7 @@ def main() -> int:
     args = ap.parse_args()
 
     cmq_bin = os.path.join(os.path.dirname(sys.executable), "cmq")
-    broker = subprocess.Popen([cmq_bin, "broker", "--port", "0", "--amqp-port", "0"],
+    broker = subprocess.Popen([cmq_bin, "broker", "--port", "0", "--amqp-port", "0", "--in-memory"],
                               stdout=subprocess.PIPE, text=True)  # fmt: skip
     try:
         assert broker.stdout is not None

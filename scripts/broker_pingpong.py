@@ -114,7 +114,7 @@ def main() -> int:
     if args.valgrind:
         os.makedirs(args.valgrind, exist_ok=True)
     py = sys.executable
-    broker_cmd = [py, "-m", "cmq", "broker", "--port", "0"]
+    broker_cmd = [py, "-m", "cmq", "broker", "--port", "0", "--in-memory"]
     if args.spin_us is not None:
         broker_cmd += ["--spin-us", str(args.spin_us)]
     broker = _spawn(broker_cmd, pins[0], vg("broker"))

@@ -54,7 +54,7 @@ def main() -> int:
     p.add_argument("--count", type=int, default=50_000, help="messages per publisher")
     args = p.parse_args()
     broker = subprocess.Popen(
-        [sys.executable, "-m", "cmq", "broker", "--port", "0"], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-m", "cmq", "broker", "--port", "0", "--in-memory"], stdout=subprocess.PIPE, text=True
     )
     try:
         assert broker.stdout is not None
