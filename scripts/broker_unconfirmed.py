@@ -97,7 +97,7 @@ def main() -> int:
         print(
             f"{args.delivery}: published {total:,}, received {len(seen):,}, "
             f"lost {total - len(seen):,}, duplicates {duplicates}; broker: published "
-            f"{stats['published']:,}, dropped by its queue {stats['dropped_old'] + stats['dropped_new']:,}, "
+            f"{stats['published']:,}, dropped or refused by its queue {stats['dropped_old'] + stats['rejected']:,}, "
             f"kernel drops at the broker {stats['endpoint']['kernel_drops']}"
         )
         client.close()
