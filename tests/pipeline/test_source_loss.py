@@ -196,7 +196,7 @@ def test_a_sink_task_writes_every_row_exactly_once_in_order_through_loss(tmp_pat
             assert job.returncode == 0, err[-3000:]
         assert out.split() == ["written", str(N), str(N)]  # sent, confirmed
         stop(rx)
-        lost_into_b, lost_into_a = dropped_by_rule(hosts, "b"), dropped_by_rule(hosts, "a")
+        lost_into_b = dropped_by_rule(hosts, "b")
     # Data was lost on the way and repaired. (Acknowledgements were exposed to
     # the same loss, but a streamed batch needs only a few dozen of them, so
     # none being hit is likely enough that it is not asserted here; the
