@@ -120,3 +120,20 @@ def test_close_wakes_waiters_and_fails_requests() -> None:
             await req
 
     run(main)
+
+
+def test_close_closes_at_once_and_may_be_awaited() -> None:
+    """`await q.close()` (as with the other asyncio clients) works, and so does a plain call."""
+
+    async def main() -> None:
+        a = await cmq.AsyncQueue.open(0, "127.0.0.1")
+        b = await cmq.AsyncQueue.open(0, "127.0.0.1")
+        assert await a.close() is None
+        assert a.closed
+        with pytest.raises(cmq.Closed):
+            a.push(("127.0.0.1", b.port), b"late")
+        b.close()  # not awaited: closed all the same, nothing left pending
+        assert b.closed
+        await b.close()  # again: a no-op
+
+    run(main)

@@ -186,3 +186,22 @@ def test_send_says_what_it_could_not_confirm_and_exits_1() -> None:
     )
     assert proc.returncode == 1
     assert b"0 of 2 message(s) confirmed, 2 in doubt" in proc.stderr
+
+
+def test_recv_on_port_0_says_which_port_it_got() -> None:
+    """--port 0 lets the kernel choose; the chosen port is printed, so it can be used."""
+    proc = subprocess.Popen([*CMQ, "recv", "--port", "0", "--host", "127.0.0.1", "--count", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline().decode()
+        assert line.startswith("cmq recv: receiving on 127.0.0.1:"), line
+        port = int(line.rsplit(":", 1)[1])
+        assert port > 0
+        subprocess.run([*CMQ, "send", f"127.0.0.1:{port}"], input=b"hello\n", check=True, timeout=20)
+        out, _ = proc.communicate(timeout=30)
+        assert out == b"hello\n"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()

@@ -20,7 +20,8 @@ from cmq.net.queue import Queue
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--port", type=int, required=True, help="UDP port to receive on")
+    parser.add_argument("--port", type=int, required=True,
+                        help="UDP port to receive on (0: one the kernel picks, printed on stderr)")
     parser.add_argument("--host", default="0.0.0.0", help="local address (default 0.0.0.0)")
     parser.add_argument("--count", type=int, default=None, help="exit after this many messages")
     parser.add_argument("--idle", type=float, default=None, metavar="SECONDS",
@@ -43,6 +44,10 @@ def run(args: argparse.Namespace) -> int:
     if args.join:
         options["reuse_addr"] = True
     q = Queue(args.port, args.host, **options)
+    if args.port == 0:
+        # The kernel chose the port: say which, or nobody can send to it.
+        host, port = q.address[0], q.port
+        print(f"cmq recv: receiving on {host}:{port}", file=sys.stderr, flush=True)
     for group in args.join:
         q.join(group)
     out = sys.stdout.buffer

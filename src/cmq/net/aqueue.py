@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Generator
 from typing import Any, ClassVar, Final
 
 from cmq._config import QueueConfig
@@ -35,6 +35,18 @@ __all__ = ["AsyncQueue"]
 _DRAIN_BATCH: Final = 256
 #: How long reading ahead pauses while the mailboxes are half full.
 _RESUME_AFTER: Final = 0.002
+
+
+class _Closed:
+    """What :meth:`AsyncQueue.close` returns: awaitable, done at once."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[None, None, None]:
+        yield from ()
+
+
+_CLOSED: Final = _Closed()
 
 
 class AsyncQueue(Endpoint):
@@ -370,13 +382,19 @@ class AsyncQueue(Endpoint):
 
     # -- lifecycle -----------------------------------------------------------
 
-    def close(self) -> None:
-        """Send everything batched (and queued for the socket) and close.
+    def close(self) -> _Closed:
+        """Send everything batched (and queued for the socket) and close, at once.
 
-        Pending requests and waiters fail with :class:`Closed`.
+        Pending requests and waiters fail with :class:`Closed`. It does not
+        wait for reliable messages to be acknowledged: ``await q.aclose()``
+        (or ``async with``) does. ``await q.close()`` works too, and returns
+        at once (the queue is closed already).
         """
-        if self._closed:
-            return
+        if not self._closed:
+            self._close_now()
+        return _CLOSED
+
+    def _close_now(self) -> None:
         try:
             self.flush()
         except TransportError:
