@@ -8,11 +8,13 @@ environment (:data:`CONFIG_ENV`), since the processes are spawned.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import errno
 import json
 import os
 import socket
+from collections.abc import Iterator
 from typing import Any
 
 import uvicorn
@@ -142,6 +144,14 @@ class _Server(uvicorn.Server):
         await super().startup(sockets)
         if not self.should_exit:
             print(self.ready, flush=True)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        with super().capture_signals():
+            yield
+            # SIGTERM or SIGINT asked for a clean stop and got one: exit 0,
+            # rather than die of the signal uvicorn would raise again.
+            self._captured_signals.clear()
 
 
 def serve(config: ServiceConfig) -> None:
