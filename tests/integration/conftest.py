@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 import cmq
+from tests.waiting import wait_until
 
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
-    """Poll ``predicate`` until true or ``timeout``; returns its last value."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return predicate()
-        time.sleep(0.001)
-    return True
+__all__ = ["wait_until"]
 
 
 @pytest.fixture

@@ -14,11 +14,11 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import cmq
 from cmq.pipeline.source import _SPOOL_BATCH, committed_offset, read_spool
+from tests.waiting import wait_until
 
 SIZE = 1000
 #: A small budget (the default is 4 MiB): the receiver's credit
@@ -57,11 +57,8 @@ def test_a_killed_spool_receiver_loses_at_most_its_buffer_and_the_sender_reports
             pusher = threading.Thread(target=push)
             pusher.start()
             try:
-                # Polls a file another process writes, with a deadline.
-                deadline = time.monotonic() + DEADLINE
-                while committed_offset(tmp_path) < 100 * SIZE and time.monotonic() < deadline:
-                    time.sleep(0.01)
-                assert committed_offset(tmp_path) >= 100 * SIZE
+                # A file another process writes: polled, with a deadline.
+                assert wait_until(lambda: committed_offset(tmp_path) >= 100 * SIZE, DEADLINE)
                 rx.send_signal(signal.SIGKILL)
                 rx.wait(timeout=DEADLINE)
             finally:

@@ -12,7 +12,6 @@ import logging
 import secrets
 import socket
 import struct
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,6 +25,7 @@ from cmq.routing import Broker, BrokerClient, BrokerConfig, ErrorCode, _core
 from cmq.routing._protocol import PurgeQueue
 from cmq.routing._server import _RateLimitedLog
 from cmq.wire.frames import FLAG_MSGPACK, encode_frame
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -51,11 +51,7 @@ def _round_trip(client: BrokerClient, consumer: Any, queue: str) -> None:
 
 
 def _wait_for(cond: Any, what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
+    assert wait_until(cond, WAIT), f"timed out waiting for {what}"
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ from cmq import RemoteError
 from cmq.routing import Broker, BrokerClient, BrokerConfig, ErrorCode, _server
 from cmq.routing._protocol import DeclareExchange, DeclareQueue
 from tests.routing.test_core import Harness
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -123,12 +124,10 @@ def test_sigterm_flushes_confirms_and_exits_0_with_a_dead_consumer_behind() -> N
         with BrokerClient(addr) as c:
             c.declare_queue("q")
             c.publish("", "q", b"first", confirm=True)  # waits in q until the consumer attaches
-            import time
-
-            deadline = time.monotonic() + 30
-            while c.stats()["queues"] and c.stats()["per_queue"][0]["delivered"] == 0:
-                assert time.monotonic() < deadline, "the consumer never attached"
-                time.sleep(0.01)
+            attached = wait_until(
+                lambda: not c.stats()["queues"] or c.stats()["per_queue"][0]["delivered"] > 0, 30
+            )
+            assert attached, "the consumer never attached"
             consumer.kill()  # gone without a word: what the broker sends it is never acknowledged
             consumer.wait()
             for _ in range(50):
