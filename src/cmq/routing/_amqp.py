@@ -716,11 +716,23 @@ class AmqpConnection:
 
     # -- content ----------------------------------------------------------------------
 
-    def _content_header(self, channel: int, h: Any, now: float) -> None:
+    def _content_channel(self, channel: int) -> Any:
+        """The open channel a content frame belongs to; None to ignore the frame
+        (its channel is closing).
+
+        Raises:
+            _ConnectionError: no such channel on an open connection.
+        """
         ch = self._channels.get(channel)
         if ch is None or ch.closing:
             if ch is None and self.state == _OPEN:
                 raise _ConnectionError(CHANNEL_ERROR, f"expected 'channel.open' on channel {channel}")
+            return None
+        return ch
+
+    def _content_header(self, channel: int, h: Any, now: float) -> None:
+        ch = self._content_channel(channel)
+        if ch is None:
             return
         pub = ch.publishing
         if pub is None or pub.size >= 0:
@@ -731,10 +743,8 @@ class AmqpConnection:
             self._published(ch, now)
 
     def _content_body(self, channel: int, payload: bytes, now: float) -> None:
-        ch = self._channels.get(channel)
-        if ch is None or ch.closing:
-            if ch is None and self.state == _OPEN:
-                raise _ConnectionError(CHANNEL_ERROR, f"expected 'channel.open' on channel {channel}")
+        ch = self._content_channel(channel)
+        if ch is None:
             return
         pub = ch.publishing
         if pub is None or pub.size < 0:
