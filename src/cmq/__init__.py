@@ -11,6 +11,7 @@ from cmq._errors import (
     CmqError,
     ConfigError,
     MessageTooLarge,
+    MissingExtra,
     ProtocolError,
     RemoteError,
     Timeout,
@@ -24,7 +25,7 @@ from cmq.wire.reliable import DeliveryFailure
 if _TYPE_CHECKING:
     from cmq.net.aqueue import AsyncQueue
 
-__version__ = "0.1.0"
+    __version__: str
 
 __all__ = [
     "AsyncQueue",
@@ -34,6 +35,7 @@ __all__ = [
     "DeliveryFailure",
     "Message",
     "MessageTooLarge",
+    "MissingExtra",
     "ProtocolError",
     "Queue",
     "QueueConfig",
@@ -53,4 +55,16 @@ def __getattr__(name: str) -> _Any:
         from cmq.net.aqueue import AsyncQueue
 
         return AsyncQueue
+    if name == "__version__":
+        # One place holds the version: pyproject.toml, read back from the
+        # installed metadata. Looked up on first use: reading the metadata
+        # takes longer than importing cmq.
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            found = version("pycmq")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            found = "0+unknown"
+        globals()["__version__"] = found
+        return found
     raise AttributeError(f"module 'cmq' has no attribute {name!r}")

@@ -16,6 +16,8 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+from cmq._extras import require
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the options of ``cmq sqsbench``."""
@@ -72,10 +74,23 @@ def _store(kind: str) -> Iterator[str | None]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the chosen benchmark and print its figures."""
+    """Run the chosen benchmark and print its figures.
+
+    Raises:
+        MissingExtra: the service extra (its servers, the Redis store, the
+            aiohttp client) or, for --out, the lab extra is not installed.
+    """
+    stores = [s.strip() for s in args.stores.split(",") if s.strip()]
+    # Checked here: the nodes run in child processes, which would only die.
+    require("the queue service", "uvicorn", "httptools")
+    if "redis-cluster" in stores:
+        require("the Redis Cluster store", "redis")
+    if args.client == "aiohttp":
+        require("the aiohttp client", "aiohttp")
+    if args.out and not args.out.endswith(".jsonl"):
+        require("writing Parquet", "pyarrow")
     from cmq.service import bench
 
-    stores = [s.strip() for s in args.stores.split(",") if s.strip()]
     rows: list[dict[str, Any]] = []
     if args.what == "throughput":
         with contextlib.ExitStack() as stack:

@@ -22,10 +22,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Literal
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
 from cmq._errors import ConfigError
+from cmq._extras import optional_imports
 from cmq.pipeline.schema import (
     RECORDS_SCHEMA,
     RUNS_SCHEMA,
@@ -35,6 +33,10 @@ from cmq.pipeline.schema import (
     read_table,
     table_paths,
 )
+
+with optional_imports("the lab"):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
 __all__ = [
     "DEFAULT_FLUSH_ROWS",

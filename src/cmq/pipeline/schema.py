@@ -51,10 +51,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
 from cmq._errors import ConfigError
+from cmq._extras import optional_imports
+
+with optional_imports("the lab"):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
 __all__ = [
     "RECORDS_SCHEMA",

@@ -50,7 +50,8 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
-from cmq._errors import CmqError, ConfigError, Timeout
+from cmq._errors import CmqError, ConfigError, MissingExtra, Timeout
+from cmq._extras import optional_imports
 from cmq.routing._client import Endpoint, check_codec
 from cmq.routing._core import Address, BrokerConfig, BrokerCore, BrokerStats, Note
 from cmq.routing._protocol import BROKER_MAILBOX
@@ -147,8 +148,10 @@ class Broker:
     and nothing survives the process.
 
     Raises:
-        ConfigError: a bad option, pamqp is missing for ``amqp_port``, or
-            the store in ``data_dir`` cannot be opened.
+        ConfigError: a bad option, or the store in ``data_dir`` cannot be
+            opened.
+        MissingExtra: ``amqp_port`` is given and pamqp (the ``broker``
+            extra) is not installed.
         TransportError: a port is in use.
     """
 
@@ -193,14 +196,13 @@ class Broker:
         self.amqp: AmqpListener | None = None
         if amqp_port is not None:
             try:
-                from cmq.routing._amqp import Users
-                from cmq.routing._amqp_server import AmqpListener
-            except ImportError as exc:
+                with optional_imports("the AMQP listener"):
+                    from cmq.routing._amqp import Users
+                    from cmq.routing._amqp_server import AmqpListener
+            except MissingExtra:
                 if self._owns_endpoint:
                     endpoint.close()
-                raise ConfigError(
-                    f"the AMQP listener needs pamqp ({exc.name} is missing): pip install 'pycmq[broker]'"
-                ) from exc
+                raise
             try:
                 self.amqp = AmqpListener(self.core, self._lock, host=host, port=amqp_port,
                                          users=users if users is not None else Users.default(),

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cmq._errors import CmqError, ConfigError
+from cmq._extras import install_hint
 
 __all__ = [
     "MOTO_MISSING",
@@ -130,7 +131,7 @@ def start_cmq(store: str, nodes: int = 1, workers: int = 1) -> Servers:
 
 
 #: Why moto's server cannot be started, and how to get it.
-MOTO_MISSING = "moto_server not found: pip install 'moto[server]'"
+MOTO_MISSING = f"moto_server not found: {install_hint('lab')}"
 
 
 def moto_server() -> str | None:

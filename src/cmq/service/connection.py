@@ -24,10 +24,12 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-import httptools
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-
 from cmq._errors import ConfigError
+from cmq._extras import optional_imports
+
+with optional_imports("the queue service"):
+    import httptools
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 __all__ = [
     "DEFAULT_MAX_HEADERS",

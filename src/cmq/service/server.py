@@ -17,10 +17,8 @@ import socket
 from collections.abc import Iterator
 from typing import Any
 
-import uvicorn
-from uvicorn.supervisors import Multiprocess
-
 from cmq._errors import ConfigError, TransportError
+from cmq._extras import optional_imports
 from cmq.service.app import SqsApp
 from cmq.service.config import ServiceConfig, StoreConfig
 from cmq.service.connection import EdgeHttpProtocol, HttpLimits
@@ -29,6 +27,10 @@ from cmq.service.errors import StoreUnavailable
 from cmq.service.operations import Bounds
 from cmq.service.sigv4 import load_keys
 from cmq.service.store import open_store
+
+with optional_imports("the queue service"):
+    import uvicorn
+    from uvicorn.supervisors import Multiprocess
 
 __all__ = ["CONFIG_ENV", "app_from_env", "build_app", "check_store", "load_auth", "serve"]
 

@@ -320,14 +320,16 @@ def register(experiment: LabExperiment) -> LabExperiment:
 
 def _load() -> None:
     # Import every module of this package once: each registers itself.
-    # Private modules (helpers, the worker) register nothing.
+    # Private modules (helpers, the worker) register nothing. Marked loaded
+    # only once all imported: after a MissingExtra the next call raises it
+    # again instead of answering from half a registry.
     global _loaded
     if _loaded:
         return
-    _loaded = True
     for module in pkgutil.iter_modules(__path__):
         if not module.name.startswith("_"):
             importlib.import_module(f"{__name__}.{module.name}")
+    _loaded = True
 
 
 def experiments() -> list[LabExperiment]:

@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
-import importlib.util
 import math
 import shutil
 import statistics
@@ -60,6 +59,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from cmq._errors import CmqError, ConfigError
+from cmq._extras import unavailable
 from cmq.lab.experiments import Context, LabExperiment, register
 from cmq.lab.experiments._record import RunBook
 from cmq.pipeline import report
@@ -233,10 +233,7 @@ def throughput_config(ctx: Context) -> ThroughputConfig:
 
 
 def _unavailable(_ctx: Context) -> str | None:
-    missing = [m for m in ("uvicorn", "starlette") if importlib.util.find_spec(m) is None]
-    if missing:
-        return f"the queue service needs {', '.join(missing)}: pip install 'cmq[service]'"
-    return None
+    return unavailable("the queue service", "starlette", "uvicorn")
 
 
 def _redis_missing() -> str | None:

@@ -52,11 +52,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-import redis.asyncio as aioredis
-from redis import exceptions as rexc
-from redis.asyncio.connection import Connection
-from redis.crc import key_slot
-
+from cmq._extras import optional_imports
 from cmq.service.errors import QueueDoesNotExist, StoreUnavailable
 from cmq.service.model import (
     ChangeResult,
@@ -69,6 +65,12 @@ from cmq.service.model import (
 )
 from cmq.service.ordering import standard_picks
 from cmq.service.store.base import Store
+
+with optional_imports("the Redis Cluster store"):
+    import redis.asyncio as aioredis
+    from redis import exceptions as rexc
+    from redis.asyncio.connection import Connection
+    from redis.crc import key_slot
 
 __all__ = ["RETRY_SECONDS", "RedisClusterStore"]
 
