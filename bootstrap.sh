@@ -13,8 +13,12 @@ if [ ! -x .venv/bin/python ]; then
     .venv/bin/pip install -q --upgrade pip
 fi
 stamp=.venv/.cmq-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-    echo "bootstrap: installing pycmq[test] into .venv (first time: a few minutes)" >&2
+# Installing also builds the compiled core (src/cmq/_speedups.pyx, with gcc
+# and the Python headers); without them cmq runs its pure-Python core and the
+# install says so. A changed core source is rebuilt on the next run.
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ] \
+        || [ src/cmq/_speedups.pyx -nt "$stamp" ]; then
+    echo "bootstrap: installing pycmq[test] into .venv and building its compiled core (first time: a few minutes)" >&2
     .venv/bin/pip install -q -e '.[test]'
     touch "$stamp"
 fi

@@ -18,6 +18,7 @@ from cmq._errors import (
     TransportError,
     WouldBlock,
 )
+from cmq._impl import implementation
 from cmq._types import Message, Stats
 from cmq.net.queue import Queue
 from cmq.wire.reliable import DeliveryFailure
@@ -45,6 +46,7 @@ __all__ = [
     "TransportError",
     "WouldBlock",
     "__version__",
+    "implementation",
 ]
 
 

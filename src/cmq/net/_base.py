@@ -29,6 +29,7 @@ from typing import Any, ClassVar, Final, Protocol
 
 import msgpack
 
+from cmq import _impl
 from cmq._config import QueueConfig
 from cmq._errors import Closed, ConfigError, MessageTooLarge, Timeout, TransportError, WouldBlock
 from cmq._types import Address, Message, Stats
@@ -285,6 +286,12 @@ class Endpoint(ABC):
         encode = self._encode
         raw = self._raw
         packb = self._packb
+        sp = _impl.speedups
+        if sp is not None:
+            # The compiled twin of the closure below.
+            compiled: Callable[..., None]
+            compiled, self._forget_memo = sp.make_push(cache, stream_for, after, encode, raw, packb, self._batcher.large)
+            return compiled
         last_dest: Any = object()
         last_mailbox = -1
         s = Stream(("0.0.0.0", 0), 0, 1)  # a placeholder: last_dest matches no destination
@@ -338,6 +345,10 @@ class Endpoint(ABC):
         append = self._batcher.append
         encode = self._encode
         raw = self._raw
+        sp = _impl.speedups
+        if sp is not None:
+            bound: Callable[[Any], None] = sp.make_sender(s, after, encode, raw, self._batcher.large)
+            return bound
 
         def send(msg: Any) -> None:
             payload = msg if raw and type(msg) is bytes else encode(msg)

@@ -47,6 +47,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any, ClassVar, Final
 
+from cmq import _impl
 from cmq._config import QueueConfig
 from cmq._errors import Closed, Timeout, TransportError
 from cmq._types import Address, Message
@@ -67,6 +68,8 @@ _DRAIN_BATCH: Final = 256
 #: Above this size a datagram is read straight into its own bytes object.
 _BIG_DATAGRAM: Final = 8192
 _RECV_SIZE: Final = 65536
+#: Datagrams per recvmmsg/sendmmsg call (the compiled core's buffers: this many times _RECV_SIZE).
+_MMSG_SLOTS: Final = 16
 #: Waits shorter than this use select, not SO_RCVTIMEO (which rounds up to a timer tick).
 _SHORT_WAIT: Final = 0.02
 _FOREVER: Final = float("inf")
@@ -113,6 +116,12 @@ class Queue(Endpoint):
         # Whether the I/O thread queued messages since a get took one.
         self._io_delivered = False
         self._big_reads = False
+        # The compiled core reads and sends many datagrams per system call
+        # (IPv4; the addresses it reports are the socket module's).
+        sp = _impl.speedups
+        self._mmsg: Any = None
+        if sp is not None and self._sock.family == socket.AF_INET:
+            self._mmsg = sp.DatagramIO(os.dup(self._sock.fileno()), _MMSG_SLOTS, _RECV_SIZE)
         self._arms = 0  # deadlines armed, ever (see _io_loop)
         self._wake_r, self._wake_w = os.pipe()
         self._pipe_open = True
@@ -233,6 +242,14 @@ class Queue(Endpoint):
         return self._wait_until(lambda: not self._rel.unacked, deadline)
 
     def _send_all(self, datagrams: list[bytes], addr: Address, *, raise_errors: bool) -> None:
+        if self._mmsg is not None:
+            try:
+                done = self._mmsg.send(datagrams, addr)
+            except (OSError, ValueError):
+                done = 0  # the loop below sends them one by one, and counts the error
+            if done == len(datagrams):
+                return
+            datagrams = datagrams[done:]
         sendto = self._sock.sendto
         error: OSError | None = None
         for d in datagrams:
@@ -427,6 +444,8 @@ class Queue(Endpoint):
         """
         received = self._receiver.datagram_received
         count = 0
+        if self._mmsg is not None and not self._big_reads:
+            return self._drain_many(limit, backlog)
         while count < limit:
             try:
                 data, addr = self._recv(socket.MSG_DONTWAIT)
@@ -442,6 +461,39 @@ class Queue(Endpoint):
             count += 1
             if backlog is not None and self._receiver.queued() >= backlog:
                 break
+        self._after_read(_monotonic())
+        return count
+
+    def _drain_many(self, limit: int, backlog: int | None) -> int:
+        """:meth:`_drain` with many datagrams per system call (the compiled core's ``recvmmsg``).
+
+        Near ``backlog`` it reads one datagram per call, so that what the
+        application has not taken yet waits in the kernel, not in the mailboxes.
+        """
+        received = self._receiver.datagram_received
+        recv = self._mmsg.recv
+        receiver = self._receiver
+        half = None if backlog is None else backlog // 2
+        count = 0
+        while count < limit:
+            want = 1 if half is not None and receiver.queued() >= half else min(limit - count, _MMSG_SLOTS)
+            try:
+                batch = recv(want)
+            except OSError:
+                if self._closed:
+                    break
+                continue  # e.g. an ICMP error reported on the socket: nothing to read
+            if not batch:
+                break
+            for data, addr in batch:
+                if addr is None:
+                    break  # shut down by close()
+                received(data, addr, _monotonic())
+            else:
+                count += len(batch)
+                if backlog is None or receiver.queued() < backlog:
+                    continue
+            break
         self._after_read(_monotonic())
         return count
 
@@ -713,6 +765,9 @@ class Queue(Endpoint):
         self._io_thread.join(timeout=2.0)
         with self._rx_lock:
             self._sock.close()
+        if self._mmsg is not None:
+            with self._timer_lock:  # no send in flight on its descriptor
+                self._mmsg.close()
         # A push racing close() in another thread must not write to a pipe
         # whose descriptor number the OS may already have handed out again.
         self._pipe_open = False
