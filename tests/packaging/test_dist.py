@@ -6,6 +6,13 @@ What this covers, in fresh virtual environments:
   leftovers) makes an sdist, and a wheel from that sdist; their contents and
   metadata (version, extras, classifiers, ``py.typed``, the ``cmq`` script)
   are checked;
+- the wheel is a binary wheel for this platform carrying the compiled core
+  (``cmq._speedups``), and ``cmq.implementation()`` is ``"compiled"`` where
+  it is installed (where this machine has no C compiler, the test says so
+  and skips that check);
+- the sdist installed where no compiler works (``CC=/bin/false``) falls back
+  to the pure-Python core, saying so once in the install's output, and
+  ``cmq.implementation()`` is ``"python"`` there;
 - the wheel and the sdist, each installed with no extra: ``cmq --help``,
   ``cmq --version``, every command's and verb's ``--help``, each command that
   needs an extra failing with the one line naming it, importing an optional
@@ -22,8 +29,9 @@ requirements are checked against pyproject.toml here; ``./bootstrap.sh``
 installs it (through ``all``) on every developer and CI machine, where the
 lab's own tests use it.
 
-The dependencies are fetched once into a wheelhouse (from pip's cache when
-it is warm); every install after that is ``--no-index`` from it.
+The build backend and the dependencies of the core and the light extras are
+fetched once into a wheelhouse (from pip's cache when it is warm); every
+build and install after that is ``--no-index`` from it.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tarfile
 import threading
 import tomllib
@@ -58,6 +67,10 @@ VERSION = PROJECT["version"]
 PIP = [sys.executable, "-m", "pip"]
 #: Extras installed for real, in this order (see the module docstring).
 LIGHT_EXTRAS = ("broker", "service", "bench")
+#: What setup.py says, once, when it cannot build the compiled core.
+FALLBACK_NOTE = "cmq: the compiled core was not built"
+#: Whether this machine can compile the extension at all.
+HAVE_CC = shutil.which((sysconfig.get_config_var("CC") or "cc").split()[0]) is not None
 #: A module of each extra's that cmq imports at module level, with the import
 #: that reaches it.
 OPTIONAL_IMPORTS = {
@@ -81,7 +94,8 @@ def _run(cmd: list[str | Path], *, timeout: float = 300, **kw: object) -> subpro
 
 
 def _offline_env(wheelhouse: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    drop = ("PYTHONPATH", "VIRTUAL_ENV", "CMQ_PURE_PYTHON")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
     env.update(PIP_NO_INDEX="1", PIP_FIND_LINKS=str(wheelhouse), PIP_DISABLE_PIP_VERSION_CHECK="1")
     return env
 
@@ -105,14 +119,16 @@ def dists(tmp_path_factory: pytest.TempPathFactory) -> Dists:
     tmp = tmp_path_factory.mktemp("dist")
     checkout, out, wheelhouse = tmp / "checkout", tmp / "dist", tmp / "wheelhouse"
     _clean_checkout(checkout)
-    # One trip to the index for the build backend, one for the extras' deps.
-    _run([*PIP, "download", "-q", "--only-binary", ":all:", "-d", wheelhouse,
-          *PYPROJECT["build-system"]["requires"]])  # fmt: skip
+    # One trip to the index: the build backend, the core's and the light
+    # extras' dependencies.
+    extras = PROJECT["optional-dependencies"]
+    needed = [*PYPROJECT["build-system"]["requires"], *PROJECT["dependencies"],
+              *(r for e in LIGHT_EXTRAS for r in extras[e] if _name(r) != "pycmq")]  # fmt: skip
+    _run([*PIP, "download", "-q", "--only-binary", ":all:", "-d", wheelhouse, *needed])
+    # The sdist, then the wheel built from it (as pip builds on a user's machine).
     _run([sys.executable, "-m", "build", "--outdir", out, checkout], env=_offline_env(wheelhouse))
     (wheel,) = out.glob("pycmq-*.whl")
     (sdist,) = out.glob("pycmq-*.tar.gz")
-    _run([*PIP, "download", "-q", "--only-binary", ":all:", "-d", wheelhouse,
-          f"{wheel}[{','.join(LIGHT_EXTRAS)}]"])  # fmt: skip
     sizes = {p.name: p.stat().st_size for p in (wheel, sdist)}
     print(f"built {json.dumps(sizes)}")  # shown with -s: the sizes of the distributions
     return Dists(wheel=wheel, sdist=sdist, wheelhouse=wheelhouse, tmp=tmp)
@@ -128,8 +144,11 @@ class Venv:
         self.env = _offline_env(wheelhouse)
         self.env["PATH"] = f"{path / 'bin'}{os.pathsep}{self.env.get('PATH', '')}"
 
-    def install(self, *requirements: str | Path) -> None:
-        _run([*PIP, "--python", self.python, "install", "-q", *requirements], env=self.env)
+    def install(self, *requirements: str | Path, env: dict[str, str] | None = None) -> str:
+        """Install; returns pip's verbose output (the build's, for an sdist)."""
+        cmd = [*PIP, "--python", self.python, "install", "-v", *requirements]
+        done = _run(cmd, env={**self.env, **(env or {})})
+        return done.stdout + done.stderr
 
     def cmq(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         return subprocess.run([str(self.path / "bin" / "cmq"), *args], capture_output=True,
@@ -230,7 +249,7 @@ def test_the_wheel_holds_the_package_and_its_metadata(dists: Dists) -> None:
         meta = email.message_from_bytes(zf.read(info))
         entry_points = zf.read(info.replace("METADATA", "entry_points.txt")).decode()
     assert _package_files() <= names  # every module and py.typed
-    assert not any(n.startswith(("tests/", "src/")) for n in names)
+    assert not any(n.startswith(("tests/", "src/")) or n.endswith(".c") for n in names)
     assert (meta["Name"], meta["Version"]) == ("pycmq", VERSION)
     assert meta["Requires-Python"] == PROJECT["requires-python"]
     assert set(meta.get_all("Classifier") or []) == set(PROJECT["classifiers"])
@@ -248,7 +267,8 @@ def test_the_sdist_holds_the_sources(dists: Dists) -> None:
         pkg_info = tf.extractfile(top + "PKG-INFO")
         assert pkg_info is not None
         meta = email.message_from_bytes(pkg_info.read())
-    assert {"pyproject.toml", "README.md", "CHANGELOG.md"} <= names
+    assert {"pyproject.toml", "setup.py", "README.md", "CHANGELOG.md"} <= names
+    assert "src/cmq/_speedups.pyx" in names
     assert {f"src/{n}" for n in _package_files()} <= names
     assert meta["Version"] == VERSION
 
@@ -256,11 +276,49 @@ def test_the_sdist_holds_the_sources(dists: Dists) -> None:
 # -- installed with no extra -------------------------------------------------------
 
 
+def test_the_wheel_is_binary_and_carries_the_compiled_core(dists: Dists) -> None:
+    if not HAVE_CC:
+        pytest.skip("no C compiler on this machine: the wheel was built with the pure-Python core")
+    tag = dists.wheel.name.removesuffix(".whl").split("-")[-3:]
+    assert tag[:2] == [f"cp{sys.version_info.major}{sys.version_info.minor}"] * 2, tag
+    assert tag[2] != "any", tag
+    with zipfile.ZipFile(dists.wheel) as zf:
+        assert [n for n in zf.namelist() if re.fullmatch(r"cmq/_speedups\..*\.so", n)]
+
+
+@dataclass(frozen=True)
+class Installed:
+    venv: Venv
+    kind: str
+    log: str
+    """pip's verbose output of the install."""
+
+
 @pytest.fixture(scope="module", params=["wheel", "sdist"])
-def bare(request: pytest.FixtureRequest, dists: Dists) -> Venv:
-    venv = Venv(dists.tmp / f"venv-{request.param}", dists.wheelhouse)
-    venv.install(getattr(dists, request.param))
-    return venv
+def installed(request: pytest.FixtureRequest, dists: Dists) -> Installed:
+    kind = request.param
+    venv = Venv(dists.tmp / f"venv-{kind}", dists.wheelhouse)
+    # The sdist goes where no compiler works: it must fall back, not fail.
+    log = venv.install(getattr(dists, kind), env={"CC": "/bin/false"} if kind == "sdist" else None)
+    return Installed(venv, kind, log)
+
+
+@pytest.fixture
+def bare(installed: Installed) -> Venv:
+    return installed.venv
+
+
+def test_which_core_runs(installed: Installed) -> None:
+    core = installed.venv.python_code("import cmq; print(cmq.implementation())").strip()
+    if installed.kind == "wheel":
+        assert core == ("compiled" if HAVE_CC else "python")
+        assert FALLBACK_NOTE not in installed.log
+    else:
+        assert core == "python"
+        # Said once, with how to get the compiled core.
+        assert installed.log.count(FALLBACK_NOTE) == 1, installed.log
+        note = next(line for line in installed.log.splitlines() if FALLBACK_NOTE in line)
+        assert "pure-Python core" in note and "C compiler" in note, note
 
 
 def test_every_help_works_without_extras(bare: Venv) -> None:
