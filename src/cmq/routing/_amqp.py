@@ -51,15 +51,9 @@ from decimal import Decimal
 from typing import Any, Final
 
 import msgpack
-from pamqp import commands as spec
-from pamqp import decode as pdecode
-from pamqp import frame as pframe
-from pamqp.body import ContentBody
-from pamqp.exceptions import PAMQPException
-from pamqp.header import ContentHeader
-from pamqp.heartbeat import Heartbeat
 
 from cmq._errors import ConfigError
+from cmq._extras import optional_imports
 from cmq.routing._core import MAX_NAME, BrokerCore, Refused
 from cmq.routing._protocol import (
     BODY_EXT,
@@ -78,6 +72,15 @@ from cmq.routing._protocol import (
     PurgeQueue,
     Unbind,
 )
+
+with optional_imports("the AMQP listener"):
+    from pamqp import commands as spec
+    from pamqp import decode as pdecode
+    from pamqp import frame as pframe
+    from pamqp.body import ContentBody
+    from pamqp.exceptions import PAMQPException
+    from pamqp.header import ContentHeader
+    from pamqp.heartbeat import Heartbeat
 
 __all__ = ["PROTOCOL_HEADER", "AmqpConnection", "Users"]
 
