@@ -60,7 +60,11 @@ def _top_help() -> str:
         "commands:",
     ]
     lines += [f"  {n.ljust(width)}  {_summary(n)}" for n in names]
-    lines += ["", f"Run '{_PROG} COMMAND --help' for the options of one command."]
+    lines += [
+        "",
+        f"Run '{_PROG} COMMAND --help' for the options of one command, "
+        f"'{_PROG} --version' for the version.",
+    ]
     return "\n".join(lines)
 
 
