@@ -92,6 +92,11 @@ class MissingExtra(CmqError, ModuleNotFoundError):
     ``extra`` the extra of ``pycmq`` that installs it.
     """
 
-    def __init__(self, message: str, *, name: str, extra: str) -> None:
+    def __init__(self, message: str, *, name: str | None = None, extra: str = "") -> None:
         super().__init__(message, name=name)
         self.extra = extra
+
+    def __reduce__(self) -> tuple[type[MissingExtra], tuple[str], dict[str, str | None]]:
+        # Keyword arguments do not survive the default pickling of exceptions
+        # (a worker process may send one back).
+        return (type(self), (str(self),), {"name": self.name, "extra": self.extra})

@@ -9,6 +9,7 @@ environment where the extras are really not installed.
 from __future__ import annotations
 
 import json
+import pickle
 import re
 import subprocess
 import sys
@@ -55,6 +56,15 @@ def test_a_missing_listed_module_is_one_line_naming_its_extra(
     assert (error.extra, error.name) == ("service", "uvicorn")
     assert isinstance(error, ModuleNotFoundError)  # old `except ImportError` still works
     assert isinstance(error.__cause__, ModuleNotFoundError)
+
+
+def test_missing_extra_survives_pickling() -> None:
+    # A worker process may send one back to its parent.
+    error = MissingExtra("the lab needs ...", name="pyarrow", extra="lab")
+    back = pickle.loads(pickle.dumps(error))
+    assert (type(back), str(back), back.name, back.extra) == (
+        MissingExtra, "the lab needs ...", "pyarrow", "lab"
+    )
 
 
 def test_a_missing_module_that_is_no_extra_passes_through(
