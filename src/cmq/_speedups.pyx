@@ -98,8 +98,8 @@ cdef class Stream:
     """The batch and sequence state of one (address, mailbox) pair.
 
     The compiled twin of :class:`cmq.wire.batcher.Stream`: the same
-    attributes, with the batch list and ``check_at`` as C fields (every
-    push reads them).
+    attributes, with the batch list and its counters as C fields (every
+    push reads them; :func:`check` and :func:`cut` work on them).
     """
 
     cdef public object addr
@@ -108,15 +108,15 @@ cdef class Stream:
     cdef public object ext
     cdef public object rel
     cdef public list frames
-    cdef public object limit
+    cdef public Py_ssize_t limit
     cdef public Py_ssize_t check_at
-    cdef public object counted
-    cdef public object size
+    cdef public Py_ssize_t counted
+    cdef public Py_ssize_t size
     cdef public object sizes
     cdef public object seq
-    cdef public object gen
-    cdef public object armed
-    cdef public object last_send
+    cdef public long long gen
+    cdef public long long armed
+    cdef public double last_send
 
     def __init__(self, addr, mailbox, qthresh, head=b""):
         self.addr = addr
@@ -216,6 +216,95 @@ def make_push(dict cache, stream_for, after, encode, bint raw, packb, Py_ssize_t
         last_mailbox = -1
 
     return push, forget
+
+
+cdef object OPENED = 1
+cdef object FULL = 2
+
+
+def check(Stream s, Py_ssize_t max_body):
+    """The batcher's slow half of a push (``Batcher.check``): QUEUED, OPENED or FULL.
+
+    Counts the bytes of the messages appended since the last call in one C
+    loop. It does not keep their sizes for ``take`` (:func:`cut` measures
+    the batch itself). Same serialisation rule as the pure twin.
+    """
+    cdef list frames = s.frames
+    cdef Py_ssize_t total = PyList_GET_SIZE(frames)
+    cdef Py_ssize_t counted = s.counted
+    cdef Py_ssize_t k, i, n, nbytes = 0
+    cdef object p
+    if counted == 0 and total == 1:
+        # A batch opening with one message (the common case).
+        p = <object>PyList_GET_ITEM(frames, 0)
+        n = PyBytes_GET_SIZE(p) if type(p) is bytes else len(p)
+        counted = s.counted = 1
+        s.size = n + 1 if n < 255 else n + 9
+    else:
+        k = total - counted if total > counted else 0
+        if k:
+            for i in range(counted, total):
+                p = <object>PyList_GET_ITEM(frames, i)
+                nbytes += PyBytes_GET_SIZE(p) if type(p) is bytes else len(p)
+            counted += k
+            s.counted = counted
+            # Framing: one byte a message, nine for long ones (judged by the average).
+            s.size += nbytes + k * (1 if nbytes < 255 * k else 9)
+        elif not total:
+            return QUEUED  # taken meanwhile: the next push opens a batch
+    cdef Py_ssize_t size = s.size
+    cdef Py_ssize_t avg = size // counted
+    if avg == 0:
+        avg = 1
+    cdef Py_ssize_t limit = s.limit
+    cdef Py_ssize_t room = max_body - size
+    if size >= limit or avg > room:
+        return FULL
+    cdef Py_ssize_t more = (limit - size + avg - 1) // avg
+    if room // avg < more:
+        more = room // avg
+    s.check_at = counted + (more if more > 1 else 1)
+    if s.armed == s.gen:
+        return QUEUED
+    s.armed = s.gen
+    return OPENED
+
+
+def make_check(Py_ssize_t max_body):
+    """:func:`check` for batches of at most ``max_body`` bytes: ``check(s)``."""
+
+    def check_(Stream s):
+        return check(s, max_body)
+
+    return check_
+
+
+def cut(list chunk, bytes head, seq, bytes ext, Py_ssize_t limit):
+    """``chunk`` framed into datagrams of at most ``limit`` body bytes each
+    (at least one message each), numbered from ``seq``: as ``Batcher.take``
+    cuts a batch, byte for byte."""
+    cdef Py_ssize_t count = PyList_GET_SIZE(chunk)
+    cdef Py_ssize_t start = 0, end, body, n
+    cdef object p
+    cdef list out = []
+    cdef unsigned long long sq = <unsigned long long>(seq & 0xFFFFFFFF)
+    while start < count:
+        end = start
+        body = 0
+        while end < count:
+            p = <object>PyList_GET_ITEM(chunk, end)
+            if type(p) is not bytes:
+                raise TypeError("payloads must be bytes")
+            n = PyBytes_GET_SIZE(p)
+            n += 1 if n < 255 else LONG_PREFIX
+            if end > start and body + n > limit:
+                break
+            body += n
+            end += 1
+        out.append(frame(chunk[start:end] if start or end < count else chunk, head, sq, ext))
+        sq = (sq + 1) & 0xFFFFFFFF
+        start = end
+    return out
 
 
 # -- framing -------------------------------------------------------------------

@@ -4,7 +4,9 @@ Scenarios:
 
   throughput    the sender sends as fast as it can (--duration or --count);
                 msgs/s counts delivered messages only, measured at the
-                receiver from the first to the last delivered message
+                receiver from the first to the last delivered message; CPU
+                ns/msg is the CPU time of both processes (all their
+                threads) per delivered message
   pingpong      the next message after the reply (--count round trips);
                 a reply later than --timeout is a lost round trip
   pingping      asynchronous: up to --window messages in flight
@@ -262,6 +264,7 @@ def _table(scenario: str, pin: str, results: list[runner.Result]) -> None:
             "seconds",
             "msgs/s",
             "MB/s",
+            "CPU ns/msg",
         ):
             table.add_column(col, justify="left" if col == "system" else "right")
         for t in sorted(
@@ -276,6 +279,7 @@ def _table(scenario: str, pin: str, results: list[runner.Result]) -> None:
                 f"{t.seconds:.3f}",
                 f"{t.msgs_per_s:,.0f}",
                 f"{t.mb_per_s:,.2f}",
+                "-" if t.cpu_ns_per_msg is None else f"{t.cpu_ns_per_msg:,.0f}",
             )
     else:
         for col in (

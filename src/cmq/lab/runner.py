@@ -170,6 +170,16 @@ class ThroughputResult:
         """Delivered over sent (0 when nothing was sent)."""
         return self.delivered / self.sent if self.sent else 0.0
 
+    @property
+    def cpu_ns_per_msg(self) -> float | None:
+        """CPU time of both ends (every thread of the sender's and the
+        receiver's process, over their roles) per delivered message; None
+        when a side did not report it or nothing was delivered."""
+        send, recv = self.sender.get("cpu_ns"), self.receiver.get("cpu_ns")
+        if send is None or recv is None or not self.delivered:
+            return None
+        return (send + recv) / self.delivered
+
     def to_json(self) -> dict[str, Any]:
         """The issue's JSON shape, plus ``delivered_fraction`` and memory."""
         return {
@@ -182,6 +192,7 @@ class ThroughputResult:
             "mb_per_s": round(self.mb_per_s, 3),
             "delivered_fraction": round(self.delivered_fraction, 6),
             "receiver_maxrss_kb": self.receiver.get("maxrss_kb"),
+            "cpu_ns_per_msg": None if self.cpu_ns_per_msg is None else round(self.cpu_ns_per_msg, 1),
         }
 
 

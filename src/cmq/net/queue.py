@@ -444,7 +444,7 @@ class Queue(Endpoint):
         """
         received = self._receiver.datagram_received
         count = 0
-        if self._mmsg is not None and not self._big_reads:
+        if self._mmsg is not None:
             return self._drain_many(limit, backlog)
         while count < limit:
             try:
