@@ -12,6 +12,9 @@ Scenarios:
   pingping      asynchronous: up to --window messages in flight
   destinations  sans-IO micro-benchmark: cost per push to 1 destination and
                 to 100,000 distinct destinations (cmq's batcher alone)
+  push          CPU time of one q.push / q.sender() call that joins an open
+                batch, on the compiled core and on the pure-Python one
+                (--count pushes, 4 B; --rounds repeats, the best counts)
 
 Sender and receiver run in two processes (--pin same: one CPU; spread: two
 CPUs; none: the scheduler decides). Runs of different systems are
@@ -38,7 +41,7 @@ from cmq.lab.systems import SYSTEMS
 
 __all__ = ["configure", "parse_sizes", "parse_systems", "run"]
 
-SCENARIOS = ("throughput", "pingpong", "pingping", "destinations")
+SCENARIOS = ("throughput", "pingpong", "pingping", "destinations", "push")
 DEFAULT_SYSTEMS = "cmq,udp,tcp,zmq"
 DEFAULT_SIZES = "4,512,16384"
 DEFAULT_DURATION = 2.0  # throughput, seconds per run
@@ -341,6 +344,19 @@ def _destinations(args: argparse.Namespace) -> int:
     return 0
 
 
+def _push(args: argparse.Namespace) -> int:
+    results = runner.run_push_cost(count=int(args.count or 1_000_000), repeat=args.rounds or 3)
+    if args.json:
+        print(json.dumps({"scenario": "push", "results": [r.to_json() for r in results], **_environment()}))
+        return 0
+    for r in results:
+        print(
+            f"{r.core:>8} core, {r.call:>6}: {r.ns_per_msg:6.1f} ns per message "
+            f"({r.messages:,} messages of {r.size} B; the loop alone {r.loop_ns:.1f} ns)"
+        )
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     """Run one scenario; 0 when every run worked, 1 when one failed.
 
@@ -351,6 +367,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--raw needs --json")
     if scenario == "destinations":
         return _destinations(args)
+    if scenario == "push":
+        return _push(args)
     with _progress(True) as progress:
         if scenario == "throughput":
             duration = args.duration

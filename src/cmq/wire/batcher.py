@@ -503,11 +503,11 @@ class Batcher:
             s.counted = s.size = 0
             s.last_send = now
             self.messages_sent += len(chunk)
-            out: list[bytes] = self._cut(chunk, s.head, s.seq, s.ext, self._max_body)
-            s.seq = (s.seq + len(out)) & 0xFFFFFFFF
-            self.datagrams_sent += len(out)
-            self.bytes_sent += sum(map(len, out))
-            return out
+            cut: list[bytes] = self._cut(chunk, s.head, s.seq, s.ext, self._max_body)
+            s.seq = (s.seq + len(cut)) & 0xFFFFFFFF
+            self.datagrams_sent += len(cut)
+            self.bytes_sent += sum(map(len, cut))
+            return cut
         sizes = s.sizes
         if len(sizes) < len(chunk):
             sizes += map(len, chunk[len(sizes) :])
