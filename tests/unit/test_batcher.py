@@ -18,6 +18,11 @@ pytestmark = pytest.mark.usefixtures("core")
 DEST = ("127.0.0.1", 9)
 
 
+def encoder(b: Batcher) -> str:
+    """The attribute a take encodes a batch with: the compiled core's cutter, or the pure framer."""
+    return "_cut" if b._cut is not None else "_frame"
+
+
 def make(**options: object) -> Batcher:
     return Batcher(QueueConfig(**options), sender=77)  # type: ignore[arg-type]
 
@@ -185,7 +190,7 @@ def test_push_does_not_encode_the_pending_batch() -> None:
     """The original re-encoded the whole batch on every push (O(n) per push)."""
     b = make(qthresh=10**6)
     s = b.stream(DEST, 0)
-    with mock.patch.object(b, "_frame", wraps=b._frame) as enc:
+    with mock.patch.object(b, encoder(b), wraps=getattr(b, encoder(b))) as enc:
         for _ in range(1000):
             b.push(s, b"m")
         assert enc.call_count == 0
@@ -198,13 +203,13 @@ def test_take_removes_exactly_what_it_encoded() -> None:
     b = make()
     s = b.stream(DEST, 0)
     b.push(s, b"first")
-    real_encode = b._frame
+    real_encode = getattr(b, encoder(b))
 
     def encode_and_race(*args: object) -> bytes:
         s.frames.append(b"raced")  # what a concurrent push does
         return real_encode(*args)  # type: ignore[no-any-return]
 
-    with mock.patch.object(b, "_frame", side_effect=encode_and_race):
+    with mock.patch.object(b, encoder(b), side_effect=encode_and_race):
         first = b.take(s, 0.0)
     assert decode_all(first) == [b"first"]
     assert decode_all(b.take(s, 0.0)) == [b"raced"]
@@ -297,7 +302,7 @@ def test_a_push_landing_after_a_take_opens_the_next_batch() -> None:
     assert b.push(s, b"first") == OPENED
     for _ in range(5):
         assert b.push(s, b"more") == QUEUED
-    real_encode = b._frame
+    real_encode = getattr(b, encoder(b))
     raced: list[int] = []
 
     def encode_and_race(*args: object, **kwargs: object) -> bytes:
@@ -306,7 +311,7 @@ def test_a_push_landing_after_a_take_opens_the_next_batch() -> None:
         raced.append(len(s.frames) >= s.check_at)
         return real_encode(*args, **kwargs)  # type: ignore[no-any-return]
 
-    with mock.patch.object(b, "_frame", side_effect=encode_and_race):
+    with mock.patch.object(b, encoder(b), side_effect=encode_and_race):
         b.take(s, 0.0)
     assert raced == [True]  # the racing push goes on to check()...
     assert b.check(s) == OPENED  # ...which arms the batch holding it
