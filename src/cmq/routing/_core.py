@@ -696,6 +696,64 @@ class BrokerCore:
         ex = self._exchanges.get(name)
         return None if ex is None else ex.type.value
 
+    # -- inspection (the management console; read-only) ---------------------------
+
+    def exchanges_info(self) -> list[dict[str, Any]]:
+        """Every exchange: name, type, durable and its bindings (queue, key), by name."""
+        return [
+            {
+                "name": name,
+                "type": ex.type.value,
+                "durable": name in self._durable_exchanges,
+                "bindings": sorted((b.queue, b.key) for b in ex.bindings()),
+            }
+            for name, ex in sorted(self._exchanges.items())
+        ]
+
+    def queue_details(self, name: str) -> dict[str, Any] | None:
+        """What queue ``name`` was declared with and its bindings (exchange,
+        key), or None when there is none."""
+        q = self._queues.get(name)
+        if q is None:
+            return None
+        return {
+            "durable": q.durable,
+            "exclusive": q.owner is not None,
+            "auto_delete": q.auto_delete,
+            "max_length": q.max_length,
+            "overflow": q.overflow.value,
+            "arguments": _arguments_of(q),
+            "bindings": sorted(q.bindings),
+        }
+
+    def peek(self, name: str, limit: int) -> list[dict[str, Any]] | None:
+        """The first ``limit`` ready messages of queue ``name``, left where they
+        are: exchange, routing key, body (as kept), redelivered, where it was
+        dead-lettered from. None when there is no such queue."""
+        q = self._queues.get(name)
+        if q is None:
+            return None
+        out = []
+        for i, (exchange, key, body, redelivered, meta) in enumerate(q.ready):
+            if i >= limit:
+                break
+            out.append({
+                "exchange": exchange,
+                "routing_key": key,
+                "body": body,
+                "redelivered": redelivered,
+                "deaths": list(meta.deaths) if meta is not None else [],
+            })  # fmt: skip
+        return out
+
+    def route_preview(self, exchange: str, routing_key: str) -> list[str] | None:
+        """The queues a message published to ``exchange`` with ``routing_key``
+        would reach (sorted), changing nothing; None when there is no such exchange."""
+        ex = self._exchanges.get(exchange)
+        if ex is None:
+            return None
+        return sorted(ex.route(routing_key))
+
     def restore(self, state: StoredState, now: float) -> None:
         """Take back what a store kept (see :mod:`cmq.routing._store`), before serving.
 

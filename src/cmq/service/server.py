@@ -52,6 +52,7 @@ def build_app(config: ServiceConfig) -> SqsApp:
     """The ASGI app of one node. Raises ConfigError for an unreadable auth file."""
     return SqsApp(
         open_store(config.store),
+        store_name=_describe(config.store),
         region=config.region,
         account_id=config.account_id,
         max_request_bytes=config.max_request_bytes,

@@ -39,6 +39,7 @@ from typing import Any, TypeVar
 
 from cmq.service.errors import QueueDoesNotExist, SqsError, StoreUnavailable
 from cmq.service.model import (
+    Browsed,
     ChangeResult,
     NewMessage,
     QueueCounts,
@@ -382,6 +383,20 @@ class SqliteStore(Store):
             conn.execute("DELETE FROM messages WHERE queue = ?", (name,))
 
         await self._run(job)
+
+    async def browse(self, name: str, limit: int) -> list[Browsed]:
+        def job(conn: sqlite3.Connection) -> list[Browsed]:
+            _check_queue(conn, name)
+            return [
+                Browsed(seq=r[0], payload=r[1], visible_at=r[2], receive_count=r[3])
+                for r in conn.execute(
+                    "SELECT seq, payload, visible_at, receive_count FROM messages "
+                    "WHERE queue = ? ORDER BY seq LIMIT ?",
+                    (name, limit),
+                )
+            ]
+
+        return await self._run(job)
 
     async def usage(self) -> int:
         """Bytes of the database file in use (pages minus free pages)."""
