@@ -332,3 +332,57 @@ def test_broker_metrics_follow_the_service_naming() -> None:
             name, kind = line.split()[2:4]
             assert name.startswith("cmq_broker_")
             assert name.endswith("_total") == (kind == "counter")
+
+
+def test_worker_processes_share_one_csrf_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cmq.service.app import CONSOLE_TOKEN_ENV
+
+    monkeypatch.setenv(CONSOLE_TOKEN_ENV, "shared-token")
+    tokens = {_token(_run(call(SqsApp(MemoryStore()), "GET", "/console/"))) for _ in range(2)}
+    assert tokens == {"shared-token"}
+    monkeypatch.delenv(CONSOLE_TOKEN_ENV)
+    assert len({_token(_run(call(SqsApp(MemoryStore()), "GET", "/console/"))) for _ in range(2)}) == 2
+
+
+def test_cmq_broker_http_port_serves_console_and_metrics(tmp_path: Path) -> None:
+    import http.client
+    import signal
+    import subprocess
+    import sys
+
+    users = tmp_path / "users.txt"
+    users.write_text("admin:pw\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cmq", "broker", "--port", "0", "--in-memory", "--http-port", "0",
+         "--users", str(users)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        m = re.search(r"console on http://127\.0\.0\.1:(\d+)/console/", line)
+        assert m is not None, (line, proc.stderr.read() if proc.stderr else "")
+        port = int(m.group(1))
+
+        def get(path: str, headers: dict[str, str]) -> tuple[int, str]:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            try:
+                conn.request("GET", path, headers=headers)
+                r = conn.getresponse()
+                return r.status, r.read().decode()
+            finally:
+                conn.close()
+
+        assert get("/console/", {})[0] == 401
+        assert get("/console/", _basic("guest", "guest"))[0] == 401  # a users file replaces guest
+        assert get("/console/", _basic("admin", "pw"))[0] == 200
+        status, text = get("/metrics", {})
+        assert status == 200 and "cmq_broker_queues 0" in text
+        assert get("/health", {}) == (200, "ok\n")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=15)
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+    assert proc.returncode == 0

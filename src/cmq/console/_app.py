@@ -137,7 +137,9 @@ def _header(scope: Scope, name: bytes) -> str | None:
 class ConsoleApp:
     """The console of one server over ``backend`` (see module doc)."""
 
-    def __init__(self, backend: Backend, *, policy: EdgePolicy, access: Access) -> None:
+    def __init__(
+        self, backend: Backend, *, policy: EdgePolicy, access: Access, csrf_token: str | None = None
+    ) -> None:
         from jinja2 import Environment, PackageLoader, select_autoescape
         from starlette.routing import Mount, Route, Router
         from starlette.staticfiles import StaticFiles
@@ -146,8 +148,9 @@ class ConsoleApp:
         self.policy = policy
         self.access = access
         self.history = RateHistory()
-        #: Sent in each page, required on each state change (see module doc).
-        self.csrf_token = secrets.token_urlsafe(32)
+        #: Sent in each page, required on each state change (see module doc);
+        #: the processes of one server share it (``cmq serve --workers N``).
+        self.csrf_token = csrf_token or secrets.token_urlsafe(32)
         self._templates = Environment(
             loader=PackageLoader("cmq.console", "templates"),
             autoescape=select_autoescape(["html"]),

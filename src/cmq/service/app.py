@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
@@ -42,7 +43,10 @@ from cmq.service.store.base import Store
 if TYPE_CHECKING:
     from cmq.console import ConsoleApp
 
-__all__ = ["SqsApp"]
+__all__ = ["CONSOLE_TOKEN_ENV", "SqsApp"]
+
+#: The console's CSRF token shared by the worker processes of one node.
+CONSOLE_TOKEN_ENV = "CMQ_CONSOLE_TOKEN"
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -114,6 +118,9 @@ class SqsApp:
                     dict(keys) if keys is not None else None,
                     allow_remote=self.policy.allow_remote_unsigned,
                 ),
+                # Set by `cmq serve --workers N` so that a page served by one
+                # worker may post to another.
+                csrf_token=os.environ.get(CONSOLE_TOKEN_ENV),
             )
         self._console_task: asyncio.Task[None] | None = None
 
