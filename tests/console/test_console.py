@@ -386,3 +386,28 @@ def test_cmq_broker_http_port_serves_console_and_metrics(tmp_path: Path) -> None
             if pipe is not None:
                 pipe.close()
     assert proc.returncode == 0
+
+
+def test_counts_many_agrees_with_counts(store: Any) -> None:
+    from cmq.service.model import NewMessage, ReceiveSpec
+
+    async def go() -> None:
+        await store.open()
+        try:
+            for name in ("a", "b", "empty"):
+                await store.create_queue(QueueRecord(name=name))
+            await store.send("a", [NewMessage(message_id=str(i), payload="{}", visible_at=0 if i < 3 else 500)
+                                   for i in range(5)], 0)  # fmt: skip
+            await store.send("b", [NewMessage(message_id="x", payload="{}", visible_at=0)], 0)
+            spec = ReceiveSpec(now=100, max_messages=2, visibility_ms=1000, k=1, fifo=False,
+                               token="t", rand=(0.0, 0.0))  # fmt: skip
+            await store.receive("a", spec)
+            got = await store.counts_many(["a", "b", "empty", "gone"], 100)
+            assert set(got) == {"a", "b", "empty"}
+            for name in ("a", "b", "empty"):
+                assert got[name] == await store.counts(name, 100)
+            assert (got["a"].visible, got["a"].in_flight, got["a"].delayed) == (1, 2, 2)
+        finally:
+            await store.close()
+
+    _run(go())

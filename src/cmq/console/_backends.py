@@ -15,6 +15,7 @@ translated here, at the edge.
 from __future__ import annotations
 
 import abc
+import contextlib
 import json
 import time
 import uuid
@@ -186,21 +187,27 @@ class ServiceBackend(Backend):
             return [r for r in self._all[1] if r.name in wanted]
         now = time.time_ns() // 1_000_000
         per = self.app.metrics.queue_messages
-        out = []
         try:
-            for name in names:
-                try:
-                    c = await self.app.store.counts(name, now)
-                except QueueDoesNotExist:
-                    continue
-                got = per.get(name)
-                r_in, r_out = self.rates.rates(
-                    name, now_s, got["sent"] if got else 0, got["received"] if got else 0
-                )
-                out.append(QueueRow(name=name, depth=c.visible, in_flight=c.in_flight,
-                                    delayed=c.delayed, rate_in=r_in, rate_out=r_out))  # fmt: skip
+            if len(names) > 1:
+                counts = await self.app.store.counts_many(names, now)
+            else:
+                counts = {}
+                for name in names:
+                    with contextlib.suppress(QueueDoesNotExist):
+                        counts[name] = await self.app.store.counts(name, now)
         except StoreUnavailable as exc:
             raise Refused(503, str(exc)) from exc
+        out = []
+        for name in names:
+            c = counts.get(name)
+            if c is None:
+                continue
+            got = per.get(name)
+            r_in, r_out = self.rates.rates(
+                name, now_s, got["sent"] if got else 0, got["received"] if got else 0
+            )
+            out.append(QueueRow(name=name, depth=c.visible, in_flight=c.in_flight,
+                                delayed=c.delayed, rate_in=r_in, rate_out=r_out))  # fmt: skip
         if all_rows:
             self._all = (now_s, out)
             self.rates.forget_except(names)

@@ -160,6 +160,19 @@ class Store(abc.ABC):
     async def purge(self, name: str) -> None:
         """Delete every message of the queue. Raises QueueDoesNotExist."""
 
+    async def counts_many(self, names: Sequence[str], now: int) -> dict[str, QueueCounts]:
+        """:meth:`counts` of each of ``names`` that exists (a missing one is
+        left out). Stores may answer it in one read; this one asks each."""
+        from cmq.service.errors import QueueDoesNotExist
+
+        out = {}
+        for name in names:
+            try:
+                out[name] = await self.counts(name, now)
+            except QueueDoesNotExist:
+                continue
+        return out
+
     async def browse(self, name: str, limit: int) -> list[Browsed]:
         """The first ``limit`` messages of the queue in sequence order, visible
         or not, changing nothing (no receive is counted, no visibility moves).
