@@ -15,6 +15,7 @@ world: scrapers do not log in).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -25,7 +26,7 @@ from cmq.console._backends import BrokerBackend
 from cmq.service.edge import EdgePolicy, is_loopback
 
 if TYPE_CHECKING:
-    from cmq.routing import Broker, BrokerStats
+    from cmq.routing import Broker, BrokerCore, BrokerStats
     from cmq.routing._amqp import Users
 
 __all__ = ["MAX_METRIC_QUEUES", "BrokerHttp", "render_metrics"]
@@ -76,6 +77,13 @@ def render_metrics(s: BrokerStats) -> str:
     return "\n".join(out) + "\n"
 
 
+def _scrape(core: BrokerCore) -> BrokerStats:
+    """The counters and the first MAX_METRIC_QUEUES queues by name (only those
+    are snapshot: the broker's lock is held meanwhile)."""
+    names = sorted(core.queue_names())[:MAX_METRIC_QUEUES]
+    return dataclasses.replace(core.stats(per_queue=False), per_queue=tuple(core.queue_stats(names)))
+
+
 class _BrokerHttpApp:
     """/metrics, /health and /console of one broker."""
 
@@ -103,7 +111,7 @@ class _BrokerHttpApp:
             status, body = 403, b"served to loopback clients only\n"
         elif scope["method"] == "GET" and path == "/metrics":
             status, ctype = 200, b"text/plain; version=0.0.4"
-            body = render_metrics(self.broker.stats()).encode()
+            body = render_metrics(self.broker.inspect(_scrape)).encode()
         elif scope["method"] == "GET" and path == "/health":
             status, body = 200, b"ok\n"
         await send({"type": "http.response.start", "status": status,

@@ -710,6 +710,16 @@ class BrokerCore:
             for name, ex in sorted(self._exchanges.items())
         ]
 
+    def queue_names(self) -> list[str]:
+        """Every queue's name, in declaration order."""
+        return list(self._queues)
+
+    def queue_stats(self, names: Iterable[str]) -> list[QueueStats]:
+        """Snapshots of the queues of ``names`` that exist (cheaper than
+        :meth:`stats` when there are many queues and few are wanted)."""
+        queues = self._queues
+        return [self._queue_stats(queues[n]) for n in names if n in queues]
+
     def queue_details(self, name: str) -> dict[str, Any] | None:
         """What queue ``name`` was declared with and its bindings (exchange,
         key), or None when there is none."""
@@ -1038,9 +1048,9 @@ class BrokerCore:
         """Count messages the driver could not hand to the OS (shown in stats)."""
         self._totals["send_failed"] += n
 
-    def stats(self) -> BrokerStats:
-        """A frozen snapshot of the counters and of every queue."""
-        per_queue = tuple(self._queue_stats(q) for q in self._queues.values())
+    def stats(self, *, per_queue: bool = True) -> BrokerStats:
+        """A frozen snapshot of the counters and (``per_queue``) of every queue."""
+        queues = tuple(self._queue_stats(q) for q in self._queues.values()) if per_queue else ()
         t = self._totals.copy()
         for name in ("published", "enqueued", "delivered"):
             t[name] += self._handed
@@ -1048,7 +1058,7 @@ class BrokerCore:
             exchanges=len(self._exchanges),
             queues=len(self._queues),
             consumers=sum(len(q.consumers) for q in self._queues.values()),
-            per_queue=per_queue,
+            per_queue=queues,
             **{
                 name: t[name]
                 for name in (
