@@ -597,7 +597,9 @@ class RedisClusterStore(Store):
         if not exists:
             raise QueueDoesNotExist(f"The specified queue {name} does not exist.")
         at = {int(s): 0 for s in vis}
-        at.update({int(inv[i]): int(float(inv[i + 1])) for i in range(0, len(inv), 2)})
+        # WITHSCORES: flat (RESP2) or as [member, score] pairs (RESP3).
+        flat = [x for pair in inv for x in pair] if inv and isinstance(inv[0], list) else inv
+        at.update({int(flat[i]): int(float(flat[i + 1])) for i in range(0, len(flat), 2)})
         seqs = sorted(at)[:limit]
         if not seqs:
             return []
