@@ -30,7 +30,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Iterator[None]:
     setattr(item, f"report_{report.when}", report)
 
 
-@pytest.fixture(scope="session")
+# Module scope: Playwright's sync API runs an event loop in this thread while
+# it is open, and tests of other modules call asyncio.run().
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     try:
         from playwright.sync_api import sync_playwright
