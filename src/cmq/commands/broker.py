@@ -120,6 +120,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="address of the HTTP port (default: %(default)s)",
     )
     parser.add_argument(
+        "--http-allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="accept this Host header name on the HTTP port too, besides IP addresses, "
+        "localhost and --http-host (repeatable; a defence against DNS rebinding)",
+    )
+    parser.add_argument(
         "--data-dir",
         default=DEFAULT_DATA_DIR,
         metavar="DIR",
@@ -281,7 +289,8 @@ def _serve(args: argparse.Namespace) -> int:
         try:
             store = "memory (nothing kept)" if data_dir is None else f"sqlite in {data_dir}"
             http = BrokerHttp(broker, host=args.http_host, port=args.http_port, users=users,
-                              store_name=store).start()  # fmt: skip
+                              store_name=store,
+                              allow_hosts=frozenset(args.http_allow_host)).start()  # fmt: skip
         except BaseException:
             broker.close()
             raise
