@@ -167,7 +167,7 @@ class ServiceBackend(Backend):
         m = self.app.metrics
         out["totals"] = {"sent": m.messages["sent"], "received": m.messages["received"],
                          "deleted": m.messages["deleted"],
-                         "requests": sum(m._requests.values())}  # fmt: skip
+                         "requests": m.requests_total()}  # fmt: skip
         out["clients"] = None
         return out
 

@@ -63,6 +63,10 @@ class Metrics:
         self.messages: Counter[str] = Counter()
         self.queue_messages: dict[str, Counter[str]] = {}
 
+    def requests_total(self) -> int:
+        """Requests answered so far, all actions."""
+        return sum(self._requests.values())
+
     def count_messages(self, action: str, queue: str | None, result: Mapping[str, Any]) -> None:
         """Count the messages a successful ``action`` on ``queue`` moved."""
         kind = MESSAGE_OPS.get(action)
