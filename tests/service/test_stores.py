@@ -370,3 +370,24 @@ def test_fifo_queue_receives_atomically_even_when_asked_lock_free(with_store: An
         assert await store.receive(q, _spec(T0, fifo=True, lock_free=True)) == []
 
     with_store(body)
+
+
+def test_browse_shows_messages_without_receiving_them(with_store: Any) -> None:
+    async def body(store: Store, name: str) -> None:
+        await store.send(name, [_msg(i, T0 + (0 if i < 3 else 60_000)) for i in range(4)], T0)
+        got = await store.receive(name, _spec(T0, n=1, token="t1"))
+        assert len(got) == 1
+        seen = await store.browse(name, 10)
+        assert [b.payload for b in seen] == ["p0", "p1", "p2", "p3"]
+        assert [b.receive_count for b in seen] == [1, 0, 0, 0]
+        assert (await store.browse(name, 2))[1].payload == "p1"
+        # Browsing twice changed nothing: the next receive takes p1, first time.
+        again = await store.receive(name, _spec(T0, n=1, token="t2"))
+        assert (again[0].payload, again[0].receive_count) == ("p1", 1)
+        counts = await store.counts_many([name, "no-such-queue"], T0)
+        assert list(counts) == [name]
+        assert counts[name] == await store.counts(name, T0)
+        with pytest.raises(QueueDoesNotExist):
+            await store.browse("no-such-queue", 1)
+
+    with_store(body)

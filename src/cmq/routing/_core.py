@@ -696,6 +696,74 @@ class BrokerCore:
         ex = self._exchanges.get(name)
         return None if ex is None else ex.type.value
 
+    # -- inspection (the management console; read-only) ---------------------------
+
+    def exchanges_info(self) -> list[dict[str, Any]]:
+        """Every exchange: name, type, durable and its bindings (queue, key), by name."""
+        return [
+            {
+                "name": name,
+                "type": ex.type.value,
+                "durable": name in self._durable_exchanges,
+                "bindings": sorted((b.queue, b.key) for b in ex.bindings()),
+            }
+            for name, ex in sorted(self._exchanges.items())
+        ]
+
+    def queue_names(self) -> list[str]:
+        """Every queue's name, in declaration order."""
+        return list(self._queues)
+
+    def queue_stats(self, names: Iterable[str]) -> list[QueueStats]:
+        """Snapshots of the queues of ``names`` that exist (cheaper than
+        :meth:`stats` when there are many queues and few are wanted)."""
+        queues = self._queues
+        return [self._queue_stats(queues[n]) for n in names if n in queues]
+
+    def queue_details(self, name: str) -> dict[str, Any] | None:
+        """What queue ``name`` was declared with and its bindings (exchange,
+        key), or None when there is none."""
+        q = self._queues.get(name)
+        if q is None:
+            return None
+        return {
+            "durable": q.durable,
+            "exclusive": q.owner is not None,
+            "auto_delete": q.auto_delete,
+            "max_length": q.max_length,
+            "overflow": q.overflow.value,
+            "arguments": _arguments_of(q),
+            "bindings": sorted(q.bindings),
+        }
+
+    def peek(self, name: str, limit: int) -> list[dict[str, Any]] | None:
+        """The first ``limit`` ready messages of queue ``name``, left where they
+        are: exchange, routing key, body (as kept), redelivered, where it was
+        dead-lettered from. None when there is no such queue."""
+        q = self._queues.get(name)
+        if q is None:
+            return None
+        out = []
+        for i, (exchange, key, body, redelivered, meta) in enumerate(q.ready):
+            if i >= limit:
+                break
+            out.append({
+                "exchange": exchange,
+                "routing_key": key,
+                "body": body,
+                "redelivered": redelivered,
+                "deaths": list(meta.deaths) if meta is not None else [],
+            })  # fmt: skip
+        return out
+
+    def route_preview(self, exchange: str, routing_key: str) -> list[str] | None:
+        """The queues a message published to ``exchange`` with ``routing_key``
+        would reach (sorted), changing nothing; None when there is no such exchange."""
+        ex = self._exchanges.get(exchange)
+        if ex is None:
+            return None
+        return sorted(ex.route(routing_key))
+
     def restore(self, state: StoredState, now: float) -> None:
         """Take back what a store kept (see :mod:`cmq.routing._store`), before serving.
 
@@ -980,9 +1048,9 @@ class BrokerCore:
         """Count messages the driver could not hand to the OS (shown in stats)."""
         self._totals["send_failed"] += n
 
-    def stats(self) -> BrokerStats:
-        """A frozen snapshot of the counters and of every queue."""
-        per_queue = tuple(self._queue_stats(q) for q in self._queues.values())
+    def stats(self, *, per_queue: bool = True) -> BrokerStats:
+        """A frozen snapshot of the counters and (``per_queue``) of every queue."""
+        queues = tuple(self._queue_stats(q) for q in self._queues.values()) if per_queue else ()
         t = self._totals.copy()
         for name in ("published", "enqueued", "delivered"):
             t[name] += self._handed
@@ -990,7 +1058,7 @@ class BrokerCore:
             exchanges=len(self._exchanges),
             queues=len(self._queues),
             consumers=sum(len(q.consumers) for q in self._queues.values()),
-            per_queue=per_queue,
+            per_queue=queues,
             **{
                 name: t[name]
                 for name in (

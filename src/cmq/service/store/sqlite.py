@@ -39,6 +39,7 @@ from typing import Any, TypeVar
 
 from cmq.service.errors import QueueDoesNotExist, SqsError, StoreUnavailable
 from cmq.service.model import (
+    Browsed,
     ChangeResult,
     NewMessage,
     QueueCounts,
@@ -290,6 +291,26 @@ class SqliteStore(Store):
 
         return await self._run(job)
 
+    async def counts_many(self, names: Sequence[str], now: int) -> dict[str, QueueCounts]:
+        """One read for all of ``names``: a walk of the messages grouped by queue."""
+
+        def job(conn: sqlite3.Connection) -> dict[str, QueueCounts]:
+            exists = {r[0] for r in conn.execute("SELECT name FROM queues")}
+            out = {n: QueueCounts() for n in names if n in exists}
+            for qname, total, in_flight, delayed in conn.execute(
+                "SELECT queue, count(*), "
+                "coalesce(sum(visible_at > ? AND receive_count > 0), 0), "
+                "coalesce(sum(visible_at > ? AND receive_count = 0), 0) "
+                "FROM messages GROUP BY queue",
+                (now, now),
+            ):
+                if qname in out:
+                    out[qname] = QueueCounts(visible=total - in_flight - delayed,
+                                             in_flight=in_flight, delayed=delayed)  # fmt: skip
+            return out
+
+        return await self._run(job)
+
     async def send(self, name: str, messages: Sequence[NewMessage], now: int) -> list[SendResult]:
         def job(conn: sqlite3.Connection) -> list[SendResult]:
             _check_queue(conn, name)
@@ -382,6 +403,20 @@ class SqliteStore(Store):
             conn.execute("DELETE FROM messages WHERE queue = ?", (name,))
 
         await self._run(job)
+
+    async def browse(self, name: str, limit: int) -> list[Browsed]:
+        def job(conn: sqlite3.Connection) -> list[Browsed]:
+            _check_queue(conn, name)
+            return [
+                Browsed(seq=r[0], payload=r[1], visible_at=r[2], receive_count=r[3])
+                for r in conn.execute(
+                    "SELECT seq, payload, visible_at, receive_count FROM messages "
+                    "WHERE queue = ? ORDER BY seq LIMIT ?",
+                    (name, limit),
+                )
+            ]
+
+        return await self._run(job)
 
     async def usage(self) -> int:
         """Bytes of the database file in use (pages minus free pages)."""
