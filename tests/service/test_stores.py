@@ -370,3 +370,35 @@ def test_fifo_queue_receives_atomically_even_when_asked_lock_free(with_store: An
         assert await store.receive(q, _spec(T0, fifo=True, lock_free=True)) == []
 
     with_store(body)
+
+
+def test_sqlite_lock_free_read_does_not_wait_for_another_nodes_write_lock(tmp_path: Path) -> None:
+    # The paper's lock-free read takes no lock. Another process (a raw
+    # connection here) holds SQLite's write lock: the read of a lock-free
+    # receive still answers, from the last committed state, while an atomic
+    # receive (read and write in one write transaction) has to wait.
+    import sqlite3
+
+    path = str(tmp_path / "s.sqlite3")
+
+    async def go() -> None:
+        store = SqliteStore(path)
+        await store.open()
+        other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        try:
+            await store.create_queue(QueueRecord(name="q", created_at=T0, modified_at=T0))
+            await store.send("q", [_msg(i) for i in range(3)], T0)
+            other.execute("BEGIN IMMEDIATE")  # the other node is mid-write
+            other.execute("UPDATE messages SET receive_count = 0 WHERE seq = 3")
+            atomic = asyncio.ensure_future(store.receive("q", _spec(T0, token="a")))
+            picks = await asyncio.wait_for(store.peek("q", _spec(T0, lock_free=True)), 30)
+            assert picks == [1]
+            assert not atomic.done()  # still queued behind the write lock
+            other.execute("COMMIT")
+            [got] = await asyncio.wait_for(atomic, 30)
+            assert got.payload == "p0"
+        finally:
+            other.close()
+            await store.close()
+
+    asyncio.run(go())

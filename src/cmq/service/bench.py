@@ -486,6 +486,7 @@ async def _order_run(
         q = f"{base}/{path}"
         empty = 0
         while len(seen) < n and empty < 50:
+            request_ns = time.time_ns()
             try:
                 got = await _call(
                     conn,
@@ -516,6 +517,7 @@ async def _order_run(
                         "receiver": r,
                         "seq": body["seq"],
                         "send_ns": body["sent_ns"],
+                        "request_ns": request_ns,
                         "receive_ns": received_ns,
                         "receive_count": int(m["Attributes"]["ApproximateReceiveCount"]),
                         "message_id": m["MessageId"],
