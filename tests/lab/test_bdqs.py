@@ -240,7 +240,8 @@ def _order_row(
         "params": "", "p": {"t_recv": t, "k": kp, "mode": mode, "rep": rep}, "runs": 1,
         "messages": delivered, "delivered": delivered, "lost": 0, "loss_rate": 0.0,
         "duplicates": dups, "dup_rate": dups / delivered, "out_of_order": ooo,
-        "ooo_rate": ooo / delivered, "round_trip": False, "mean_ns": 1e6, "stddev_ns": 1e5,
+        "ooo_rate": ooo / delivered, "ooo_by_request_rate": ooo / delivered,
+        "round_trip": False, "mean_ns": 1e6, "stddev_ns": 1e5,
         "p50_ns": 1e6, "p99_ns": 2e6, "min_ns": 1e5, "max_ns": 3e6, "msgs_per_s": 100.0,
         "mb_per_s": 0.0, "rate_source": "records",
     }  # fmt: skip
@@ -339,6 +340,20 @@ def test_atomic_order_worse_than_lock_free_fails() -> None:
     assert _verdicts("bdqs-order", rows)[5] == "fail"
 
 
+def test_atomic_order_is_judged_by_request_not_by_arrival() -> None:
+    # Atomic at T=3, K=1: 15% out of order by arrival (replies to receives
+    # that overlapped in time), none by request: as good as lock-free.
+    rows = _replace(_as_paper_says(), 3, "1", "atomic", [(30, 0)] * 3)
+    for r in rows:
+        if r["p"]["mode"] == "atomic" and r["p"]["t_recv"] == 3 and r["p"]["k"] == 1:
+            r["ooo_by_request_rate"] = 0.0
+    assert _verdicts("bdqs-order", rows)[5] == "pass"
+    # Records without request times cannot be judged so: inconclusive.
+    for r in rows:
+        r["ooo_by_request_rate"] = None
+    assert _verdicts("bdqs-order", rows)[5] == "inconclusive"
+
+
 def test_claims_without_data_are_inconclusive() -> None:
     assert set(_verdicts("bdqs-order", [])) == {"inconclusive"}
     assert _verdicts("bdqs-throughput", [_tp_row("cmq-sqlite", 1, 900.0)]) == [
@@ -407,6 +422,7 @@ def test_the_pipeline_reads_the_tiny_run_as_meant(
         assert sorted(r["p"]["rep"] for r in k1) == list(range(config.repeats))
         for r in k1:
             assert (r["delivered"], r["duplicates"], r["out_of_order"], r["lost"]) == (n, 0, 0, 0)
+            assert r["ooo_by_request_rate"] == 0.0  # request times reached the pipeline
         assert sum(r["out_of_order"] for r in order[("cmq-sqlite", f"T=1,K=no-order,{mode}")]) > 0
     for r in order[("cmq-sqlite", "T=2,K=1,atomic")]:
         assert r["duplicates"] == 0  # atomic never duplicates
