@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -473,3 +474,39 @@ def test_throughput_benchmark_runs_end_to_end() -> None:
     # No store processes of its own: per CPU-second is per the node's CPU.
     assert row["store_cpu_s"] == 0 and row["node_cpu_s"] > 0
     assert row["cycles_per_cpu_s"] == pytest.approx(row["cycles"] / row["node_cpu_s"], rel=0.01)
+
+
+def test_cpu_used_counts_every_thread_of_a_process_and_ended_ones_by_ticks() -> None:
+    import threading
+    import time
+
+    from cmq.service.bench import _cpu_reading, _cpu_used
+    from tests.waiting import wait_until
+
+    spent: list[float] = []
+    finish = threading.Event()
+
+    def work() -> None:
+        start = time.thread_time()
+        sum(i * i for i in range(1_000_000))
+        spent.append(time.thread_time() - start)
+        finish.wait(30)
+
+    me = os.getpid()
+    before = _cpu_reading(me)
+    worker = threading.Thread(target=work)
+    worker.start()
+    wait_until(lambda: bool(spent), timeout=30)
+    # The worker is alive: its on-CPU nanoseconds are summed, exactly.
+    during = _cpu_reading(me)
+    assert spent[0] > 0.03
+    assert _cpu_used(before, during) >= 0.99 * spent[0]
+    # Once it has ended its time is gone from the exact sum: the ticks,
+    # which keep it, are used instead.
+    finish.set()
+    worker.join()
+    after = _cpu_reading(me)
+    assert after.exact - before.exact < spent[0]
+    assert _cpu_used(before, after) >= spent[0] - 0.025  # to the 10 ms tick
+    gone = _cpu_reading(2**22 + 7)  # no such process (above pid_max's default)
+    assert (gone.exact, gone.ticks) == (0.0, 0.0)

@@ -333,7 +333,40 @@ async def _cycles(
     }
 
 
-def _cpu_seconds(pid: int) -> float:
+@dataclass(frozen=True)
+class _Cpu:
+    """One reading of a process's CPU time, in seconds: ``exact``, the sum of
+    its live threads' on-CPU nanoseconds (``/proc/<pid>/task/<tid>/schedstat``),
+    and ``ticks``, user+system time from ``/proc/<pid>/stat`` in 10 ms ticks,
+    which also counts threads that have ended and reaped children."""
+
+    exact: float
+    ticks: float
+
+
+def _cpu_reading(pid: int) -> _Cpu:
+    """The CPU time of ``pid`` so far (zeros for a process that is gone)."""
+    ns = 0
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            path = f"/proc/{pid}/task/{tid}/schedstat"
+            # A thread that just ended has no file any more.
+            with contextlib.suppress(FileNotFoundError), open(path, encoding="ascii") as f:
+                ns += int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ns = 0
+    return _Cpu(ns / 1e9, _stat_cpu_seconds(pid))
+
+
+def _cpu_used(before: _Cpu, after: _Cpu) -> float:
+    """CPU seconds between two readings of one process: the exact figure,
+    unless the ticks exceed it by more than two ticks (threads that ended in
+    between took their time with them from the exact sum)."""
+    exact, ticks = after.exact - before.exact, after.ticks - before.ticks
+    return ticks if ticks - exact > 2 / os.sysconf("SC_CLK_TCK") else exact
+
+
+def _stat_cpu_seconds(pid: int) -> float:
     """User+system CPU of a process and its reaped children (Linux /proc)."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii") as f:
@@ -365,7 +398,9 @@ def throughput(
     or against moto's server when ``store_url`` is None.
 
     Also measures the CPU time the service consumed during the run, read
-    from ``/proc/<pid>/stat`` of every node process (and its children) and of
+    per thread from ``/proc/<pid>/task/<tid>/schedstat`` (in ns; from
+    ``/proc/<pid>/stat`` for a process one of whose threads ended meanwhile,
+    see :class:`_Cpu`) of every node process (and its children) and of
     ``store_pids``, the store's own processes (the redis-server processes of
     a Redis Cluster; an SQLite store runs inside the nodes): ``node_cpu_s``,
     ``store_cpu_s`` and ``cycles_per_cpu_s`` = cycles / (node + store CPU
@@ -378,11 +413,11 @@ def throughput(
     try:
         pids = [p.pid for p in servers.procs]
         pids += [c for p in pids for c in _children(p)]
-        before = sum(_cpu_seconds(p) for p in pids)
-        store_before = sum(_cpu_seconds(p) for p in store_pids)
+        before = {p: _cpu_reading(p) for p in (*pids, *store_pids)}
         result = asyncio.run(_cycles(servers.urls, seconds, concurrency, client))
-        cpu = sum(_cpu_seconds(p) for p in pids) - before
-        store_cpu = sum(_cpu_seconds(p) for p in store_pids) - store_before
+        used = {p: _cpu_used(reading, _cpu_reading(p)) for p, reading in before.items()}
+        cpu = sum(used[p] for p in pids)
+        store_cpu = sum(used[p] for p in store_pids)
     finally:
         servers.stop()
     total = cpu + store_cpu
