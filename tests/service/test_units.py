@@ -436,9 +436,11 @@ def test_lab_rows_fit_the_lab_schema() -> None:
     from cmq.service.bench import lab_rows
 
     table = pa.Table.from_pylist(
-        lab_rows([_rec(1, 2), _rec(2, 3)], "r"), schema=records.RECORDS_SCHEMA
+        lab_rows([_rec(1, 2), {**_rec(2, 3), "request_ns": 1}], "r"),
+        schema=records.RECORDS_SCHEMA,
     )
     assert table.num_rows == 2
+    assert table.column("request_ns").to_pylist() == [None, 1]
 
 
 @pytest.mark.slow

@@ -682,6 +682,7 @@ def lab_rows(records: Sequence[dict[str, Any]], run_id: str) -> list[dict[str, A
             "round_trip": False,
             "stream": r["queue"],
             "receiver": str(r["receiver"]),
+            "request_ns": r.get("request_ns"),
         }
         for r in records
     ]

@@ -865,7 +865,10 @@ def _order_section(data: ReportData, experiment: str) -> Section:
             "the network's and the client's; with one receiver the two are the same. What cmq "
             "adds is judged by request: by arrival, atomic receivers at K=1 each take a "
             "different head message and their replies race, while lock-free receivers often "
-            "take the same one, which counts as a duplicate instead.",
+            "take the same one, which counts as a duplicate instead. At K of 2 or more with "
+            "several receivers, an atomic receive picks among the first K visible messages while "
+            "the other receivers' picks are in flight, so together they reach K + T_recv - 1 "
+            "messages deep; racing lock-free receivers read the same K and duplicate instead.",
         ],
     )
 
