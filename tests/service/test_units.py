@@ -444,6 +444,20 @@ def test_lab_rows_fit_the_lab_schema() -> None:
 
 
 @pytest.mark.slow
+def test_throughput_counts_from_when_every_connection_has_warmed_up() -> None:
+    from cmq.service.bench import _cycles, start_cmq
+
+    servers = start_cmq("memory:")
+    try:
+        opened: list[int] = []
+        result = asyncio.run(_cycles(servers.urls, 0.3, 6, on_start=lambda: opened.append(1)))
+    finally:
+        servers.stop()
+    assert opened == [1]  # once, when all 6 had run their uncounted cycle
+    assert result["cycles"] > 0 and result["errors"] == 0
+
+
+@pytest.mark.slow
 def test_order_experiment_runs_end_to_end() -> None:
     from cmq.service.bench import order_experiment, summarise
 

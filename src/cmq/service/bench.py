@@ -287,8 +287,20 @@ async def _create(conn: _Conn | _AioConn, name: str, k: int | None, mode: str | 
 
 
 async def _cycles(
-    urls: Sequence[str], seconds: float, concurrency: int, client: str = "raw"
+    urls: Sequence[str],
+    seconds: float,
+    concurrency: int,
+    client: str = "raw",
+    on_start: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
+    """Run send+receive+delete cycles for ``seconds``.
+
+    Every worker first runs one cycle that is not counted (connections made,
+    and each node's store connections and scripts warmed, so that a run of
+    many nodes does not pay more start-up inside its window than a run of
+    one), then all start together: ``on_start`` is called just before the
+    counted window opens.
+    """
     make = CLIENTS[client]
     setup = make(urls[0])
     qurl = await _create(setup, f"bench-{uuid.uuid4().hex[:8]}", None)
@@ -296,34 +308,54 @@ async def _cycles(
     path = qurl.split("/", 3)[3]  # account/name: the same queue through any node
     done = 0
     errors = 0
-    stop = time.monotonic() + seconds
+    warmed = 0
+    go = asyncio.Event()
+    stop = 0.0
+
+    async def cycle(conn: _Conn | _AioConn, q: str, body: str, give_up: float) -> bool:
+        await _call(conn, "SendMessage", {"QueueUrl": q, "MessageBody": body})
+        while True:
+            got = await _call(conn, "ReceiveMessage", {"QueueUrl": q})
+            if got.get("Messages"):
+                break
+            if time.monotonic() >= give_up:
+                return False
+        handle = got["Messages"][0]["ReceiptHandle"]
+        await _call(conn, "DeleteMessage", {"QueueUrl": q, "ReceiptHandle": handle})
+        return True
 
     async def worker(i: int) -> None:
-        nonlocal done, errors
+        nonlocal done, errors, warmed, stop
         base = urls[i % len(urls)]
         conn = make(base)
         q = f"{base}/{path}"
+        with contextlib.suppress(CmqError, OSError, asyncio.IncompleteReadError):
+            await cycle(conn, q, f"warm{i}", time.monotonic() + 5)
+        warmed += 1
+        if warmed == concurrency:
+            if on_start is not None:
+                on_start()
+            stop = time.monotonic() + seconds
+            go.set()
+        await go.wait()
         n = 0
         while time.monotonic() < stop:
             try:
-                await _call(conn, "SendMessage", {"QueueUrl": q, "MessageBody": f"m{i}-{n}"})
-                n += 1
-                while True:
-                    got = await _call(conn, "ReceiveMessage", {"QueueUrl": q})
-                    if got.get("Messages"):
-                        break
-                    if time.monotonic() >= stop + 5:
-                        return
-                handle = got["Messages"][0]["ReceiptHandle"]
-                await _call(conn, "DeleteMessage", {"QueueUrl": q, "ReceiptHandle": handle})
-                done += 1
+                ok = await cycle(conn, q, f"m{i}-{n}", stop + 5)
             except (CmqError, OSError, asyncio.IncompleteReadError):
                 errors += 1
+                continue
+            if not ok:
+                break
+            n += 1
+            done += 1
         conn.close()
         await asyncio.sleep(0)  # let an aiohttp session finish closing
 
+    tasks = [asyncio.ensure_future(worker(i)) for i in range(concurrency)]
+    await go.wait()
     start = time.monotonic()
-    await asyncio.gather(*(worker(i) for i in range(concurrency)))
+    await asyncio.gather(*tasks)
     elapsed = time.monotonic() - start
     return {
         "cycles": done,
@@ -404,7 +436,8 @@ def throughput(
     ``store_pids``, the store's own processes (the redis-server processes of
     a Redis Cluster; an SQLite store runs inside the nodes): ``node_cpu_s``,
     ``store_cpu_s`` and ``cycles_per_cpu_s`` = cycles / (node + store CPU
-    seconds). The load generator's own CPU is not counted. CPU per cycle is
+    seconds), counted, with the cycles, from when every connection has run
+    one warm-up cycle. The load generator's own CPU is not counted. CPU per cycle is
     a figure that other load on the machine disturbs far less than cycles
     per second, and per CPU-second is how linear scaling shows on a machine
     with fewer cores than nodes.
@@ -413,8 +446,12 @@ def throughput(
     try:
         pids = [p.pid for p in servers.procs]
         pids += [c for p in pids for c in _children(p)]
-        before = {p: _cpu_reading(p) for p in (*pids, *store_pids)}
-        result = asyncio.run(_cycles(servers.urls, seconds, concurrency, client))
+        before: dict[int, _Cpu] = {}
+
+        def read_before() -> None:
+            before.update({p: _cpu_reading(p) for p in (*pids, *store_pids)})
+
+        result = asyncio.run(_cycles(servers.urls, seconds, concurrency, client, read_before))
         used = {p: _cpu_used(reading, _cpu_reading(p)) for p, reading in before.items()}
         cpu = sum(used[p] for p in pids)
         store_cpu = sum(used[p] for p in store_pids)
