@@ -1027,8 +1027,10 @@ def _throughput_section(data: ReportData, experiment: str) -> Section:
             "stays flat as nodes are added. The load generator's own CPU is not counted.",
             "Load from an asyncio HTTP client of one keep-alive connection per in-flight cycle "
             "(boto3 costs about 1 ms of client CPU per call), the same number of cycles in "
-            "flight per node, so the load grows with the nodes. The rounds interleave every "
-            "configuration, and the scaling claim compares 4 nodes with 1 node within each round.",
+            "flight per node, so the load grows with the nodes. Cycles and CPU are counted from "
+            "when every connection has run one uncounted cycle (start-up is not measured). The "
+            "rounds interleave every configuration, and the scaling claim compares 4 nodes with "
+            "1 node within each round.",
             _load_note(data),
         ],
     )
