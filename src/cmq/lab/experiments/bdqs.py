@@ -23,7 +23,9 @@
     boto3's client CPU would be the bottleneck on two cores). It measures
     both cycles per second (total) and cycles per CPU-second consumed by all
     of the service's processes (the nodes, and the redis-server processes
-    of a Redis Cluster store); the scaling claim is judged on the second.
+    of a Redis Cluster store), with the same cycles in flight per node; the
+    scaling claim is judged on the second, 4 nodes over 1 node in each
+    round (the samples of one round share its ``t_ns``).
 
 Records
 -------
@@ -45,7 +47,9 @@ the run's duration, so the pipeline's msgs/s is cycles/s; plus samples at
 ``x = nodes``: ``cycles_per_cpu_s`` (cycles over the CPU seconds of nodes
 and store), ``server_cpu_ms_per_cycle`` (the nodes' CPU per cycle),
 ``store_cpu_ms_per_cycle`` (the redis-server processes'; 0 for SQLite,
-which runs inside the nodes) and ``errors``.
+which runs inside the nodes), ``errors`` and ``load_average`` (the
+machine's 1-minute load average after the run), each stamped with its
+round's start (``t_ns``).
 
 The report's section, claims and figures are registered at the bottom.
 """
