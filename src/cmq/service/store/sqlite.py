@@ -18,11 +18,18 @@ timeout) serialises them, so every operation stays atomic across nodes.
 In-flight state is just ``visible_at`` and the receipt token in the message
 row, so it survives a restart like the messages do.
 
-A lock-free receive (``ReceiveMode=lock-free``) is two jobs: the read of the
-index (:meth:`SqliteStore.peek`), then, once that transaction has committed,
-the write (:meth:`SqliteStore.mark`) in a later one. Any other node's or
-task's transactions may run in between; the write does not re-check
-visibility, so two receives that read the same head both take it.
+A lock-free receive (``ReceiveMode=lock-free``) is two transactions. The
+read of the index (:meth:`SqliteStore.peek`) runs on a second connection
+owned by a reader thread, as a plain WAL read transaction: it takes no write
+lock, so it never waits for another process's writes, and it sees the last
+committed state. The write (:meth:`SqliteStore.mark`) is then a job of the
+writer thread, in a later transaction. Any node's transactions may commit in
+between; the write does not re-check visibility, so two receives that read
+the same head both take it. (Running the read through the writer thread, as
+a first version did, made it queue for the write lock like any write: the
+nodes took turns, each reading and marking while the others slept in
+SQLite's busy handler, and the racing window the paper describes was mostly
+closed.)
 """
 
 from __future__ import annotations
@@ -119,6 +126,9 @@ class SqliteStore(Store):
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._open_error: BaseException | None = None
+        # Lock-free reads: their own connection and thread (see the module doc).
+        self._reads: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._reader: threading.Thread | None = None
 
     async def open(self) -> None:
         """Create the file, schema and writer thread. Raises StoreUnavailable."""
@@ -129,12 +139,20 @@ class SqliteStore(Store):
             raise StoreUnavailable(
                 f"cannot open SQLite store {self.path}: {self._open_error}"
             ) from self._open_error
+        self._reader = threading.Thread(target=self._read_main, name="cmq-sqlite-read",
+                                        daemon=True)  # fmt: skip
+        self._reader.start()
 
     async def close(self) -> None:
-        """Finish queued jobs and stop the writer thread."""
+        """Finish queued jobs and stop the writer and reader threads."""
+        loop = asyncio.get_running_loop()
+        if self._reader is not None:
+            self._reads.put(None)
+            await loop.run_in_executor(None, self._reader.join)
+            self._reader = None
         if self._thread is not None:
             self._jobs.put(None)
-            await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
+            await loop.run_in_executor(None, self._thread.join)
             self._thread = None
 
     def _connect(self) -> sqlite3.Connection:
@@ -178,6 +196,41 @@ class SqliteStore(Store):
         finally:
             conn.close()
 
+    def _read_main(self) -> None:
+        """The reader thread: each job in its own read transaction (``BEGIN``
+        deferred, which in WAL mode takes no lock that a writer waits for and
+        waits for none), on a connection of its own."""
+        conn: sqlite3.Connection | None = None
+        try:
+            while True:
+                job = self._reads.get()
+                if job is None:
+                    return
+                fn, fut, loop = job
+                try:
+                    if conn is None:
+                        conn = sqlite3.connect(self.path, isolation_level=None,
+                                               check_same_thread=False)  # fmt: skip
+                        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+                    conn.execute("BEGIN")
+                    try:
+                        ok, value = True, fn(conn)
+                    finally:
+                        conn.execute("COMMIT")
+                except SqsError as exc:
+                    ok, value = False, exc
+                except sqlite3.Error as exc:
+                    err = StoreUnavailable(f"SQLite failed: {exc}")
+                    err.__cause__ = exc
+                    ok, value = False, err
+                except Exception as exc:  # noqa: BLE001 - a bug in one job must not kill the thread
+                    ok, value = False, exc
+                with contextlib.suppress(RuntimeError):  # the caller's loop is closed
+                    loop.call_soon_threadsafe(_resolve, fut, ok, value)
+        finally:
+            if conn is not None:
+                conn.close()
+
     def _run_batch(self, conn: sqlite3.Connection, batch: list[_Job]) -> None:
         results: list[tuple[bool, Any]] = []
         try:
@@ -214,12 +267,14 @@ class SqliteStore(Store):
             with contextlib.suppress(RuntimeError):  # the caller's loop is closed: no one waits
                 loop.call_soon_threadsafe(_resolve, fut, ok, value)
 
-    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        if self._thread is None:
+    async def _run(self, fn: Callable[[sqlite3.Connection], T], *, read: bool = False) -> T:
+        """Run ``fn`` in the writer thread's next group transaction, or with
+        ``read`` in a read transaction of the reader thread."""
+        if self._thread is None or (read and self._reader is None):
             raise StoreUnavailable("the SQLite store is not open")
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[T] = loop.create_future()
-        self._jobs.put((fn, fut, loop))
+        (self._reads if read else self._jobs).put((fn, fut, loop))
         return await fut
 
     # -- operations --------------------------------------------------------
@@ -362,7 +417,9 @@ class SqliteStore(Store):
             _check_queue(conn, name)
             return _window(conn, name, spec)
 
-        return await self._run(job)
+        # Not through the writer: a lock-free read must not queue for the
+        # write lock (see the module doc).
+        return await self._run(job, read=True)
 
     async def mark(self, name: str, spec: ReceiveSpec, picks: Sequence[int]) -> list[Received]:
         return await self._run(lambda conn: _mark(conn, name, spec, picks))
