@@ -200,7 +200,7 @@ def test_channel_exceptions_close_the_channel_only(conn: Any, action: Any, code:
 
 def test_unknown_exchange_type_is_a_connection_exception(conn: Any) -> None:
     with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as info:
-        conn.channel().exchange_declare("h", "headers")
+        conn.channel().exchange_declare("h", "x-consistent-hash")
     assert info.value.reply_code == 503
 
 

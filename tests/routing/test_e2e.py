@@ -59,7 +59,7 @@ def test_declare_bind_publish_consume(client: BrokerClient) -> None:
 @pytest.mark.parametrize(
     ("call", "code"),
     [
-        (lambda c: c.declare_exchange("x", "headers"), ErrorCode.BAD_REQUEST),
+        (lambda c: c.declare_exchange("x", "x-consistent-hash"), ErrorCode.BAD_REQUEST),
         (lambda c: c.declare_exchange("d", "fanout"), ErrorCode.PRECONDITION_FAILED),
         (lambda c: c.declare_queue("q", max_length=7), ErrorCode.PRECONDITION_FAILED),
         (lambda c: c.bind("q", "nope"), ErrorCode.NOT_FOUND),

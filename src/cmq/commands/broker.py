@@ -122,7 +122,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p = verbs.add_parser("declare-exchange", help="declare an exchange (idempotent)")
     p.add_argument("name")
     p.add_argument(
-        "--type", default="direct", help="direct, fanout or topic (default: %(default)s)"
+        "--type", default="direct", help="direct, fanout, topic or headers (default: %(default)s)"
     )
     p.add_argument("--durable", action="store_true", help="keep it across restarts (the broker's --data-dir)")
     _client_args(p)

@@ -135,7 +135,7 @@ _CODE_OF: Final[dict[str, tuple[int, bool]]] = {
 _FRAME_HEAD = struct.Struct(">BHI")
 _FRAME_END: Final = 0xCE
 _METHOD, _HEADER, _BODY, _HEARTBEAT = 1, 2, 3, 8
-_EXCHANGE_TYPES: Final = ("direct", "fanout", "topic")
+_EXCHANGE_TYPES: Final = ("direct", "fanout", "topic", "headers")
 _PROPERTY_NAMES: Final = tuple(spec.Basic.Properties.attributes())
 _pack = msgpack.Packer(use_bin_type=True).pack
 
@@ -319,10 +319,49 @@ def props_from_plain(d: Any) -> spec.Basic.Properties:
                 setattr(p, name, v)
         elif name == "headers":
             if type(v) is dict:
-                p.headers = v
+                p.headers = _wire_headers(v)
         elif type(v) is str:
             setattr(p, name, v)
     return p
+
+
+_SKIP: Final = object()
+
+
+def _wire_value(v: Any, depth: int = 0) -> Any:
+    """A header value as pamqp can marshal it (bytes as a byte array), or
+    ``_SKIP`` for one it cannot (a cmq publisher may send any MessagePack value)."""
+    if v is None or type(v) in (bool, int, float, str, datetime.datetime, Decimal, bytearray):
+        return v
+    if type(v) is bytes:
+        return bytearray(v)
+    if depth < 32 and type(v) is dict:
+        out = {}
+        for k, x in v.items():
+            x = _wire_value(x, depth + 1)
+            if x is not _SKIP and type(k) is str:
+                out[k] = x
+        return out
+    if depth < 32 and type(v) is list:
+        return [x for x in (_wire_value(x, depth + 1) for x in v) if x is not _SKIP]
+    return _SKIP
+
+
+def _wire_headers(headers: dict[str, Any]) -> dict[str, Any]:
+    """``headers`` as an AMQP consumer gets them: what pamqp can marshal, and
+    each ``x-death`` record's ``time`` a timestamp (as RabbitMQ sends it; the
+    core keeps integer seconds)."""
+    out: dict[str, Any] = _wire_value(headers)
+    records = out.get("x-death")
+    if type(records) is list:
+        for r in records:
+            t = r.get("time") if type(r) is dict else None
+            if type(t) is int:
+                try:
+                    r["time"] = datetime.datetime.fromtimestamp(t, tz=datetime.UTC)
+                except (OverflowError, OSError, ValueError):
+                    pass
+    return out
 
 
 def body_bytes(body: Any) -> bytes:
@@ -885,7 +924,9 @@ class AmqpConnection:
     def _queue_bind(self, ch: _Channel, m: Any, now: float) -> None:
         queue = m.queue or ch.last_queue
         event = Bind if isinstance(m, spec.Queue.Bind) else Unbind
-        self.core.call(event(rid=0, queue=queue, exchange=m.exchange, key=m.routing_key), (self.key, ch.number), now)
+        args = {str(k): _plain(v) for k, v in (m.arguments or {}).items()}
+        self.core.call(event(rid=0, queue=queue, exchange=m.exchange, key=m.routing_key, arguments=args),
+                       (self.key, ch.number), now)  # fmt: skip
         if isinstance(m, spec.Queue.Unbind):
             self._send_method(ch.number, spec.Queue.UnbindOk())
         elif not m.nowait:

@@ -121,7 +121,7 @@ from cmq.routing._protocol import (
     wrap_body,
 )
 from cmq.routing._store import StoredState, pack
-from cmq.routing.exchanges import Exchange, ExchangeType, make_exchange
+from cmq.routing.exchanges import Exchange, ExchangeType, headers_binding_key, make_exchange
 
 __all__ = [
     "DEFAULT_ACK_TIMEOUT",
@@ -584,6 +584,45 @@ def _arguments_of(q: _Queue) -> dict[str, Any]:
     return args
 
 
+def _died(props: dict[str, Any] | None, queue: str, reason: str, exchange: str, key: str, when: int) -> dict[str, Any]:
+    """A dead-lettered message's properties, as RabbitMQ writes them.
+
+    Its ``expiration`` goes (kept as ``original-expiration`` in the death's
+    record). The ``x-death`` header is a list of records, latest first, one
+    per (queue, reason): a message that dies again the same way has that
+    record's ``count`` raised and moved to the front; otherwise a new record
+    ``{count: 1, reason, queue, time, exchange, routing-keys}`` is put first.
+    The first death also sets ``x-first-death-queue``, ``-reason`` and
+    ``-exchange``. ``when`` is the wall-clock time in seconds.
+    """
+    out = dict(props) if props else {}
+    expiration = out.pop("expiration", None)
+    headers = out.get("headers")
+    headers = dict(headers) if type(headers) is dict else {}
+    had = headers.get("x-death")
+    records = [r for r in had if type(r) is dict] if type(had) is list else []
+    for i, r in enumerate(records):
+        if r.get("queue") == queue and r.get("reason") == reason:
+            count = r.get("count")
+            r = dict(r, count=(count if type(count) is int else 0) + 1)
+            del records[i]
+            records.insert(0, dict(sorted(r.items())))  # RabbitMQ sorts an updated record's fields
+            break
+    else:
+        record: dict[str, Any] = {"count": 1, "reason": reason, "queue": queue, "time": when,
+                                  "exchange": exchange, "routing-keys": [key]}  # fmt: skip
+        if expiration is not None:
+            record["original-expiration"] = expiration
+        records.insert(0, record)
+        if had is None:
+            headers["x-first-death-exchange"] = exchange
+            headers["x-first-death-queue"] = queue
+            headers["x-first-death-reason"] = reason
+    headers["x-death"] = records[:_MAX_DEATHS]
+    out["headers"] = headers
+    return out
+
+
 def _reserved(name: str) -> bool:
     return name == "" or name.startswith("amq.")
 
@@ -637,6 +676,9 @@ class BrokerCore:
         self.journal: list[tuple[Any, ...]] = []
         self._next_pid = 1
         self._durable_exchanges: set[str] = set()
+        # Wall-clock seconds at ``now == 0``, set by a driver with a real
+        # clock: the time written into a dead letter's ``x-death`` record.
+        self.epoch = 0.0
 
     # -- in-process front ends (AMQP) -------------------------------------------
 
@@ -1194,21 +1236,22 @@ class BrokerCore:
         if ex is None or dlx is None:
             self._totals["dead_letters_dropped"] += len(msgs)
             return
-        for _, key, body, _, meta in msgs:
+        for exchange, key, body, _, meta in msgs:
             deaths = (meta.deaths if meta is not None else ()) + ((q.name, reason),)
             if len(deaths) > _MAX_DEATHS:
                 deaths = deaths[-_MAX_DEATHS:]
             new_key = q.dlrk if q.dlrk is not None else key
+            props = _died(meta.props if meta is not None else None, q.name, reason, exchange, key,
+                          int(self.epoch + now))  # fmt: skip
             rejected_on_the_way = any(r == "rejected" for _, r in deaths)
             kept = 0
-            for name in ex.route(new_key):
+            for name in ex.route(new_key, props["headers"]):
                 target = self._queues.get(name)
                 if target is None:
                     continue
                 if not rejected_on_the_way and any(n == name for n, _ in deaths):
                     continue  # a cycle with no rejection in it: dropped, as RabbitMQ does
-                self._enqueue(target, dlx, new_key, [body], now, None, deaths,
-                              meta.props if meta is not None else None)  # fmt: skip
+                self._enqueue(target, dlx, new_key, [body], now, None, deaths, props)
                 kept += 1
             if kept:
                 self._count(q, "dead_lettered")
@@ -1483,29 +1526,38 @@ class BrokerCore:
         self._count(q, "purged", n)
         return {"messages": n}
 
-    def _binding(self, ev: Bind | Unbind, sender: Address) -> tuple[Exchange, _Queue]:
+    def _binding(self, ev: Bind | Unbind, sender: Address) -> tuple[Exchange, _Queue, str]:
+        """The exchange, the queue and the binding's key (a headers binding's
+        key holds its arguments: see :func:`~cmq.routing.exchanges.headers_binding_key`)."""
         _check_name("binding key", ev.key)
         if ev.exchange == "":
             raise _Refused(ErrorCode.ACCESS_REFUSED, "the default exchange's bindings are fixed")
-        return self._exchange(ev.exchange), self._queue_for(ev.queue, sender)
+        ex, q = self._exchange(ev.exchange), self._queue_for(ev.queue, sender)
+        key = ev.key
+        if ex.type is ExchangeType.HEADERS:
+            try:
+                key = headers_binding_key(key, ev.arguments)
+            except ConfigError as exc:
+                raise _Refused(ErrorCode.PRECONDITION_FAILED, str(exc)) from None
+        return ex, q, key
 
     def _bind(self, ev: Bind, sender: Address, now: float) -> Any:
-        ex, q = self._binding(ev, sender)
-        q.bindings.add((ev.exchange, ev.key))
+        ex, q, key = self._binding(ev, sender)
+        q.bindings.add((ev.exchange, key))
         if self.persisting and self._durable_binding(q, ev.exchange):
-            self.journal.append(("bind", ev.queue, ev.exchange, ev.key))
-        return {"created": ex.bind(ev.queue, ev.key)}
+            self.journal.append(("bind", ev.queue, ev.exchange, key))
+        return {"created": ex.bind(ev.queue, key)}
 
     def _durable_binding(self, q: _Queue, exchange: str) -> bool:
         # A binding is kept when both its ends are (AMQP 0-9-1).
         return q.durable and exchange in self._durable_exchanges
 
     def _unbind(self, ev: Unbind, sender: Address, now: float) -> Any:
-        ex, q = self._binding(ev, sender)
-        q.bindings.discard((ev.exchange, ev.key))
+        ex, q, key = self._binding(ev, sender)
+        q.bindings.discard((ev.exchange, key))
         if self.persisting and self._durable_binding(q, ev.exchange):
-            self.journal.append(("unbind", ev.queue, ev.exchange, ev.key))
-        return {"deleted": ex.unbind(ev.queue, ev.key)}
+            self.journal.append(("unbind", ev.queue, ev.exchange, key))
+        return {"deleted": ex.unbind(ev.queue, key)}
 
     def _publish(self, ev: Publish, sender: Address, now: float) -> Any:
         bodies = self._bodies([ev.body], sender)
@@ -1547,7 +1599,7 @@ class BrokerCore:
         if ex is None:
             totals["unroutable"] += n
             raise _Refused(ErrorCode.NOT_FOUND, f"no exchange {brief(exchange)}")
-        names = ex.route(routing_key)
+        names = ex.route(routing_key, props.get("headers") if props is not None else None)
         if not names:
             totals["unroutable"] += n
             return 0
