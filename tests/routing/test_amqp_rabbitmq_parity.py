@@ -139,3 +139,60 @@ def test_x_death_as_rabbitmq_writes_it(channel: Any) -> None:
         assert int(record["count"]) == 2  # the same (queue, reason): counted, not repeated
     finally:
         channel.exchange_delete(dlx)
+
+
+def ready(channel: Any, queue: str) -> int:
+    return int(channel.queue_declare(queue, passive=True).method.message_count)
+
+
+def test_tx_publishes_wait_for_commit_and_rollback_drops_them(channel: Any) -> None:
+    q = channel.queue_declare("", exclusive=True).method.queue
+    tx = channel.connection.channel()
+    tx.tx_select()
+    for i in range(2):
+        tx.basic_publish("", q, b"%d" % i)
+    assert ready(channel, q) == 0  # not before the commit
+    tx.tx_commit()
+    assert ready(channel, q) == 2
+    tx.basic_publish("", q, b"dropped")
+    tx.tx_rollback()
+    tx.tx_commit()  # the rollback left nothing to commit
+    assert ready(channel, q) == 2
+    assert [channel.basic_get(q, auto_ack=True)[2] for _ in range(2)] == [b"0", b"1"]
+
+
+def test_tx_acks_wait_for_commit_and_a_rollback_gives_them_back_unsettled(channel: Any) -> None:
+    q = channel.queue_declare("", exclusive=True).method.queue
+    for i in range(2):
+        channel.basic_publish("", q, b"%d" % i)
+    tx = channel.connection.channel()
+    tx.tx_select()
+    first = tx.basic_get(q)[0].delivery_tag
+    second = tx.basic_get(q)[0].delivery_tag
+    tx.basic_ack(first)
+    tx.tx_rollback()  # the ack is undone: the message is still the channel's to settle, not redelivered
+    assert ready(channel, q) == 0
+    tx.basic_ack(first)  # the same tag again: outstanding once more, so no 406
+    tx.basic_reject(second, requeue=True)
+    assert ready(channel, q) == 0  # the reject waits for the commit too
+    tx.tx_commit()
+    assert ready(channel, q) == 1
+    tx.close()
+    assert [channel.basic_get(q, auto_ack=True)[2]] == [b"1"]  # the acked one is gone for good
+
+
+def test_tx_and_confirm_modes_exclude_each_other_and_commit_needs_select(address: tuple[str, int]) -> None:
+    params = pika.ConnectionParameters(*address, credentials=pika.PlainCredentials("guest", "guest"))
+    conn = pika.BlockingConnection(params)
+    try:
+        for setup, then in ((lambda c: None, lambda c: c.tx_commit()),
+                            (lambda c: None, lambda c: c.tx_rollback()),
+                            (lambda c: c.confirm_delivery(), lambda c: c.tx_select()),
+                            (lambda c: c.tx_select(), lambda c: c.confirm_delivery())):  # fmt: skip
+            ch = conn.channel()
+            setup(ch)
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
+                then(ch)
+            assert info.value.reply_code == 406
+    finally:
+        conn.close()

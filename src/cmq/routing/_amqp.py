@@ -420,6 +420,10 @@ class _Channel:
     getters: set[str] = field(default_factory=set)
     last_queue: str = ""  # the queue last declared on the channel (for empty names)
     publishing: _Publishing | None = None
+    # tx.select'ed: what waits for tx.commit, in order: ("publish", method,
+    # properties, body) and ("settle", {channel tag: (consumer tag, core tag)},
+    # requeue, None for an ack). None: the channel is not transactional.
+    tx: list[Any] | None = None
 
 
 # -- the connection ------------------------------------------------------------------
@@ -801,34 +805,51 @@ class AmqpConnection:
         ch.publishing = None
         m = pub.method
         body = b"".join(pub.parts)
+        if ch.tx is not None:
+            # In a transaction: checked now, done at commit (as RabbitMQ).
+            try:
+                _expiration_ms(pub.properties)
+                if self.core.exchange_type(m.exchange) is None:
+                    raise _ChannelError(NOT_FOUND, f"no exchange '{m.exchange}' in vhost '/'")
+            except _ChannelError as exc:
+                self._close_channel(ch, exc.code, exc.text, m, now)
+                return
+            ch.tx.append(("publish", m, pub.properties, body))
+            return
+        self._publish(ch, m, pub.properties, body, now)
+
+    def _publish(self, ch: _Channel, m: Any, properties: spec.Basic.Properties | None, body: bytes,
+                 now: float) -> bool:  # fmt: skip
+        """Publish one message; False when that closed the channel."""
         if ch.confirm:
             ch.published += 1
         seq = ch.published
         try:
-            expiration = _expiration_ms(pub.properties)
+            expiration = _expiration_ms(properties)
             result = self.core.call(Publish(rid=0, exchange=m.exchange, routing_key=m.routing_key, body=body,
-                                            expiration=expiration, properties=props_to_plain(pub.properties)),
+                                            expiration=expiration, properties=props_to_plain(properties)),
                                     (self.key, ch.number), now)  # fmt: skip
         except Refused as exc:
             if exc.code == ErrorCode.QUEUE_FULL:
                 if ch.confirm:
                     self._send_method(ch.number, spec.Basic.Nack(delivery_tag=seq))
-                return
+                return True
             code, connection = _CODE_OF.get(exc.code, (PRECONDITION_FAILED, False))
             text = f"no exchange '{m.exchange}' in vhost '/'" if code == NOT_FOUND else str(exc)
             if connection:
                 raise _ConnectionError(code, text, m) from None
             self._close_channel(ch, code, text, m, now)
-            return
+            return False
         except _ChannelError as exc:
             self._close_channel(ch, exc.code, exc.text, m, now)
-            return
+            return False
         if m.mandatory and not result["routed"]:
             ret = _Return(reply_code=NO_ROUTE, reply_text="NO_ROUTE", exchange=m.exchange,
                           routing_key=m.routing_key)  # fmt: skip
-            self._send_content(ch.number, ret, pub.properties or spec.Basic.Properties(), body)
+            self._send_content(ch.number, ret, properties or spec.Basic.Properties(), body)
         if ch.confirm:
             self._send_method(ch.number, spec.Basic.Ack(delivery_tag=seq))
+        return True
 
     def _deliver_runs(self, ch: _Channel, tag: str, runs: list[Any]) -> None:
         no_ack = ch.consumers.get(tag)
@@ -1008,9 +1029,9 @@ class AmqpConnection:
         ok = _GetOk(delivery_tag=dtag, redelivered=redelivered, exchange=ex, routing_key=key, message_count=left)
         self._send_content(ch.number, ok, props_from_plain(props), body_bytes(body))
 
-    def _settle(self, ch: _Channel, m: Any, dtag: int, multiple: bool) -> dict[str, list[int]]:
-        """The core (consumer tag -> delivery tags) that channel tag ``dtag`` (and, with
-        ``multiple``, all before it) stands for; forgotten here.
+    def _settle(self, ch: _Channel, m: Any, dtag: int, multiple: bool) -> dict[int, tuple[str, int]]:
+        """The channel tags ``dtag`` (and, with ``multiple``, all before it)
+        stands for, with their (consumer tag, core tag); forgotten here.
 
         Raises:
             _ChannelError: 406 for a tag that is not outstanding (RabbitMQ's "unknown delivery tag").
@@ -1023,34 +1044,84 @@ class AmqpConnection:
             if dtag not in ch.unacked:
                 raise _ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {dtag}", m)
             tags = [dtag]
-        out: dict[str, list[int]] = {}
-        for t in tags:
-            tag, core_tag = ch.unacked.pop(t)
-            out.setdefault(tag, []).append(core_tag)
-        return out
+        return {t: ch.unacked.pop(t) for t in tags}
+
+    def _apply(self, ch: _Channel, settled: dict[int, tuple[str, int]], requeue: bool | None, now: float) -> None:
+        """Tell the core of settled deliveries: acked (``requeue`` None) or nacked."""
+        by_consumer: dict[str, list[int]] = {}
+        for tag, core_tag in settled.values():
+            by_consumer.setdefault(tag, []).append(core_tag)
+        addr = (self.key, ch.number)
+        for tag, tags in by_consumer.items():
+            if requeue is None:
+                self.core.call(Ack(tag=tag, delivery_tags=tuple(tags)), addr, now)
+            else:
+                self.core.call(Nack(tag=tag, delivery_tags=tuple(tags), requeue=requeue), addr, now)
+
+    def _settled(self, ch: _Channel, m: Any, requeue: bool | None, now: float) -> None:
+        settled = self._settle(ch, m, m.delivery_tag, bool(getattr(m, "multiple", False)))
+        if ch.tx is not None:
+            ch.tx.append(("settle", settled, requeue))  # done at commit; given back to the channel by a rollback
+        else:
+            self._apply(ch, settled, requeue, now)
 
     def _basic_ack(self, ch: _Channel, m: Any, now: float) -> None:
-        for tag, tags in self._settle(ch, m, m.delivery_tag, m.multiple).items():
-            self.core.call(Ack(tag=tag, delivery_tags=tuple(tags)), (self.key, ch.number), now)
+        self._settled(ch, m, None, now)
 
     def _basic_nack(self, ch: _Channel, m: Any, now: float) -> None:
-        multiple = bool(getattr(m, "multiple", False))
-        for tag, tags in self._settle(ch, m, m.delivery_tag, multiple).items():
-            self.core.call(Nack(tag=tag, delivery_tags=tuple(tags), requeue=bool(m.requeue)),
-                           (self.key, ch.number), now)  # fmt: skip
+        self._settled(ch, m, bool(m.requeue), now)
 
     def _basic_recover(self, ch: _Channel, m: Any, now: float) -> None:
         # Everything unacked goes back to its queue, redelivered (requeue=false is treated as true).
         if ch.unacked:
-            for tag, tags in self._settle(ch, m, 0, True).items():
-                self.core.call(Nack(tag=tag, delivery_tags=tuple(tags), requeue=True), (self.key, ch.number), now)
+            self._apply(ch, self._settle(ch, m, 0, True), True, now)
         if isinstance(m, spec.Basic.Recover):
             self._send_method(ch.number, spec.Basic.RecoverOk())
 
     def _confirm_select(self, ch: _Channel, m: Any, now: float) -> None:
+        if ch.tx is not None:
+            raise _ChannelError(PRECONDITION_FAILED, "cannot switch from tx to confirm mode", m)
         ch.confirm = True
         if not m.nowait:
             self._send_method(ch.number, spec.Confirm.SelectOk())
+
+    # -- transactions (RabbitMQ's semantics) ---------------------------------------
+
+    def _tx_select(self, ch: _Channel, m: Any, now: float) -> None:
+        if ch.confirm:
+            raise _ChannelError(PRECONDITION_FAILED, "cannot switch from confirm to tx mode", m)
+        if ch.tx is None:
+            ch.tx = []
+        self._send_method(ch.number, spec.Tx.SelectOk())
+
+    def _tx_commit(self, ch: _Channel, m: Any, now: float) -> None:
+        """Publishes first, then settlements, each in the order they came
+        (RabbitMQ's order); Commit-Ok leaves after the store's fsync of what
+        it made persistent (the listener's turn commits before sending)."""
+        if ch.tx is None:
+            raise _ChannelError(PRECONDITION_FAILED, "channel is not transactional", m)
+        work, ch.tx = ch.tx, []
+        for entry in work:
+            if entry[0] == "publish" and not self._publish(ch, entry[1], entry[2], entry[3], now):
+                return  # the channel closed: the rest is dropped with it
+        for entry in work:
+            if entry[0] == "settle":
+                self._apply(ch, entry[1], entry[2], now)
+        self._send_method(ch.number, spec.Tx.CommitOk())
+
+    def _tx_rollback(self, ch: _Channel, m: Any, now: float) -> None:
+        """Publishes are dropped; settled deliveries are the channel's to settle
+        again (not redelivered), as RabbitMQ's."""
+        if ch.tx is None:
+            raise _ChannelError(PRECONDITION_FAILED, "channel is not transactional", m)
+        work, ch.tx = ch.tx, []
+        back: dict[int, tuple[str, int]] = {}
+        for entry in work:
+            if entry[0] == "settle":
+                back.update(entry[1])
+        if back:
+            ch.unacked = dict(sorted({**ch.unacked, **back}.items()))
+        self._send_method(ch.number, spec.Tx.RollbackOk())
 
 
 def _reply_text(code: int, text: str) -> str:
@@ -1094,6 +1165,9 @@ _METHODS: Final[dict[type[Any], _Handler]] = {
     spec.Basic.Recover: AmqpConnection._basic_recover,
     spec.Basic.RecoverAsync: AmqpConnection._basic_recover,
     spec.Confirm.Select: AmqpConnection._confirm_select,
+    spec.Tx.Select: AmqpConnection._tx_select,
+    spec.Tx.Commit: AmqpConnection._tx_commit,
+    spec.Tx.Rollback: AmqpConnection._tx_rollback,
 }
 
 #: Methods only a server sends: a client sending one gets 503 (others: 540, not implemented).
@@ -1102,7 +1176,8 @@ _SERVER_ONLY: Final[frozenset[type[Any]]] = frozenset((
     spec.Exchange.DeclareOk, spec.Exchange.DeleteOk, spec.Queue.DeclareOk, spec.Queue.BindOk,
     spec.Queue.UnbindOk, spec.Queue.PurgeOk, spec.Queue.DeleteOk, spec.Basic.QosOk, spec.Basic.ConsumeOk,
     spec.Basic.CancelOk, spec.Basic.Return, spec.Basic.Deliver, spec.Basic.GetOk, spec.Basic.GetEmpty,
-    spec.Basic.RecoverOk, spec.Confirm.SelectOk, spec.Connection.StartOk, spec.Connection.TuneOk,
+    spec.Basic.RecoverOk, spec.Confirm.SelectOk, spec.Tx.SelectOk, spec.Tx.CommitOk, spec.Tx.RollbackOk,
+    spec.Connection.StartOk, spec.Connection.TuneOk,
     spec.Connection.Open,
 ))  # fmt: skip
 
