@@ -97,6 +97,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "in front of the same exchanges and queues; needs pamqp (pip install 'pycmq[broker]')",
     )
     parser.add_argument(
+        "--memory-budget",
+        type=int,
+        default=None,
+        metavar="BYTES",
+        help="message bytes the broker may hold before AMQP publishers are blocked (connection.blocked, "
+        "their sockets no longer read) until consumers bring it under 90%% of this "
+        "(default: 40%% of the machine's memory, as RabbitMQ)",
+    )
+    parser.add_argument(
         "--users",
         default=None,
         metavar="FILE",
@@ -238,6 +247,8 @@ def _serve(args: argparse.Namespace) -> int:
         options["ack_timeout"] = args.ack_timeout
     if args.spin_us is not None:
         options["spin"] = args.spin_us * 1e-6
+    if args.memory_budget is not None:
+        options["memory_budget"] = args.memory_budget
     users = None
     if args.users is not None:
         if args.amqp_port is None:

@@ -464,6 +464,12 @@ class AmqpConnection:
         self._plain_headers: dict[tuple[int, int], bytes] = {}
         self._last_recv = self._last_send = now
         self._close_by = now + HANDSHAKE_TIMEOUT
+        # Flow control (see pause): whether the client asked to hear of
+        # connection.blocked, whether it was told, whether it ever published.
+        self._wants_blocked = False
+        self._told_blocked = False
+        self.published = False
+        self.paused = False
         core.hold(key)
 
     # -- driver interface ---------------------------------------------------------
@@ -513,6 +519,8 @@ class AmqpConnection:
         if self.finished:
             return None
         if self.state in (_OPEN,) and self.heartbeat:
+            if self.paused:  # its heartbeats wait unread in the socket: only ours are due
+                return self._last_send + self.heartbeat / 2
             return min(self._last_send + self.heartbeat / 2, self._last_recv + 2 * self.heartbeat)
         if self.state == _OPEN:
             return None
@@ -526,10 +534,28 @@ class AmqpConnection:
                 self._finish(now, "handshake or close timed out")
             return
         if self.heartbeat:
-            if now >= self._last_recv + 2 * self.heartbeat:
+            if now >= self._last_recv + 2 * self.heartbeat and not self.paused:
                 self._finish(now, "missed heartbeats")
             elif now >= self._last_send + self.heartbeat / 2:
                 self._emit(pframe.marshal(Heartbeat(), 0))
+
+    def pause(self, reason: str, now: float) -> None:
+        """The driver stops reading this connection's socket (the broker is
+        over its memory budget and the connection publishes): the client is
+        told with connection.blocked when it asked for it, and its silence is
+        not held against it meanwhile (its heartbeats wait in the socket)."""
+        self.paused = True
+        if self._wants_blocked and not self._told_blocked and self.state == _OPEN:
+            self._told_blocked = True
+            self._send_method(0, spec.Connection.Blocked(reason=reason))
+
+    def resume(self, now: float) -> None:
+        """The driver reads this connection's socket again (connection.unblocked)."""
+        self.paused = False
+        self._last_recv = now
+        if self._told_blocked and self.state == _OPEN:
+            self._told_blocked = False
+            self._send_method(0, spec.Connection.Unblocked())
 
     def connection_lost(self, now: float) -> None:
         """The socket broke or was closed: give back what the connection held."""
@@ -563,7 +589,7 @@ class AmqpConnection:
             self.state = _WAIT_START_OK
             caps = {"publisher_confirms": True, "basic.nack": True, "consumer_cancel_notify": True,
                     "exchange_exchange_bindings": False, "per_consumer_qos": True,
-                    "authentication_failure_close": True, "connection.blocked": False}  # fmt: skip
+                    "authentication_failure_close": True, "connection.blocked": True}  # fmt: skip
             props: dict[str, Any] = {"product": "cmq", "version": "0.1.0", "platform": "Python",
                      "information": "cmq's broker, AMQP 0-9-1 front end", "capabilities": caps}  # fmt: skip
             self._send_method(0, spec.Connection.Start(server_properties=props, mechanisms="PLAIN AMQPLAIN"))
@@ -741,6 +767,8 @@ class AmqpConnection:
                 self._finish(now, f"login refused ({why})")
                 return
             self.user = creds[0]
+            caps = (m.client_properties or {}).get("capabilities")
+            self._wants_blocked = type(caps) is dict and caps.get("connection.blocked") is True
             self.state = _WAIT_TUNE_OK
             self._send_method(0, spec.Connection.Tune(channel_max=CHANNEL_MAX, frame_max=FRAME_MAX,
                                                       heartbeat=HEARTBEAT))  # fmt: skip
@@ -1012,6 +1040,7 @@ class AmqpConnection:
             self._send_method(ch.number, _CancelOk(consumer_tag=tag))
 
     def _basic_publish(self, ch: _Channel, m: Any, now: float) -> None:
+        self.published = True
         ch.publishing = _Publishing(m)
 
     def _basic_get(self, ch: _Channel, m: Any, now: float) -> None:

@@ -81,6 +81,7 @@ flag, with their bodies in one list, so nothing is repeated per message.
 from __future__ import annotations
 
 import enum
+import os
 import secrets
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
@@ -169,6 +170,22 @@ DEFAULT_SPIN: Final = 100e-6
 MAX_NAME: Final = 255
 
 
+def _default_memory_budget() -> int:
+    # RabbitMQ's default high watermark: 40% of the machine's memory. Only
+    # message bodies are counted here (the Python objects around them cost
+    # more), so at this budget the process is well under the machine's RAM.
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 0.4)
+    except (ValueError, OSError, AttributeError):
+        return 1 << 30
+
+
+DEFAULT_MEMORY_BUDGET: Final = _default_memory_budget()
+#: Publishers are let go again once the held bytes are under this share of the
+#: budget: a margin, so that one consumed message does not flip it back.
+MEMORY_RESUME_FRACTION: Final = 0.9
+
+
 class Overflow(enum.StrEnum):
     """What a full queue does with one more message (RabbitMQ's ``x-overflow``)."""
 
@@ -250,7 +267,15 @@ class BrokerConfig:
     a wake-up saved on each hop of a request/response. Not used by a broker
     that may run on one CPU only."""
 
+    memory_budget: int = DEFAULT_MEMORY_BUDGET
+    """Body bytes the broker may hold (ready or unacknowledged, over all
+    queues) before it stops reading from AMQP publishers' sockets and tells
+    them connection.blocked (RabbitMQ's memory alarm); they are read again,
+    and told connection.unblocked, once it holds under 90% of it."""
+
     def __post_init__(self) -> None:
+        if self.memory_budget < 1:
+            raise ConfigError(f"memory_budget must be >= 1 byte, got {self.memory_budget!r}")
         if not self.consumer_timeout > 0:
             raise ConfigError(f"consumer_timeout must be > 0, got {self.consumer_timeout!r}")
         if not self.ack_timeout > 0:
@@ -414,7 +439,7 @@ GET_TAG: Final = "\x00get:"
 
 class _Queue:
     __slots__ = ("auto_delete", "bindings", "consumers", "counts", "dlrk", "dlx", "durable", "expiring",
-                 "handed", "max_length", "name", "overflow", "owner", "ready", "rr", "ttl")  # fmt: skip
+                 "handed", "max_length", "name", "nbytes", "overflow", "owner", "ready", "rr", "ttl")  # fmt: skip
 
     def __init__(
         self,
@@ -445,6 +470,9 @@ class _Queue:
         # Messages handed over on the latency path (BrokerCore._hand_over):
         # each one is also enqueued and delivered (added in at stats time).
         self.handed = 0
+        # Body bytes of the messages this queue holds: ready, and out with
+        # consumers until acknowledged (see BrokerCore.held_bytes).
+        self.nbytes = 0
 
 
 class _Consumer:
@@ -478,6 +506,11 @@ class _Consumer:
 
     def has_credit(self) -> bool:
         return self.no_ack or not self.prefetch or len(self.unacked) < self.prefetch
+
+
+def _bytes_of(msgs: Iterable[_Msg]) -> int:
+    """The body bytes of queued messages (as :func:`_approx_size` counts them)."""
+    return sum([len(m[2]) if type(m[2]) is bytes else _approx_size(m[2]) for m in msgs])
 
 
 def _approx_size(body: Any) -> int:
@@ -733,6 +766,12 @@ class BrokerCore:
         ex = self._exchanges.get(name)
         return ex is not None and any(True for _ in ex.bindings())
 
+    def held_bytes(self) -> int:
+        """Body bytes of every message the broker holds (ready, or delivered and
+        not yet acknowledged): what a memory budget is checked against. Kept
+        per queue as messages come and go, so this costs one step per queue."""
+        return sum([q.nbytes for q in self._queues.values()])
+
     def exchange_type(self, name: str) -> str | None:
         """The type of exchange ``name``, or None when there is none."""
         ex = self._exchanges.get(name)
@@ -783,6 +822,7 @@ class BrokerCore:
                 self._expiring.add(q_.name)
             meta = _Meta(expires, (), m.props, m.id)
             q_.ready.append((m.exchange, m.routing_key, m.body, True, meta))
+            q_.nbytes += _bytes_of((q_.ready[-1],))
             self._count(q_, "enqueued")
             self._next_pid = max(self._next_pid, m.id + 1)
 
@@ -888,6 +928,7 @@ class BrokerCore:
         self._next_dtag = dtag + 1
         if not c.no_ack:
             unacked[dtag] = ((exchange, key, body, False, None), now)
+            q.nbytes += len(body) if type(body) is bytes else _approx_size(body)
         c.pending = [[dtag, exchange, key, False, [body]]]
         self._with_pending[(c.addr, c.tag)] = c
         q.handed += 1  # published, enqueued and delivered (see stats)
@@ -1125,6 +1166,7 @@ class BrokerCore:
         ready = q.ready
         n = len(bodies)
         consumers = q.consumers
+        q.nbytes += sum([len(b) if type(b) is bytes else _approx_size(b) for b in bodies])
         if q.ttl is not None and (ttl is None or q.ttl < ttl):
             ttl = q.ttl
         if ttl is not None or deaths or props is not None:
@@ -1175,6 +1217,7 @@ class BrokerCore:
             gone = [pop() for _ in range(over)]  # the newest are the batch's last
             gone.reverse()
             self._count(q, "enqueued", n - over)
+        q.nbytes -= _bytes_of(gone)
         if self.persisting:
             self._forget(gone)
         if rule.dead_letter:
@@ -1224,6 +1267,7 @@ class BrokerCore:
                 break
             gone.append(ready.popleft())
         if gone:
+            q.nbytes -= _bytes_of(gone)
             if self.persisting:
                 self._forget(gone)
             self._count(q, "expired", len(gone))
@@ -1265,8 +1309,10 @@ class BrokerCore:
         self._next_dtag = dtag + n
         if not c.no_ack:
             c.unacked.update(zip(range(dtag, dtag + n), zip(msgs, repeat(now)), strict=True))
-        elif self.persisting:
-            self._forget(msgs)  # delivered without acknowledgement: gone
+        else:
+            c.queue.nbytes -= _bytes_of(msgs)  # delivered without acknowledgement: gone
+            if self.persisting:
+                self._forget(msgs)
         pending = c.pending
         run: list[Any] | None = None
         if pending:
@@ -1373,6 +1419,7 @@ class BrokerCore:
                     unsent.append((r[1], r[2], body, r[3], None if p is None else _Meta(None, (), p)))
             back += unsent
             self._count(q, "delivered", -len(unsent))
+            q.nbytes += _bytes_of(unsent)  # counted as gone when handed; they never left
         c.unacked.clear()
         c.pending.clear()
         if back and self._queues.get(q.name) is q:
@@ -1520,6 +1567,7 @@ class BrokerCore:
     def _purge_queue(self, ev: PurgeQueue, sender: Address, now: float) -> Any:
         q = self._queue_for(ev.name, sender)
         n = len(q.ready)
+        q.nbytes -= _bytes_of(q.ready)
         if self.persisting:
             self._forget(q.ready)
         q.ready.clear()
@@ -1650,12 +1698,16 @@ class BrokerCore:
         c.last_seen = now
         acked = 0
         persisting = self.persisting
+        gone = 0
         for dtag in ev.delivery_tags:
             entry = c.unacked.pop(dtag, None)
             if entry is not None:
                 acked += 1
+                body = entry[0][2]
+                gone += len(body) if type(body) is bytes else _approx_size(body)
                 if persisting:
                     self._forget((entry[0],))
+        c.queue.nbytes -= gone
         stale = len(ev.delivery_tags) - acked
         if stale:
             self._totals["stale_acks"] += stale
@@ -1679,6 +1731,7 @@ class BrokerCore:
                 self._requeue(q, msgs)
             else:
                 self._count(q, "nacked", len(msgs))
+                q.nbytes -= _bytes_of(msgs)
                 if self.persisting:
                     self._forget(msgs)
                 self._dead_letter(q, msgs, "rejected", now)
@@ -1735,8 +1788,10 @@ class BrokerCore:
                 c.held = sender[0] in self._held
             c.last_seen = now
             c.unacked[dtag] = (msg, now)
-        elif self.persisting:
-            self._forget((msg,))
+        else:
+            q.nbytes -= _bytes_of((msg,))
+            if self.persisting:
+                self._forget((msg,))
         ex, key_, body, redelivered, meta = msg
         props = meta.props if meta is not None else None
         return [tag, dtag, ex, key_, redelivered, body, len(q.ready), props]
