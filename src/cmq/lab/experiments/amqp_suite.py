@@ -6,8 +6,9 @@ experiment each (:mod:`cmq.lab.amqp.plans` says what each measures and
 records, :mod:`cmq.lab.amqp.report` how the report shows and judges it).
 Publishers, consumers and the broker run in separate processes.
 
-Systems: ``cmq`` (a ``cmq broker`` started for the experiment) always, and
-``rabbitmq`` when it is among the lab's systems (``--systems``; the quick
+Systems: ``cmq`` (a ``cmq broker`` started for the experiment) always,
+``cmq-pika`` (that broker's AMQP listener, through the pika code that drives
+RabbitMQ) with ``rabbitmq``, and ``rabbitmq`` when it is among the lab's systems (``--systems``; the quick
 and full profiles have it) and its server answers; otherwise RabbitMQ is
 written as a skipped run with the reason. Scale comes from
 :data:`cmq.lab.amqp.plans.AMQP_PROFILES` by the lab profile's name;
@@ -16,6 +17,7 @@ written as a skipped run with the reason. Scale comes from
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 from typing import Final
 
@@ -29,9 +31,12 @@ __all__ = ["EXPERIMENTS", "systems_for"]
 
 
 def systems_for(ctx: Context, book: RunBook | None = None) -> list[str]:
-    """``cmq``, plus ``rabbitmq`` when asked for and reachable (else a skipped run in ``book``)."""
+    """``cmq``, plus ``rabbitmq`` when asked for and reachable (else a skipped run in
+    ``book``) and then also ``cmq-pika`` (the cmq broker through pika) when pika is there."""
     systems = ["cmq"]
     if "rabbitmq" in ctx.systems:
+        if importlib.util.find_spec("pika") is not None:
+            systems.append("cmq-pika")  # the cmq broker behind RabbitMQ's client
         why = rabbit_available()
         if why is None:
             systems.append("rabbitmq")
@@ -45,7 +50,7 @@ def _experiment(bench: str, order: int, title: str) -> LabExperiment:
     exp_id = f"amqp-{bench}"
 
     def steps(ctx: Context) -> int:
-        n = 2 if "rabbitmq" in ctx.systems else 1
+        n = 3 if "rabbitmq" in ctx.systems else 1
         p = amqp_profile(ctx.profile)
         return n * len(points(bench, p)) * p.repeat
 
