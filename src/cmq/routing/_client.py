@@ -818,6 +818,7 @@ class BrokerClient(_ClientBase):
         confirm: bool = False,
         ttl: float | None = None,
         persistent: bool = False,
+        headers: Mapping[str, Any] | None = None,
     ) -> int | None:
         """Publish ``body`` (any MessagePack value) to ``exchange`` with ``routing_key``.
 
@@ -827,7 +828,9 @@ class BrokerClient(_ClientBase):
         (AMQP's per-message ``expiration``). ``persistent``: AMQP's
         ``delivery_mode`` 2: in a durable queue of a broker that keeps its
         state on disk, the message survives a restart until acknowledged,
-        and the confirm comes only once it is on disk.
+        and the confirm comes only once it is on disk. ``headers``: AMQP's
+        headers property (what a headers exchange routes on; AMQP consumers
+        get it as such).
 
         Raises:
             RemoteError: (confirm only) ``not-found`` (no such exchange) or
@@ -835,9 +838,12 @@ class BrokerClient(_ClientBase):
             Timeout: (confirm only) the broker did not answer.
             TypeError: ``body`` is not MessagePack-able.
         """
-        if confirm or ttl is not None or persistent:
+        if confirm or ttl is not None or persistent or headers:
+            props = dict(PERSISTENT) if persistent else None
+            if headers:
+                props = {**(props or {}), "headers": dict(headers)}
             event = dict(exchange=exchange, routing_key=routing_key, body=wrap_body(body),
-                         expiration=_ms(ttl, "ttl"), properties=PERSISTENT if persistent else None)  # fmt: skip
+                         expiration=_ms(ttl, "ttl"), properties=props)  # fmt: skip
             if not confirm:
                 self._send(encode(Publish(rid=0, **event)))
                 return None
