@@ -21,6 +21,7 @@ import importlib.util
 from collections.abc import Callable
 from typing import Final
 
+from cmq.lab.amqp import durable
 from cmq.lab.amqp.plans import MEASURES, amqp_profile, measure, points
 from cmq.lab.amqp.report import register_reports
 from cmq.lab.amqp.transport import rabbit_available
@@ -76,7 +77,34 @@ _TITLES: Final = {
     "te-spsc": "AMQP TE-SPSC: topic exchange, 1 .. 1024 non-matching bindings",
 }
 
-EXPERIMENTS: Final = tuple(
-    _experiment(bench, 60 + k, _TITLES[bench]) for k, bench in enumerate(MEASURES)
+def _durable_experiment() -> LabExperiment:
+    """``amqp-durable`` [durable]: see :mod:`cmq.lab.amqp.durable`."""
+
+    def plan(ctx: Context) -> tuple[float, int]:
+        return durable.PROFILES.get(getattr(ctx.profile, "name", ""), durable.PROFILES["quick"])
+
+    def steps(ctx: Context) -> int:
+        systems, _ = durable.systems_for(ctx.systems)
+        return plan(ctx)[1] * (len(systems) + 1)
+
+    def run(ctx: Context) -> None:
+        seconds, repeat = plan(ctx)
+        systems, skipped = durable.systems_for(ctx.systems)
+        with RunBook(ctx.out, durable.EXPERIMENT_ID, pin="none", params={"seconds": seconds}) as book:
+            for system, why in skipped.items():
+                book.skip(system, why)
+                ctx.say(f"{durable.EXPERIMENT_ID}: skipping {system}: {why}")
+            durable.measure_durable(book, systems, seconds=seconds, repeat=repeat, step=ctx.step, say=ctx.say)
+
+    return register(
+        LabExperiment(id=durable.EXPERIMENT_ID, title="AMQP durable: confirmed persistent publishes, kill -9",
+                      aliases=("durable",), order=66, run=run, steps=steps, multi_system=False)
+    )  # fmt: skip
+
+
+EXPERIMENTS: Final = (
+    *(_experiment(bench, 60 + k, _TITLES[bench]) for k, bench in enumerate(MEASURES)),
+    _durable_experiment(),
 )
 register_reports()
+durable.register_report()
