@@ -43,7 +43,13 @@ its ``x-dead-letter-routing-key`` (else its own key), without its
 expiration; a queue with no dead-letter exchange, or one that does not
 exist, drops it (counted). A message that would come back to a queue it was
 already dead-lettered from, with no rejection on the way, is dropped
-(counted), as RabbitMQ does, so a cycle cannot loop.
+(counted), as RabbitMQ does, so a cycle cannot loop. The message says why it
+died in its headers, as RabbitMQ writes them (``x-death``, see ``_died``).
+
+Memory. Each queue keeps the body bytes of the messages it holds (ready, or
+out with a consumer until acknowledged) in ``nbytes``, changed where
+messages enter and leave it for good; ``held_bytes()`` sums them (one step
+per queue) for a driver that enforces ``BrokerConfig.memory_budget``.
 
 Consumers and delivery guarantees. A consumer with ``no_ack`` gets messages as
 fast as they come, at most once (a lost datagram is a lost message). Other
