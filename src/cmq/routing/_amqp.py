@@ -28,7 +28,12 @@ exception (404, 403, 405, 406) closes that channel with Channel.Close; a
 connection exception (501, 503, 504, 505, 530, 540, 541) sends
 Connection.Close and ends the connection after Close-Ok (or a second).
 Heartbeats: ours every half interval of silence; a peer silent for two
-intervals is dropped.
+intervals is dropped (not while the driver has paused reading it: see
+``pause``, the memory alarm's connection.blocked).
+
+Transactions (tx.select): a channel keeps its publishes and settlements in
+``_Channel.tx`` and does them at tx.commit, publishes first (RabbitMQ's
+order); tx.rollback drops the publishes and gives the settled deliveries back.
 
 Properties. A message's basic properties are kept by the core as a map of
 plain values (``timestamp`` as integer seconds), so that cmq-protocol
