@@ -137,4 +137,4 @@ class HeldBytesMachine(RuleBasedStateMachine):
 
 
 TestHeldBytes = HeldBytesMachine.TestCase
-TestHeldBytes.settings = settings(max_examples=150, stateful_step_count=30, deadline=None)
+TestHeldBytes.settings = settings(max_examples=100, stateful_step_count=30, deadline=None)
