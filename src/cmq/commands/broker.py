@@ -98,6 +98,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "in front of the same exchanges and queues; needs pamqp (pip install 'pycmq[broker]')",
     )
     parser.add_argument(
+        "--memory-budget",
+        type=int,
+        default=None,
+        metavar="BYTES",
+        help="message bytes the broker may hold before AMQP publishers are blocked (connection.blocked, "
+        "their sockets no longer read) until consumers bring it under 90%% of this "
+        "(default: 40%% of the machine's memory, as RabbitMQ)",
+    )
+    parser.add_argument(
         "--users",
         default=None,
         metavar="FILE",
@@ -146,7 +155,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p = verbs.add_parser("declare-exchange", help="declare an exchange (idempotent)")
     p.add_argument("name")
     p.add_argument(
-        "--type", default="direct", help="direct, fanout or topic (default: %(default)s)"
+        "--type", default="direct", help="direct, fanout, topic or headers (default: %(default)s)"
     )
     p.add_argument("--durable", action="store_true", help="keep it across restarts (the broker's --data-dir)")
     _client_args(p)
@@ -262,6 +271,8 @@ def _serve(args: argparse.Namespace) -> int:
         options["ack_timeout"] = args.ack_timeout
     if args.spin_us is not None:
         options["spin"] = args.spin_us * 1e-6
+    if args.memory_budget is not None:
+        options["memory_budget"] = args.memory_budget
     users = None
     if args.users is not None:
         if args.amqp_port is None and args.http_port is None:

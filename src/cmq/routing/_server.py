@@ -180,6 +180,7 @@ class Broker:
             self._owns_endpoint = False
         self.endpoint: Endpoint = endpoint
         self.core = BrokerCore(config, endpoint_stats=self._endpoint_stats)
+        self.core.epoch = time.time() - time.monotonic()
         if self.store is not None:
             try:
                 self.core.restore(self.store.load(), time.monotonic())
