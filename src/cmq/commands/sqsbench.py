@@ -31,9 +31,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=int, default=64, help="in-flight cycles")
     parser.add_argument(
         "--client",
-        choices=["raw", "aiohttp"],
+        choices=["raw", "aiohttp", "wrk"],
         default="raw",
-        help="load generator HTTP client (raw asyncio is ~5x leaner)",
+        help="load generator: raw asyncio (default), aiohttp (~5x raw's client CPU), "
+        "or wrk (compiled, from Debian's wrk package; less client CPU than raw)",
     )
     parser.add_argument("--n", type=int, default=500, help="messages per run (order)")
     parser.add_argument(
@@ -98,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
                 f"{r['system']:14} nodes={r['nodes']}  {r['cycles_per_s']:8.1f} cycles/s "
                 f"(median of {r['all_cycles_per_s']})  "
                 f"server CPU {r['server_cpu_ms_per_cycle']:.3f} ms/cycle  "
+                f"client CPU {r['client_cpu_ms_per_cycle']:.3f} ms/cycle  "
                 f"{r.get('x_moto', '-')}x moto (CPU: {r.get('x_moto_cpu', '-')}x)  "
                 f"errors={r['errors']}"
             )

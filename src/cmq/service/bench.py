@@ -289,11 +289,15 @@ async def _create(conn: _Conn | _AioConn, name: str, k: int | None, mode: str | 
 async def _cycles(
     urls: Sequence[str], seconds: float, concurrency: int, client: str = "raw"
 ) -> dict[str, Any]:
-    make = CLIENTS[client]
+    make = _Conn if client == "wrk" else CLIENTS[client]
     setup = make(urls[0])
     qurl = await _create(setup, f"bench-{uuid.uuid4().hex[:8]}", None)
     setup.close()
     path = qurl.split("/", 3)[3]  # account/name: the same queue through any node
+    if client == "wrk":
+        from cmq.service.wrk_load import wrk_cycles
+
+        return wrk_cycles(urls, f"/{path}", seconds, concurrency, _HEADERS["Authorization"])
     done = 0
     errors = 0
     stop = time.monotonic() + seconds
@@ -369,7 +373,10 @@ def throughput(
     ``store_pids``, the store's own processes (the redis-server processes of
     a Redis Cluster; an SQLite store runs inside the nodes): ``node_cpu_s``,
     ``store_cpu_s`` and ``cycles_per_cpu_s`` = cycles / (node + store CPU
-    seconds). The load generator's own CPU is not counted. CPU per cycle is
+    seconds). The load generator's own CPU is not in that figure; it is
+    ``client_cpu_ms_per_cycle`` (this process's CPU for the asyncio clients,
+    the wrk processes' for ``client="wrk"``), which shows whether the
+    generator, rather than the node, is the bottleneck. CPU per cycle is
     a figure that other load on the machine disturbs far less than cycles
     per second, and per CPU-second is how linear scaling shows on a machine
     with fewer cores than nodes.
@@ -380,7 +387,10 @@ def throughput(
         pids += [c for p in pids for c in _children(p)]
         before = sum(_cpu_seconds(p) for p in pids)
         store_before = sum(_cpu_seconds(p) for p in store_pids)
+        client_before = time.process_time()
         result = asyncio.run(_cycles(servers.urls, seconds, concurrency, client))
+        # The load generator's CPU: this process's, or the wrk processes'.
+        client_cpu = result.pop("client_cpu_s", time.process_time() - client_before)
         cpu = sum(_cpu_seconds(p) for p in pids) - before
         store_cpu = sum(_cpu_seconds(p) for p in store_pids) - store_before
     finally:
@@ -393,6 +403,7 @@ def throughput(
         "client": client,
         **result,
         "server_cpu_ms_per_cycle": round(cpu * 1000 / max(1, result["cycles"]), 3),
+        "client_cpu_ms_per_cycle": round(client_cpu * 1000 / max(1, result["cycles"]), 3),
         "node_cpu_s": round(cpu, 3),
         "store_cpu_s": round(store_cpu, 3),
         "cycles_per_cpu_s": round(result["cycles"] / total, 1) if total > 0 else 0.0,
@@ -433,6 +444,7 @@ def throughput_matrix(
     for (kind, nodes), rows in runs.items():
         rates = sorted(r["cycles_per_s"] for r in rows)
         cpus = sorted(r["server_cpu_ms_per_cycle"] for r in rows)
+        client_cpus = sorted(r["client_cpu_ms_per_cycle"] for r in rows)
         out.append(
             {
                 "system": kind,
@@ -441,6 +453,7 @@ def throughput_matrix(
                 "cycles_per_s": rates[len(rates) // 2],
                 "all_cycles_per_s": rates,
                 "server_cpu_ms_per_cycle": cpus[len(cpus) // 2],
+                "client_cpu_ms_per_cycle": client_cpus[len(client_cpus) // 2],
                 "errors": sum(r["errors"] for r in rows),
             }
         )
