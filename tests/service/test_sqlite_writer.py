@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cmq.service.errors import QueueDoesNotExist, SqsError, StoreUnavailable
 from cmq.service.model import NewMessage, QueueRecord
@@ -207,3 +209,44 @@ def test_operations_on_a_deleted_queue_say_so_on_the_shortened_paths(tmp_path: P
             await store.close()
 
     asyncio.run(go())
+
+
+@given(
+    visible=st.lists(st.booleans(), max_size=30),
+    n=st.integers(1, 10),
+    counts=st.lists(st.integers(0, 3), min_size=30, max_size=30),
+)
+@settings(max_examples=30, deadline=None)
+def test_a_k1_receive_in_one_statement_picks_what_the_window_picks(
+    tmp_path_factory: pytest.TempPathFactory, visible: list[bool], n: int, counts: list[int]
+) -> None:
+    """_take_head (k = 1, one UPDATE ... RETURNING) hands out exactly what
+    standard_picks over _window would, in the same order, marked alike."""
+    from cmq.service.model import ReceiveSpec
+    from cmq.service.ordering import standard_picks
+
+    path = tmp_path_factory.mktemp("k1") / "s.sqlite3"
+    store = SqliteStore(str(path), synchronous="normal")
+    conn = store._connect()
+    try:
+        conn.execute(
+            "INSERT INTO queues (name, attributes, created_at, modified_at) VALUES ('q', '{}', 0, 0)"
+        )
+        for seq, vis in enumerate(visible, start=1):
+            conn.execute(
+                "INSERT INTO messages (queue, seq, payload, visible_at, receive_count) "
+                "VALUES ('q', ?, ?, ?, ?)",
+                (seq, f"p{seq}", T0 - 1 if vis else T0 + 1, counts[seq - 1]),
+            )
+        spec = ReceiveSpec(
+            now=T0, max_messages=n, visibility_ms=5, k=1, fifo=False, token="t", rand=(0.5,) * n
+        )
+        expected = standard_picks(sqlite_store._window(conn, "q", spec), 1, n, spec.rand)
+        got = sqlite_store._take_head(conn, "q", spec)
+    finally:
+        conn.close()
+    assert [r.seq for r in got] == expected
+    for r in got:
+        assert r.payload == f"p{r.seq}" and r.token == "t"
+        assert r.receive_count == counts[r.seq - 1] + 1
+        assert r.first_receive_at == (T0 if counts[r.seq - 1] == 0 else 0)

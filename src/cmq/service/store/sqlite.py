@@ -421,6 +421,11 @@ class SqliteStore(Store):
         def job(conn: sqlite3.Connection) -> list[Received]:
             if spec.fifo:
                 picks = _fifo_picks(conn, name, spec.now, spec.max_messages)
+            elif spec.k == 1:
+                got = _take_head(conn, name, spec)
+                if not got:
+                    _check_queue(conn, name)
+                return got
             else:
                 picks = _window(conn, name, spec)
             if not picks:
@@ -545,6 +550,39 @@ def _window(conn: sqlite3.Connection, name: str, spec: ReceiveSpec) -> list[int]
         )
     ]
     return standard_picks(visible, spec.k, spec.max_messages, spec.rand)
+
+
+def _take_head(conn: sqlite3.Connection, name: str, spec: ReceiveSpec) -> list[Received]:
+    """:func:`_window` then :func:`_mark` for ``k = 1`` in one statement.
+
+    With ``k = 1`` the picks are simply the first ``n`` visible messages in
+    sequence order (:func:`~cmq.service.ordering.standard_picks`), which SQL
+    can select and mark at once: one statement, one round trip of the GIL
+    between the writer thread and the event loop, instead of two.
+    """
+    rows = conn.execute(
+        "UPDATE messages SET visible_at = ?, receive_count = receive_count + 1, "
+        "first_receive_at = CASE receive_count WHEN 0 THEN ? ELSE first_receive_at END, "
+        "token = ? WHERE queue = ? AND seq IN ("
+        "SELECT seq FROM messages WHERE queue = ? AND visible_at <= ? ORDER BY seq LIMIT ?) "
+        "RETURNING seq, payload, receive_count, first_receive_at",
+        (
+            spec.now + spec.visibility_ms,
+            spec.now,
+            spec.token,
+            name,
+            name,
+            spec.now,
+            spec.max_messages,
+        ),
+    ).fetchall()
+    rows.sort()  # RETURNING's order is SQLite's; picks go out in sequence order
+    return [
+        Received(
+            seq=seq, payload=payload, receive_count=count, first_receive_at=first, token=spec.token
+        )
+        for seq, payload, count, first in rows
+    ]
 
 
 def _mark(
