@@ -3,8 +3,9 @@
 Theory of operation
 -------------------
 One thread per process owns the connection and runs every operation. The
-event loop hands it jobs (plain functions of the connection) through a queue;
-the thread takes all jobs waiting at that moment and runs them in ONE
+event loop hands it jobs (plain functions of the connection) through a queue,
+all jobs of one loop turn at once; the thread takes all jobs waiting at that
+moment and runs them in ONE
 ``BEGIN IMMEDIATE`` transaction, each inside its own savepoint (so one
 failing job rolls back alone), then commits once and only then resolves the
 jobs' futures. That is group commit: under load many requests share one
@@ -115,18 +116,23 @@ _Done = tuple[list[_Job], list[tuple[bool, Any]]]
 
 
 def _answer(batch: list[_Job], results: list[tuple[bool, Any]]) -> None:
+    """Resolve a batch's futures: one call into each callers' loop, not one a job."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], bool, Any]]] = {}
     for (_, fut, loop), (ok, value) in zip(batch, results, strict=True):
+        by_loop.setdefault(loop, []).append((fut, ok, value))
+    for loop, answers in by_loop.items():
         with contextlib.suppress(RuntimeError):  # the caller's loop is closed: no one waits
-            loop.call_soon_threadsafe(_resolve, fut, ok, value)
+            loop.call_soon_threadsafe(_resolve, answers)
 
 
-def _resolve(fut: asyncio.Future[Any], ok: bool, value: Any) -> None:
-    if fut.done():  # the request was cancelled (client went away)
-        return
-    if ok:
-        fut.set_result(value)
-    else:
-        fut.set_exception(value)
+def _resolve(answers: list[tuple[asyncio.Future[Any], bool, Any]]) -> None:
+    for fut, ok, value in answers:
+        if fut.done():  # the request was cancelled (client went away)
+            continue
+        if ok:
+            fut.set_result(value)
+        else:
+            fut.set_exception(value)
 
 
 def _check_queue(conn: sqlite3.Connection, name: str) -> None:
@@ -140,7 +146,9 @@ class SqliteStore(Store):
     def __init__(self, path: str, *, synchronous: str = "full") -> None:
         self.path = path
         self.synchronous = synchronous
-        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        # Jobs go to the writer a loop turn's worth at a time (see _run).
+        self._jobs: queue.SimpleQueue[list[_Job] | None] = queue.SimpleQueue()
+        self._outbox: list[_Job] = []
         # Committed batches waiting for the syncer's fsync (None: stop).
         self._committed: queue.SimpleQueue[_Done | None] = queue.SimpleQueue()
         self._wal_fd: int | None = None
@@ -168,6 +176,7 @@ class SqliteStore(Store):
         """Finish queued jobs and stop the writer thread."""
         loop = asyncio.get_running_loop()
         if self._thread is not None:
+            self._hand_over()
             self._jobs.put(None)
             await loop.run_in_executor(None, self._thread.join)
             self._thread = None
@@ -209,10 +218,10 @@ class SqliteStore(Store):
         self._ready.set()
         try:
             while True:
-                job = self._jobs.get()
-                if job is None:
+                jobs = self._jobs.get()
+                if jobs is None:
                     return
-                batch = [job]
+                batch = list(jobs)
                 stop = False
                 while len(batch) < MAX_GROUP:
                     try:
@@ -222,7 +231,7 @@ class SqliteStore(Store):
                     if more is None:
                         stop = True
                         break
-                    batch.append(more)
+                    batch += more
                 self._run_batch(conn, batch)
                 if stop:
                     return
@@ -303,8 +312,19 @@ class SqliteStore(Store):
             raise StoreUnavailable("the SQLite store is not open")
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[T] = loop.create_future()
-        self._jobs.put((fn, fut, loop))
+        # Handed to the writer at the end of this loop turn, with every other
+        # job of the turn: one wake-up of the writer thread for all of them,
+        # not one each (each was a futex call, and a thread woken to fight
+        # the event loop for the GIL).
+        if not self._outbox:
+            loop.call_soon(self._hand_over)
+        self._outbox.append((fn, fut, loop))
         return await fut
+
+    def _hand_over(self) -> None:
+        if self._outbox:
+            jobs, self._outbox = self._outbox, []
+            self._jobs.put(jobs)
 
     # -- operations --------------------------------------------------------
 
