@@ -1,6 +1,7 @@
 """Benchmark the queue service: cycles/s vs moto, and the BDQS K/order experiment.
 
   cmq sqsbench throughput [--seconds 5] [--nodes 1,2,4] [--stores sqlite,redis-cluster]
+                          [--client raw|aiohttp|wrk] [--concurrency 64]
   cmq sqsbench order [--n 500] [--modes atomic,lock-free] [--order-nodes 3]
                      [--stores sqlite,redis-cluster,moto] [--out records.parquet]
 
