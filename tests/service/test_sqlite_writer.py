@@ -124,6 +124,50 @@ def test_a_reopened_store_syncs_its_wal_too(tmp_path: Path) -> None:
     assert asyncio.run(once("b")) is not None
 
 
+def _batch(store: SqliteStore, conn: sqlite3.Connection, jobs: list[Any]) -> list[Any]:
+    async def go() -> list[Any]:
+        loop = asyncio.get_running_loop()
+        futures = [loop.create_future() for _ in jobs]
+        store._run_batch(conn, [(j, f, loop) for j, f in zip(jobs, futures, strict=True)])
+        return await asyncio.gather(*futures, return_exceptions=True)
+
+    return asyncio.run(go())
+
+
+def test_a_job_that_fails_before_writing_costs_the_batch_no_second_run(tmp_path: Path) -> None:
+    """The usual failure (a missing queue) writes nothing: the other jobs run
+    once, without savepoints, and commit."""
+    store = SqliteStore(str(tmp_path / "s.sqlite3"), synchronous="normal")
+    conn = store._connect()
+    runs: list[str] = []
+
+    def insert(name: str) -> Any:
+        def job(c: sqlite3.Connection) -> str:
+            runs.append(name)
+            c.execute(
+                "INSERT INTO queues (name, attributes, created_at, modified_at) "
+                "VALUES (?, '{}', 0, 0)",
+                (name,),
+            )
+            return name
+
+        return job
+
+    def missing(c: sqlite3.Connection) -> None:
+        runs.append("missing")
+        sqlite_store._check_queue(c, "nope")
+
+    try:
+        outcomes = _batch(store, conn, [insert("a"), missing, insert("b")])
+        names = [r[0] for r in conn.execute("SELECT name FROM queues ORDER BY name")]
+    finally:
+        conn.close()
+    assert runs == ["a", "missing", "b"]
+    assert names == ["a", "b"]
+    assert outcomes[0] == "a" and outcomes[2] == "b"
+    assert isinstance(outcomes[1], QueueDoesNotExist)
+
+
 def test_one_failing_job_rolls_back_alone_in_a_shared_transaction(tmp_path: Path) -> None:
     """Jobs of one batch share a transaction; each runs in its own savepoint,
     so a job that wrote and then failed leaves nothing, and the jobs before
