@@ -118,8 +118,7 @@ class SqsApp:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         method, path = scope["method"], scope["path"]
-        form = _is_form(scope)
-        if method == "POST" and (path == "/" or form):
+        if method == "POST" and (path == "/" or _is_form(scope)):
             status, headers, body = await self._sqs(scope, receive)
         else:
             host = _header(scope, b"host")
