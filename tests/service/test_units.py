@@ -470,6 +470,9 @@ def test_throughput_benchmark_runs_end_to_end() -> None:
     row = throughput("memory:", seconds=0.5, concurrency=4)
     assert row["cycles"] > 0 and row["errors"] == 0
     assert row["server_cpu_ms_per_cycle"] > 0
+    # The event loop's thread is part of the node, the generator is apart.
+    assert 0 < row["loop_cpu_ms_per_cycle"] <= row["server_cpu_ms_per_cycle"]
+    assert row["client_cpu_ms_per_cycle"] > 0
     # No store processes of its own: per CPU-second is per the node's CPU.
     assert row["store_cpu_s"] == 0 and row["node_cpu_s"] > 0
     assert row["cycles_per_cpu_s"] == pytest.approx(row["cycles"] / row["node_cpu_s"], rel=0.01)

@@ -100,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
                 f"{r['system']:14} nodes={r['nodes']}  {r['cycles_per_s']:8.1f} cycles/s "
                 f"(median of {r['all_cycles_per_s']})  "
                 f"server CPU {r['server_cpu_ms_per_cycle']:.3f} ms/cycle  "
+                f"(event loop {r['loop_cpu_ms_per_cycle']:.3f})  "
                 f"client CPU {r['client_cpu_ms_per_cycle']:.3f} ms/cycle  "
                 f"{r.get('x_moto', '-')}x moto (CPU: {r.get('x_moto_cpu', '-')}x)  "
                 f"errors={r['errors']}"

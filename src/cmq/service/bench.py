@@ -337,8 +337,9 @@ async def _cycles(
     }
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User+system CPU of a process and its reaped children (Linux /proc)."""
+def _cpu_seconds(pid: int | str) -> float:
+    """User+system CPU of a process and its reaped children (Linux /proc), or of
+    one thread (``"PID/task/TID"``)."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii") as f:
             fields = f.read().rsplit(")", 1)[1].split()
@@ -376,7 +377,10 @@ def throughput(
     seconds). The load generator's own CPU is not in that figure; it is
     ``client_cpu_ms_per_cycle`` (this process's CPU for the asyncio clients,
     the wrk processes' for ``client="wrk"``), which shows whether the
-    generator, rather than the node, is the bottleneck. CPU per cycle is
+    generator, rather than the node, is the bottleneck; and
+    ``loop_cpu_ms_per_cycle`` is the nodes' event-loop threads' alone (a
+    node's other threads, SQLite's, run beside it), so one core caps a node
+    at 1000 / that figure cycles per second. CPU per cycle is
     a figure that other load on the machine disturbs far less than cycles
     per second, and per CPU-second is how linear scaling shows on a machine
     with fewer cores than nodes.
@@ -386,12 +390,17 @@ def throughput(
         pids = [p.pid for p in servers.procs]
         pids += [c for p in pids for c in _children(p)]
         before = sum(_cpu_seconds(p) for p in pids)
+        # The event loop's own thread (a node's main thread, tid = pid): the
+        # part of a node that one core bounds, whatever its other threads do.
+        loops = [f"{p}/task/{p}" for p in pids]
+        loop_before = sum(_cpu_seconds(t) for t in loops)
         store_before = sum(_cpu_seconds(p) for p in store_pids)
         client_before = time.process_time()
         result = asyncio.run(_cycles(servers.urls, seconds, concurrency, client))
         # The load generator's CPU: this process's, or the wrk processes'.
         client_cpu = result.pop("client_cpu_s", time.process_time() - client_before)
         cpu = sum(_cpu_seconds(p) for p in pids) - before
+        loop_cpu = sum(_cpu_seconds(t) for t in loops) - loop_before
         store_cpu = sum(_cpu_seconds(p) for p in store_pids) - store_before
     finally:
         servers.stop()
@@ -404,6 +413,7 @@ def throughput(
         **result,
         "server_cpu_ms_per_cycle": round(cpu * 1000 / max(1, result["cycles"]), 3),
         "client_cpu_ms_per_cycle": round(client_cpu * 1000 / max(1, result["cycles"]), 3),
+        "loop_cpu_ms_per_cycle": round(loop_cpu * 1000 / max(1, result["cycles"]), 3),
         "node_cpu_s": round(cpu, 3),
         "store_cpu_s": round(store_cpu, 3),
         "cycles_per_cpu_s": round(result["cycles"] / total, 1) if total > 0 else 0.0,
@@ -445,6 +455,7 @@ def throughput_matrix(
         rates = sorted(r["cycles_per_s"] for r in rows)
         cpus = sorted(r["server_cpu_ms_per_cycle"] for r in rows)
         client_cpus = sorted(r["client_cpu_ms_per_cycle"] for r in rows)
+        loop_cpus = sorted(r["loop_cpu_ms_per_cycle"] for r in rows)
         out.append(
             {
                 "system": kind,
@@ -454,6 +465,7 @@ def throughput_matrix(
                 "all_cycles_per_s": rates,
                 "server_cpu_ms_per_cycle": cpus[len(cpus) // 2],
                 "client_cpu_ms_per_cycle": client_cpus[len(client_cpus) // 2],
+                "loop_cpu_ms_per_cycle": loop_cpus[len(loop_cpus) // 2],
                 "errors": sum(r["errors"] for r in rows),
             }
         )
