@@ -159,8 +159,7 @@ class SqsApp:
         if self.console is not None and (path == "/console" or path.startswith("/console/")):
             await self.console(scope, receive, send)
             return
-        form = _is_form(scope)
-        if method == "POST" and (path == "/" or form):
+        if method == "POST" and (path == "/" or _is_form(scope)):
             status, headers, body = await self._sqs(scope, receive)
         else:
             host = _header(scope, b"host")

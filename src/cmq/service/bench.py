@@ -299,13 +299,20 @@ async def _cycles(
     and each node's store connections and scripts warmed, so that a run of
     many nodes does not pay more start-up inside its window than a run of
     one), then all start together: ``on_start`` is called just before the
-    counted window opens.
+    counted window opens (with ``client="wrk"``, before wrk starts: wrk
+    runs no warm-up cycle).
     """
-    make = CLIENTS[client]
+    make = _Conn if client == "wrk" else CLIENTS[client]
     setup = make(urls[0])
     qurl = await _create(setup, f"bench-{uuid.uuid4().hex[:8]}", None)
     setup.close()
     path = qurl.split("/", 3)[3]  # account/name: the same queue through any node
+    if client == "wrk":
+        from cmq.service.wrk_load import wrk_cycles
+
+        if on_start is not None:
+            on_start()
+        return wrk_cycles(urls, f"/{path}", seconds, concurrency, _HEADERS["Authorization"])
     done = 0
     errors = 0
     warmed = 0
@@ -398,8 +405,9 @@ def _cpu_used(before: _Cpu, after: _Cpu) -> float:
     return ticks if ticks - exact > 2 / os.sysconf("SC_CLK_TCK") else exact
 
 
-def _stat_cpu_seconds(pid: int) -> float:
-    """User+system CPU of a process and its reaped children (Linux /proc)."""
+def _stat_cpu_seconds(pid: int | str) -> float:
+    """User+system CPU of a process and its reaped children (Linux /proc), or of
+    one thread (``"PID/task/TID"``)."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii") as f:
             fields = f.read().rsplit(")", 1)[1].split()
@@ -437,7 +445,13 @@ def throughput(
     a Redis Cluster; an SQLite store runs inside the nodes): ``node_cpu_s``,
     ``store_cpu_s`` and ``cycles_per_cpu_s`` = cycles / (node + store CPU
     seconds), counted, with the cycles, from when every connection has run
-    one warm-up cycle. The load generator's own CPU is not counted. CPU per cycle is
+    one warm-up cycle. The load generator's own CPU is not in that figure; it is
+    ``client_cpu_ms_per_cycle`` (this process's CPU for the asyncio clients,
+    the wrk processes' for ``client="wrk"``), which shows whether the
+    generator, rather than the node, is the bottleneck; and
+    ``loop_cpu_ms_per_cycle`` is the nodes' event-loop threads' alone (a
+    node's other threads, SQLite's, run beside it), so one core caps a node
+    at 1000 / that figure cycles per second. CPU per cycle is
     a figure that other load on the machine disturbs far less than cycles
     per second, and per CPU-second is how linear scaling shows on a machine
     with fewer cores than nodes.
@@ -447,14 +461,23 @@ def throughput(
         pids = [p.pid for p in servers.procs]
         pids += [c for p in pids for c in _children(p)]
         before: dict[int, _Cpu] = {}
+        # The event loop's own thread (a node's main thread, tid = pid): the
+        # part of a node that one core bounds, whatever its other threads do.
+        loops = [f"{p}/task/{p}" for p in pids]
+        at_start = {"loop": 0.0, "client": 0.0}
 
         def read_before() -> None:
             before.update({p: _cpu_reading(p) for p in (*pids, *store_pids)})
+            at_start["loop"] = sum(_stat_cpu_seconds(t) for t in loops)
+            at_start["client"] = time.process_time()
 
         result = asyncio.run(_cycles(servers.urls, seconds, concurrency, client, read_before))
+        # The load generator's CPU: this process's, or the wrk processes'.
+        client_cpu = result.pop("client_cpu_s", time.process_time() - at_start["client"])
         used = {p: _cpu_used(reading, _cpu_reading(p)) for p, reading in before.items()}
         cpu = sum(used[p] for p in pids)
         store_cpu = sum(used[p] for p in store_pids)
+        loop_cpu = sum(_stat_cpu_seconds(t) for t in loops) - at_start["loop"]
     finally:
         servers.stop()
     total = cpu + store_cpu
@@ -465,6 +488,8 @@ def throughput(
         "client": client,
         **result,
         "server_cpu_ms_per_cycle": round(cpu * 1000 / max(1, result["cycles"]), 3),
+        "client_cpu_ms_per_cycle": round(client_cpu * 1000 / max(1, result["cycles"]), 3),
+        "loop_cpu_ms_per_cycle": round(loop_cpu * 1000 / max(1, result["cycles"]), 3),
         "node_cpu_s": round(cpu, 3),
         "store_cpu_s": round(store_cpu, 3),
         "cycles_per_cpu_s": round(result["cycles"] / total, 1) if total > 0 else 0.0,
@@ -505,6 +530,8 @@ def throughput_matrix(
     for (kind, nodes), rows in runs.items():
         rates = sorted(r["cycles_per_s"] for r in rows)
         cpus = sorted(r["server_cpu_ms_per_cycle"] for r in rows)
+        client_cpus = sorted(r["client_cpu_ms_per_cycle"] for r in rows)
+        loop_cpus = sorted(r["loop_cpu_ms_per_cycle"] for r in rows)
         out.append(
             {
                 "system": kind,
@@ -513,6 +540,8 @@ def throughput_matrix(
                 "cycles_per_s": rates[len(rates) // 2],
                 "all_cycles_per_s": rates,
                 "server_cpu_ms_per_cycle": cpus[len(cpus) // 2],
+                "client_cpu_ms_per_cycle": client_cpus[len(client_cpus) // 2],
+                "loop_cpu_ms_per_cycle": loop_cpus[len(loop_cpus) // 2],
                 "errors": sum(r["errors"] for r in rows),
             }
         )
