@@ -405,6 +405,16 @@ def _cpu_used(before: _Cpu, after: _Cpu) -> float:
     return ticks if ticks - exact > 2 / os.sysconf("SC_CLK_TCK") else exact
 
 
+def _thread_cpu_seconds(task: str) -> float:
+    """On-CPU time of one thread (``"PID/task/TID"``), in ns from its schedstat
+    as :func:`_cpu_reading` reads them (0 for a thread that is gone)."""
+    try:
+        with open(f"/proc/{task}/schedstat", encoding="ascii") as f:
+            return int(f.read().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 def _stat_cpu_seconds(pid: int | str) -> float:
     """User+system CPU of a process and its reaped children (Linux /proc), or of
     one thread (``"PID/task/TID"``)."""
@@ -468,7 +478,7 @@ def throughput(
 
         def read_before() -> None:
             before.update({p: _cpu_reading(p) for p in (*pids, *store_pids)})
-            at_start["loop"] = sum(_stat_cpu_seconds(t) for t in loops)
+            at_start["loop"] = sum(_thread_cpu_seconds(t) for t in loops)
             at_start["client"] = time.process_time()
 
         result = asyncio.run(_cycles(servers.urls, seconds, concurrency, client, read_before))
@@ -477,7 +487,7 @@ def throughput(
         used = {p: _cpu_used(reading, _cpu_reading(p)) for p, reading in before.items()}
         cpu = sum(used[p] for p in pids)
         store_cpu = sum(used[p] for p in store_pids)
-        loop_cpu = sum(_stat_cpu_seconds(t) for t in loops) - at_start["loop"]
+        loop_cpu = sum(_thread_cpu_seconds(t) for t in loops) - at_start["loop"]
     finally:
         servers.stop()
     total = cpu + store_cpu
