@@ -28,7 +28,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcmp, memcpy, memset
-from libc.errno cimport errno, EAGAIN, EINTR, EBADF
+from libc.errno cimport errno, EAGAIN, EINTR, EBADF, EINVAL, EIO, ENOPROTOOPT
 from posix.unistd cimport close
 
 from cmq._errors import ProtocolError
@@ -79,6 +79,10 @@ cdef extern from "<netinet/in.h>" nogil:
     unsigned short htons(unsigned short)
     unsigned int ntohl(unsigned int)
     unsigned int htonl(unsigned int)
+
+cdef extern from "Python.h":
+    # Runs the Python signal handlers (a KeyboardInterrupt raises from here).
+    int PyErr_CheckSignals() except -1
 
 cdef extern from "<malloc.h>" nogil:
     int mallopt(int param, int value)
@@ -475,17 +479,53 @@ cdef int _fill_addr(object addr, sockaddr_storage *sa, socklen_t *salen) except 
     return 1
 
 
+# UDP segmentation offload (linux/udp.h): one send of many equal datagrams,
+# and the receive side's coalesced reads (GRO) that are cut again here.
+cdef enum:
+    SOL_UDP_ = 17
+    UDP_SEGMENT_ = 103
+    UDP_GRO_ = 104
+    # The most segments one GSO send carries (the kernel's UDP_MAX_SEGMENTS).
+    GSO_MAX_SEGMENTS = 64
+    # The most bytes one GSO send carries (an IP datagram's payload).
+    GSO_MAX_BYTES = 65000
+    CONTROL_SIZE = 64
+
+cdef extern from "<sys/socket.h>" nogil:
+    struct cmsghdr:
+        size_t cmsg_len
+        int cmsg_level
+        int cmsg_type
+    cmsghdr *CMSG_FIRSTHDR(msghdr *msgh)
+    cmsghdr *CMSG_NXTHDR(msghdr *msgh, cmsghdr *cmsg)
+    unsigned char *CMSG_DATA(cmsghdr *cmsg)
+    size_t CMSG_LEN(size_t length)
+    size_t CMSG_SPACE(size_t length)
+    int setsockopt(int sockfd, int level, int optname, const void *optval, socklen_t optlen)
+
+
 cdef class DatagramIO:
-    """``recvmmsg``/``sendmmsg`` on one datagram socket.
+    """``recvmmsg``/``sendmmsg`` on one datagram socket, with UDP GSO and GRO.
 
     It owns ``fd``, a duplicate of the socket's descriptor (``os.dup``), so
     the socket stays open for a call in flight even when its owner closes
     it meanwhile, and the number can never name another file; :meth:`close`
-    closes it (after which calls raise ``OSError(EBADF)``). ``slots`` datagrams of up to ``size`` bytes are read per call into
+    closes it (after which calls raise ``OSError(EBADF)``).
+
+    ``slots`` datagrams of up to ``size`` bytes are read per call into
     buffers this object owns, so one reading thread at a time may use
-    :meth:`recv` (the driver's receive lock). :meth:`send` may be called
+    :meth:`recv` (the driver's receive lock); :meth:`send` may be called
     from any thread holding the driver's send lock. The GIL is released
-    around both system calls.
+    around every system call.
+
+    Segmentation offload, where the kernel has it (Linux 4.18 for GSO, 5.0
+    for GRO): :meth:`send` hands a run of equal-size datagrams to one
+    destination to the kernel as one buffer that it cuts into datagrams
+    (``UDP_SEGMENT``); with ``gro`` the socket accepts such runs coalesced
+    (``UDP_GRO``) and :meth:`recv` cuts them again, so what comes out is
+    always one bytes object per datagram sent. A kernel that refuses either
+    turns it off for this object, and the plain calls carry on
+    (:attr:`gso` and :attr:`gro` say what is on).
     """
 
     cdef int fd
@@ -495,12 +535,23 @@ cdef class DatagramIO:
     cdef mmsghdr *msgs
     cdef iovec *iovs
     cdef sockaddr_storage *names
+    cdef char *control
+    # The send side's own vectors: a send and a read may run at once in two threads.
+    cdef mmsghdr *smsgs
+    cdef iovec *siovs
+    cdef char *scontrol
+    cdef public bint gso
+    cdef public bint gro
+    #: Reads the kernel coalesced (GRO) and this object cut again, and segmented sends (GSO), so far.
+    cdef public unsigned long long coalesced
+    cdef public unsigned long long segmented
     # The last source address read and its tuple: a peer's datagrams share one object.
     cdef sockaddr_storage last_sa
     cdef socklen_t last_len
     cdef object last_addr
 
-    def __cinit__(self, int fd, unsigned int slots=32, size_t size=65536):
+    def __cinit__(self, int fd, unsigned int slots=32, size_t size=65536, bint gso=True, bint gro=True):
+        cdef int one = 1
         self.fd = fd
         self.slots = slots if slots > 0 else 1
         self.size = size
@@ -508,10 +559,18 @@ cdef class DatagramIO:
         self.msgs = <mmsghdr *>malloc(self.slots * sizeof(mmsghdr))
         self.iovs = <iovec *>malloc(self.slots * sizeof(iovec))
         self.names = <sockaddr_storage *>malloc(self.slots * sizeof(sockaddr_storage))
-        if not self.buf or not self.msgs or not self.iovs or not self.names:
+        self.control = <char *>malloc(self.slots * CONTROL_SIZE)
+        self.smsgs = <mmsghdr *>malloc(self.slots * sizeof(mmsghdr))
+        self.siovs = <iovec *>malloc(self.slots * GSO_MAX_SEGMENTS * sizeof(iovec))
+        self.scontrol = <char *>malloc(self.slots * CONTROL_SIZE)
+        if (not self.buf or not self.msgs or not self.iovs or not self.names or not self.control
+                or not self.smsgs or not self.siovs or not self.scontrol):
             raise MemoryError()
         self.last_len = 0
         self.last_addr = None
+        self.gso = gso
+        # A coalesced read can be as large as a GSO send: only with whole-datagram buffers.
+        self.gro = gro and size >= 65536 and setsockopt(fd, SOL_UDP_, UDP_GRO_, &one, sizeof(one)) == 0
 
     def close(self):
         """Close the descriptor (the socket closes with its last descriptor)."""
@@ -526,13 +585,19 @@ cdef class DatagramIO:
         free(self.msgs)
         free(self.iovs)
         free(self.names)
+        free(self.control)
+        free(self.smsgs)
+        free(self.siovs)
+        free(self.scontrol)
 
     def recv(self, unsigned int limit=0, bint wait=False):
-        """Up to ``limit`` (at most ``slots``) datagrams as ``[(bytes, addr), ...]``.
+        """Up to ``limit`` (at most ``slots``) reads as ``[(bytes, addr), ...]``, one item per datagram sent.
 
         Without ``wait`` the call never blocks; an empty list means nothing
         was there. With ``wait`` it blocks until at least one datagram
-        arrives (the socket's timeout, SO_RCVTIMEO, bounds it).
+        arrives (the socket's timeout, SO_RCVTIMEO, bounds it). A read the
+        kernel coalesced (GRO) gives several items. A socket shut down
+        gives ``(b"", None)``.
 
         Raises:
             OSError: the system call failed (BlockingIOError on a timeout
@@ -553,6 +618,9 @@ cdef class DatagramIO:
             self.msgs[i].msg_hdr.msg_name = &self.names[i]
             self.msgs[i].msg_hdr.msg_namelen = sizeof(sockaddr_storage)
             self.names[i].ss_family = 0  # no address: a socket shut down (the tuple is None)
+            if self.gro:
+                self.msgs[i].msg_hdr.msg_control = self.control + i * CONTROL_SIZE
+                self.msgs[i].msg_hdr.msg_controllen = CONTROL_SIZE
         while True:
             with nogil:
                 # With wait, the first datagram blocks; the rest are only
@@ -562,6 +630,7 @@ cdef class DatagramIO:
                     err = errno
             if got >= 0 or err != EINTR:
                 break
+            PyErr_CheckSignals()  # as the socket module: a handler may raise
         if got < 0:
             if err == EAGAIN:  # EWOULDBLOCK on Linux
                 if not wait:
@@ -569,6 +638,8 @@ cdef class DatagramIO:
             raise OSError(err, "recvmmsg failed")
         cdef list out = []
         cdef socklen_t namelen
+        cdef size_t n, seg, off
+        cdef const char *data
         for i in range(<unsigned int>got):
             namelen = self.msgs[i].msg_hdr.msg_namelen
             if namelen == 0:
@@ -578,14 +649,28 @@ cdef class DatagramIO:
                 self.last_addr = _addr_tuple(&self.names[i], namelen)
                 memcpy(&self.last_sa, &self.names[i], namelen)
                 self.last_len = namelen
-            out.append((PyBytes_FromStringAndSize(self.buf + i * self.size, self.msgs[i].msg_len), self.last_addr))
+            n = self.msgs[i].msg_len
+            data = self.buf + i * self.size
+            seg = _gro_size(&self.msgs[i].msg_hdr) if self.gro else 0
+            if seg == 0 or seg >= n:
+                out.append((PyBytes_FromStringAndSize(data, n), self.last_addr))
+                continue
+            self.coalesced += 1
+            off = 0
+            while off < n:
+                if seg > n - off:
+                    seg = n - off
+                out.append((PyBytes_FromStringAndSize(data + off, seg), self.last_addr))
+                off += seg
         return out
 
     def send(self, list datagrams, addr):
         """Send ``datagrams`` (bytes) to ``addr`` in as few calls as possible; returns how many left.
 
-        Stops at the first datagram the kernel refuses and raises its error
-        when none left at all; a caller compares the count with the list.
+        Runs of equal-size datagrams (the last of a run may be shorter) go
+        as one segmented send each when GSO is on. Stops at the first
+        datagram the kernel refuses and raises its error when none left at
+        all; a caller compares the count with the list.
 
         Raises:
             OSError: the first datagram could not be sent.
@@ -600,34 +685,88 @@ cdef class DatagramIO:
         # A tuple of our own: nothing can drop a datagram while the GIL is released.
         cdef tuple held = tuple(datagrams)
         cdef Py_ssize_t total = len(held)
-        cdef Py_ssize_t done = 0
-        cdef unsigned int count, i
+        cdef Py_ssize_t done = 0, k, first, run_bytes
+        cdef unsigned int groups, i, nseg, iov
         cdef int sent, err = 0
         cdef object d
+        cdef Py_ssize_t n, seg
+        cdef unsigned int counts[128]
+        cdef unsigned int maxgroups = self.slots if self.slots < 128 else 128
+        cdef cmsghdr *cm
+        for k in range(total):
+            if type(held[k]) is not bytes:
+                raise TypeError("datagrams must be bytes")
         while done < total:
-            count = <unsigned int>min(total - done, <Py_ssize_t>self.slots)
-            memset(self.msgs, 0, count * sizeof(mmsghdr))
-            for i in range(count):
-                d = held[done + i]
-                if type(d) is not bytes:
-                    raise TypeError("datagrams must be bytes")
-                self.iovs[i].iov_base = PyBytes_AS_STRING(d)
-                self.iovs[i].iov_len = PyBytes_GET_SIZE(d)
-                self.msgs[i].msg_hdr.msg_iov = &self.iovs[i]
-                self.msgs[i].msg_hdr.msg_iovlen = 1
-                self.msgs[i].msg_hdr.msg_name = &sa
-                self.msgs[i].msg_hdr.msg_namelen = salen
+            # Group the datagrams: a run of one size (the last may be
+            # shorter) to one segmented send, or one datagram per message.
+            memset(self.smsgs, 0, maxgroups * sizeof(mmsghdr))
+            groups = 0
+            iov = 0
+            k = done
+            while k < total and groups < maxgroups:
+                first = k
+                seg = PyBytes_GET_SIZE(held[k])
+                run_bytes = seg
+                nseg = 1
+                k += 1
+                if self.gso and seg > 0:
+                    while k < total and nseg < GSO_MAX_SEGMENTS:
+                        n = PyBytes_GET_SIZE(held[k])
+                        # An empty datagram cannot be a segment (it would vanish).
+                        if n == 0 or n > seg or run_bytes + n > GSO_MAX_BYTES:
+                            break
+                        run_bytes += n
+                        nseg += 1
+                        k += 1
+                        if n < seg:
+                            break  # a shorter one ends the run
+                for i in range(nseg):
+                    d = held[first + i]
+                    self.siovs[iov + i].iov_base = PyBytes_AS_STRING(d)
+                    self.siovs[iov + i].iov_len = PyBytes_GET_SIZE(d)
+                self.smsgs[groups].msg_hdr.msg_iov = &self.siovs[iov]
+                self.smsgs[groups].msg_hdr.msg_iovlen = nseg
+                self.smsgs[groups].msg_hdr.msg_name = &sa
+                self.smsgs[groups].msg_hdr.msg_namelen = salen
+                if nseg > 1:
+                    self.smsgs[groups].msg_hdr.msg_control = self.scontrol + groups * CONTROL_SIZE
+                    self.smsgs[groups].msg_hdr.msg_controllen = CMSG_SPACE(sizeof(unsigned short))
+                    cm = CMSG_FIRSTHDR(&self.smsgs[groups].msg_hdr)
+                    cm.cmsg_level = SOL_UDP_
+                    cm.cmsg_type = UDP_SEGMENT_
+                    cm.cmsg_len = CMSG_LEN(sizeof(unsigned short))
+                    (<unsigned short *>CMSG_DATA(cm))[0] = <unsigned short>seg
+                counts[groups] = nseg
+                iov += nseg
+                groups += 1
             with nogil:
-                sent = sendmmsg(self.fd, self.msgs, count, 0)
+                sent = sendmmsg(self.fd, self.smsgs, groups, 0)
                 if sent < 0:
                     err = errno
             if sent < 0:
                 if err == EINTR:
+                    PyErr_CheckSignals()
+                    continue
+                if self.gso and counts[0] > 1 and (err == EINVAL or err == EIO or err == ENOPROTOOPT):
+                    self.gso = False  # this kernel (or route) will not segment: plain sends from now on
                     continue
                 if done == 0:
                     raise OSError(err, "sendmmsg failed")
                 return done
-            done += sent
-            if <unsigned int>sent < count:
+            for i in range(<unsigned int>sent):
+                done += counts[i]
+                if counts[i] > 1:
+                    self.segmented += 1
+            if <unsigned int>sent < groups:
                 return done
         return done
+
+
+cdef size_t _gro_size(msghdr *msg) noexcept nogil:
+    # The segment size of a coalesced read (UDP_GRO control message), or 0.
+    cdef cmsghdr *cm = CMSG_FIRSTHDR(msg)
+    while cm != NULL:
+        if cm.cmsg_level == SOL_UDP_ and cm.cmsg_type == UDP_GRO_:
+            return (<int *>CMSG_DATA(cm))[0]
+        cm = CMSG_NXTHDR(msg, cm)
+    return 0

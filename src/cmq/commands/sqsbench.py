@@ -1,6 +1,7 @@
 """Benchmark the queue service: cycles/s vs moto, and the BDQS K/order experiment.
 
   cmq sqsbench throughput [--seconds 5] [--nodes 1,2,4] [--stores sqlite,redis-cluster]
+                          [--client raw|aiohttp|wrk] [--concurrency 64]
   cmq sqsbench order [--n 500] [--modes atomic,lock-free] [--order-nodes 3]
                      [--stores sqlite,redis-cluster,moto] [--out records.parquet]
 
@@ -33,9 +34,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=int, default=64, help="in-flight cycles")
     parser.add_argument(
         "--client",
-        choices=["raw", "aiohttp"],
+        choices=["raw", "aiohttp", "wrk"],
         default="raw",
-        help="load generator HTTP client (raw asyncio is ~5x leaner)",
+        help="load generator: raw asyncio (default), aiohttp (~5x raw's client CPU), "
+        "or wrk (compiled, from Debian's wrk package; less client CPU than raw)",
     )
     parser.add_argument("--n", type=int, default=500, help="messages per run (order)")
     parser.add_argument(
@@ -113,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
                 f"{r['system']:14} nodes={r['nodes']}  {r['cycles_per_s']:8.1f} cycles/s "
                 f"(median of {r['all_cycles_per_s']})  "
                 f"server CPU {r['server_cpu_ms_per_cycle']:.3f} ms/cycle  "
+                f"(event loop {r['loop_cpu_ms_per_cycle']:.3f})  "
+                f"client CPU {r['client_cpu_ms_per_cycle']:.3f} ms/cycle  "
                 f"{r.get('x_moto', '-')}x moto (CPU: {r.get('x_moto_cpu', '-')}x)  "
                 f"errors={r['errors']}"
             )

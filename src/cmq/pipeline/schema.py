@@ -87,9 +87,13 @@ RECORDS_SCHEMA: Final = pa.schema(
         pa.field("round_trip", pa.bool_(), nullable=False),
         pa.field("stream", pa.string(), nullable=False),
         pa.field("receiver", pa.string(), nullable=False),
+        pa.field("request_ns", pa.int64(), nullable=True),
     ]
 )
-"""One row per delivery or loss of one message (see the module docstring)."""
+"""One row per delivery or loss of one message (see the module docstring).
+``request_ns``, when known, is when the receiver asked for the message (a
+pull: the receive request's send time, same clock as ``recv_ns``); null for
+pushed messages."""
 
 TOTALS_SCHEMA: Final = pa.schema(
     [

@@ -247,16 +247,21 @@ class RabbitTransport:
 
 
 def open_transport(system: str, address: str) -> Transport:
-    """A transport of ``system`` (``"cmq"`` or ``"rabbitmq"``) to ``address``.
+    """A transport of ``system`` to ``address``: ``"cmq"`` (the cmq broker
+    through cmq's client), ``"rabbitmq"`` (RabbitMQ through pika) or
+    ``"cmq-pika"`` (the cmq broker's AMQP listener through the same pika
+    code as RabbitMQ: the two brokers behind one client).
 
     Raises:
         ConfigError: an unknown system.
     """
     if system == "cmq":
         return CmqTransport(address)
-    if system == "rabbitmq":
-        return RabbitTransport(address)
-    raise ConfigError(f"unknown AMQP suite system {system!r}: cmq or rabbitmq")
+    if system in ("rabbitmq", "cmq-pika"):
+        t = RabbitTransport(address)
+        t.system = system
+        return t
+    raise ConfigError(f"unknown AMQP suite system {system!r}: cmq, cmq-pika or rabbitmq")
 
 
 def rabbit_available(url: str = AMQP_URL, timeout: float = 3.0) -> str | None:
