@@ -63,6 +63,7 @@ MODULES: Final[Mapping[str, Source]] = {
     "httptools": Source("service", "httptools"),
     "uvloop": Source("service", "uvloop"),
     "hiredis": Source("service", "hiredis"),
+    "jinja2": Source("service", "jinja2"),
     # lab: ``cmq lab`` and ``cmq report`` (and, through it, bench and service)
     "pyspark": Source("lab", "pyspark"),
     "pyarrow": Source("lab", "pyarrow"),

@@ -46,4 +46,5 @@ def needs_extra_argvs(tmp: Path) -> list[tuple[list[str], str]]:
         (["lab", "--out", str(tmp / "lab"), "--quiet"], "lab"),
         (["report", str(tmp)], "lab"),
         (["broker", "--port", "0", "--amqp-port", "0", "--in-memory"], "broker"),
+        (["broker", "--port", "0", "--http-port", "0", "--in-memory"], "service"),
     ]

@@ -26,7 +26,8 @@ import signal
 import sys
 from typing import TYPE_CHECKING, Any, Final
 
-from cmq._errors import ConfigError, RemoteError, Timeout
+from cmq._errors import ConfigError, MissingExtra, RemoteError, Timeout
+from cmq._extras import require
 
 if TYPE_CHECKING:
     from cmq.routing import BrokerClient
@@ -290,13 +291,12 @@ def _serve(args: argparse.Namespace) -> int:
     http = None
     if args.http_port is not None:
         try:
-            from cmq.console import BrokerHttp
-        except ImportError as exc:
+            require("the console", "starlette", "uvicorn", "jinja2")
+        except MissingExtra:
             broker.close()
-            raise ConfigError(
-                f"the console needs the service extra ({exc.name} is missing): "
-                "pip install 'pycmq[service]'"
-            ) from exc
+            raise
+        from cmq.console import BrokerHttp
+
         try:
             store = "memory (nothing kept)" if data_dir is None else f"sqlite in {data_dir}"
             http = BrokerHttp(broker, host=args.http_host, port=args.http_port, users=users,

@@ -43,6 +43,7 @@ from importlib import resources
 from typing import Any
 
 from cmq._errors import ConfigError
+from cmq._extras import optional_imports
 from cmq.console._backends import PEEK_MAX, Backend, Refused
 from cmq.console._model import SORT_KEYS, RateHistory, page_of
 from cmq.service.edge import EdgePolicy, is_loopback
@@ -140,9 +141,10 @@ class ConsoleApp:
     def __init__(
         self, backend: Backend, *, policy: EdgePolicy, access: Access, csrf_token: str | None = None
     ) -> None:
-        from jinja2 import Environment, PackageLoader, select_autoescape
-        from starlette.routing import Mount, Route, Router
-        from starlette.staticfiles import StaticFiles
+        with optional_imports("the console"):
+            from jinja2 import Environment, PackageLoader, select_autoescape
+            from starlette.routing import Mount, Route, Router
+            from starlette.staticfiles import StaticFiles
 
         self.backend = backend
         self.policy = policy

@@ -21,6 +21,7 @@ import time
 from typing import TYPE_CHECKING
 
 from cmq._errors import TransportError
+from cmq._extras import optional_imports
 from cmq.console._app import Access, ConsoleApp, Receive, Scope, Send
 from cmq.console._backends import BrokerBackend
 from cmq.service.edge import EdgePolicy, is_loopback
@@ -135,7 +136,8 @@ class BrokerHttp:
         store_name: str = "memory",
         allow_hosts: frozenset[str] = frozenset(),
     ) -> None:
-        import uvicorn
+        with optional_imports("the console"):
+            import uvicorn
 
         from cmq.routing._amqp import Users
         from cmq.service.server import _bind
