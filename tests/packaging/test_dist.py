@@ -238,8 +238,10 @@ def _declared() -> dict[str, set[str]]:
 
 
 def _package_files() -> set[str]:
-    return {str(p.relative_to(ROOT / "src")) for p in (ROOT / "src" / "cmq").rglob("*")
-            if p.is_file() and p.suffix in (".py", ".typed") and "__pycache__" not in p.parts}  # fmt: skip
+    """Every file of the package the repository tracks (modules, py.typed, templates, ...)."""
+    listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", "src/cmq"],
+                            capture_output=True, check=True).stdout.decode()  # fmt: skip
+    return {name.removeprefix("src/") for name in listed.split("\0") if name}
 
 
 def test_the_wheel_holds_the_package_and_its_metadata(dists: Dists) -> None:
