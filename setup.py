@@ -52,7 +52,8 @@ def _extensions() -> list[Extension]:
     except ImportError:
         print(_NOTE.format(why="Cython is not installed"), file=sys.stderr)
         return []
-    ext = Extension("cmq._speedups", ["src/cmq/_speedups.pyx"])
+    # -g0: no debug information (it made the module 1.2 MB instead of about 0.2 MB).
+    ext = Extension("cmq._speedups", ["src/cmq/_speedups.pyx"], extra_compile_args=["-g0"])
     try:
         return list(cythonize([ext], language_level=3, quiet=True))
     except Exception as exc:  # noqa: BLE001 - a Cython failure: fall back as for a compiler's
