@@ -534,6 +534,7 @@ def test_keyed_stream_delivers_and_a_forged_status_acknowledges_nothing(make_que
     assert a.drain(10)
     assert [b.get(timeout=5) for _ in range(2000)] == [msg(i) for i in range(2000)]
     assert b.stats().dropped["bad_tag"] == 0
+    b.close()  # no genuine STATUS can reach a from here on (one came late once, in a full run)
 
     # A destination that never acknowledges: a plain socket. What it
     # receives tells a forger everything but the key (sender id, epoch).
