@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from cmq.lab.amqp.report import RATIO_TARGET, ratio_claim
-from cmq.lab.stockex.report import EXPERIMENT_ID as STOCKEX
+from cmq.lab.experiments.amqp.report import RATIO_TARGET, ratio_claim
+from cmq.lab.experiments.stockex.report import EXPERIMENT_ID as STOCKEX
 from cmq.pipeline.report import ReportData, get_experiment, render_html
 
 

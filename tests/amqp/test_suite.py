@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 
 from cmq import ConfigError
-from cmq.lab.amqp import plans
-from cmq.lab.amqp._worker import body, read_stamps, seq_of, write_stamps
-from cmq.lab.amqp.plans import AMQP_PROFILES, AmqpProfile, amqp_profile, measure, points
-from cmq.lab.amqp.report import collapse
-from cmq.lab.amqp.suite import Point, Stream, sync_every
-from cmq.lab.amqp.transport import rabbit_available
 from cmq.lab.experiments import PROFILES, experiments
 from cmq.lab.experiments._record import RunBook
+from cmq.lab.experiments.amqp import plans
+from cmq.lab.experiments.amqp._worker import body, read_stamps, seq_of, write_stamps
+from cmq.lab.experiments.amqp.plans import AMQP_PROFILES, AmqpProfile, amqp_profile, measure, points
+from cmq.lab.experiments.amqp.report import collapse
+from cmq.lab.experiments.amqp.suite import Point, Stream, sync_every
+from cmq.lab.experiments.amqp.transport import rabbit_available
 from cmq.lab.records import read_table
 from cmq.pipeline.report import experiments as report_experiments
 

@@ -14,8 +14,12 @@ from cmq.lab.experiments import PROFILES, Context, LabExperiment, Profile, get, 
 from cmq.lab.systems import SYSTEMS
 from cmq.pipeline import report
 
+# Every experiment: a module of the package, or a folder's ``experiment`` module.
 MODULES = sorted(
-    m.name for m in pkgutil.iter_modules(lab_experiments.__path__) if not m.name.startswith("_")
+    f"{m.name}.experiment" if (Path(lab_experiments.__path__[0]) / m.name / "experiment.py").exists()
+    else m.name
+    for m in pkgutil.iter_modules(lab_experiments.__path__)
+    if not m.name.startswith("_")
 )
 
 

@@ -323,6 +323,10 @@ def _load_experiment_modules() -> None:
             if exc.name is not None and name.startswith(exc.name):
                 continue
             raise
+        load = getattr(package, "experiments", None)
+        if load is not None:  # the lab's registry imports its experiments
+            load()
+            continue
         for module in pkgutil.iter_modules(getattr(package, "__path__", [])):
             if not module.name.startswith("_"):  # helpers register nothing
                 importlib.import_module(f"{name}.{module.name}")

@@ -30,8 +30,6 @@ minutes on a 2-core machine), ``full`` (the papers' scale) and ``tiny``
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -319,15 +317,23 @@ def register(experiment: LabExperiment) -> LabExperiment:
 
 
 def _load() -> None:
-    # Import every module of this package once: each registers itself.
-    # Private modules (helpers, the worker) register nothing.
+    # The one place that imports experiments by name: each registers itself
+    # at import. Helpers (``_proc``, ``_record``, ``_worker``) register nothing.
     global _loaded
     if _loaded:
         return
     _loaded = True
-    for module in pkgutil.iter_modules(__path__):
-        if not module.name.startswith("_"):
-            importlib.import_module(f"{__name__}.{module.name}")
+    from cmq.lab.experiments import (  # noqa: F401
+        bdqs,
+        fig5,
+        fig6,
+        reliability,
+        scalability,
+        tuning,
+        zmq_throughput,
+    )
+    from cmq.lab.experiments.amqp import experiment as _amqp  # noqa: F401
+    from cmq.lab.experiments.stockex import experiment as _stockex  # noqa: F401
 
 
 def experiments() -> list[LabExperiment]:

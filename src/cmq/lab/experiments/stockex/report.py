@@ -24,10 +24,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from cmq.lab.amqp.report import PAPER
 from cmq.lab.experiments._record import RunBook
-from cmq.lab.stockex.reporter import rates
-from cmq.lab.stockex.run import SimResult
+from cmq.lab.experiments.amqp.report import PAPER
+from cmq.lab.experiments.stockex.reporter import rates
+from cmq.lab.experiments.stockex.run import SimResult
 from cmq.pipeline.report import (
     Claim,
     Experiment,
