@@ -31,9 +31,10 @@ def run(args: argparse.Namespace) -> int:
     Raises:
         ConfigError: DIR is not a directory, or PySpark is not installed.
     """
+    from cmq.lab.experiments import pages
     from cmq.pipeline.report import build_report
 
-    path = build_report(args.dir, master=args.master, path=args.out, title=args.title)
+    path = build_report(args.dir, pages(), master=args.master, path=args.out, title=args.title)
     print(path)
     print(f"open file://{path.resolve()}", file=sys.stderr)
     return 0

@@ -461,12 +461,13 @@ def _report(
     out: Path, *, spark: SparkSession | None, master: str | None
 ) -> tuple[Path, ReportData]:
     """Aggregate on Spark, write ``out/report.html``; the page's path and data."""
+    from cmq.lab.experiments import pages
     from cmq.pipeline.report import collect, render_html
 
     if spark is None:
         spark = _start_spark(out, master)
     data = collect(spark, out)
-    page = render_html(data, source=str(out))
+    page = render_html(data, pages(), source=str(out))
     target = out / "report.html"
     tmp = target.with_name(f".{target.name}.tmp")
     tmp.write_text(page, encoding="utf-8")
@@ -498,10 +499,10 @@ def _start_spark(out: Path, master: str | None) -> SparkSession:
 
 
 def _verdicts(data: ReportData, ran: set[str]) -> list[Verdict]:
-    from cmq.pipeline.report import experiments
+    from cmq.lab.experiments import pages
 
     found = []
-    for exp in experiments():
+    for exp in pages():
         if exp.id not in ran:
             continue
         for claim in exp.claims:

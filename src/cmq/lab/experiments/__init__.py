@@ -2,14 +2,22 @@
 
 Theory of operation
 -------------------
-Every module of this package (``fig5``, ``fig6``, ``tuning``,
-``scalability``, ``zmq_throughput``; later issues add theirs) defines one
-:class:`LabExperiment` named ``EXPERIMENT`` (or a module of several, a tuple
-``EXPERIMENTS``) and passes each to :func:`register` at import. The experiment's ``id`` is the one its records
-carry in their ``experiment`` column and the one its claims, figures and
-tables are registered under in the report (:mod:`cmq.pipeline.report`, whose
-built-in claims are in :mod:`cmq.pipeline.claims`): the report's registry
-says what a result *means*, this one says how to *measure* it.
+This module is the lab's one registry, and :func:`_load` the one place
+that imports experiments by name. An experiment is a module of this package
+(``fig5``, ``fig6``, ``tuning``, ``scalability``, ``zmq_throughput``,
+``bdqs``) or a folder where it needs several files (``reliability/``,
+``amqp/``, ``stockex/``). It declares everything about itself there:
+
+- how to measure: one :class:`LabExperiment` (or several), passed to
+  :func:`register` at import;
+- what the results mean: its part of the report (a
+  :class:`cmq.pipeline.report.Experiment`: title, paper, claims with their
+  rules and judges, and the function that draws its section), passed to
+  :func:`register_page` under the id its records carry in their
+  ``experiment`` column.
+
+The pipeline knows no experiment: ``cmq lab`` and ``cmq report`` hand
+:func:`cmq.pipeline.report.render_html` the list :func:`pages` returns.
 
 A :class:`LabExperiment` is data plus three functions:
 
@@ -38,6 +46,7 @@ from typing import Final
 
 from cmq._errors import ConfigError
 from cmq.lab.systems import SYSTEMS
+from cmq.pipeline.report import Experiment as Page
 
 __all__ = [
     "DEFAULT_LOSS",
@@ -48,7 +57,10 @@ __all__ = [
     "Profile",
     "experiments",
     "get",
+    "page",
+    "pages",
     "register",
+    "register_page",
     "resolve",
 ]
 
@@ -297,6 +309,7 @@ class LabExperiment:
 
 
 _REGISTRY: dict[str, LabExperiment] = {}
+_PAGES: dict[str, Page] = {}
 _loaded = False
 
 
@@ -334,6 +347,32 @@ def _load() -> None:
     )
     from cmq.lab.experiments.amqp import experiment as _amqp  # noqa: F401
     from cmq.lab.experiments.stockex import experiment as _stockex  # noqa: F401
+
+
+def register_page(section: Page, *, replace: bool = False) -> Page:
+    """Add an experiment's part of the report (title, paper, claims, how
+    its section is drawn) under the id its records carry; returns it.
+
+    Raises:
+        ConfigError: the id has a page already and ``replace`` is false.
+    """
+    if section.id in _PAGES and _PAGES[section.id] is not section and not replace:
+        raise ConfigError(f"experiment {section.id!r} has a report page already")
+    _PAGES[section.id] = section
+    return section
+
+
+def pages() -> list[Page]:
+    """Every experiment's part of the report, in page order: what the lab
+    hands :func:`cmq.pipeline.report.render_html`."""
+    _load()
+    return sorted(_PAGES.values(), key=lambda e: (e.order, e.id))
+
+
+def page(experiment_id: str) -> Page | None:
+    """The report page of the experiment whose records carry this id, if any."""
+    _load()
+    return _PAGES.get(experiment_id)
 
 
 def experiments() -> list[LabExperiment]:

@@ -60,7 +60,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from cmq._errors import CmqError, ConfigError
-from cmq.lab.experiments import Context, LabExperiment, register
+from cmq.lab.experiments import Context, LabExperiment, register, register_page
 from cmq.lab.experiments._record import RunBook
 from cmq.pipeline import report
 from cmq.pipeline.report import (
@@ -944,7 +944,7 @@ def _throughput_section(data: ReportData, experiment: str) -> Section:
 
 def register_report() -> None:
     """Register both experiments' report sections (idempotent)."""
-    report.register(
+    register_page(
         report.Experiment(
             id=ORDER.id,
             title="BDQS Figure 2: out-of-order and duplicate deliveries against K and receivers",
@@ -976,7 +976,7 @@ def register_report() -> None:
         ),
         replace=True,
     )  # fmt: skip
-    report.register(
+    register_page(
         report.Experiment(
             id=THROUGHPUT.id,
             title="Queue service throughput: total and per CPU-second against nodes, beside moto",

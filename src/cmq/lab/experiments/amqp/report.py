@@ -16,6 +16,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
+from cmq.lab.experiments import register_page
 from cmq.pipeline.report import (
     Claim,
     Experiment,
@@ -29,7 +30,6 @@ from cmq.pipeline.report import (
     latency_table,
     new_figure,
     rate_figure,
-    register,
     svg,
 )
 
@@ -477,5 +477,5 @@ def register_reports() -> None:
                                      f"least {TE_TARGET:g}x its rate with one.", judge=_judge_te,
                                 target=True))  # fmt: skip
         claims.append(ratio_claim(exp_id))
-        register(Experiment(id=exp_id, title=title, paper=PAPER, order=order, claims=claims,
+        register_page(Experiment(id=exp_id, title=title, paper=PAPER, order=order, claims=claims,
                             render=render), replace=True)  # fmt: skip
