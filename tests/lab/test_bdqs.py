@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 
 from cmq import ConfigError
+from cmq.lab.bench.sqs import moto_server
 from cmq.lab.experiments import PROFILE_NAMES, PROFILES, Context, bdqs, get, pages, resolve
 from cmq.lab.experiments import page as lab_page
 from cmq.lab.records import read_table
 from cmq.pipeline import report
 from cmq.pipeline.report import ReportData, render_html
-from cmq.service.bench import moto_server
 
 MOTO = moto_server() is not None
 

@@ -158,3 +158,10 @@ def test_only_the_registry_imports_an_experiment_by_name() -> None:
             name = parts[3]
             if name in names and name != home and (home, name) not in SHARED:
                 raise AssertionError(f"{path.relative_to(SRC)} imports experiment {name!r}")
+
+
+def test_benchmarks_and_test_servers_live_in_the_lab_not_in_library_packages() -> None:
+    for package in ("service", "routing", "pipeline", "net", "patterns"):
+        found = [p.name for p in (SRC / package).rglob("*.py") if "bench" in p.name or p.name == "redis_local.py"]
+        assert not found, f"cmq.{package} holds {found}"
+    assert (SRC / "lab" / "bench" / "sqs.py").exists()

@@ -410,7 +410,7 @@ def _rec(seq: int, t: int, receiver: int = 0, count: int = 1) -> dict[str, Any]:
 
 
 def test_summarise_known_answers() -> None:
-    from cmq.service.bench import lab_rows, summarise
+    from cmq.lab.bench.sqs import lab_rows, summarise
 
     [in_order] = summarise([_rec(i, i) for i in range(10)])
     assert in_order["out_of_order_rate"] == 0 and in_order["duplication_rate"] == 0
@@ -432,7 +432,7 @@ def test_summarise_known_answers() -> None:
 def test_lab_rows_fit_the_lab_schema() -> None:
     records = pytest.importorskip("cmq.lab.records")
     pa = pytest.importorskip("pyarrow")
-    from cmq.service.bench import lab_rows
+    from cmq.lab.bench.sqs import lab_rows
 
     table = pa.Table.from_pylist(
         lab_rows([_rec(1, 2), _rec(2, 3)], "r"), schema=records.RECORDS_SCHEMA
@@ -442,7 +442,7 @@ def test_lab_rows_fit_the_lab_schema() -> None:
 
 @pytest.mark.slow
 def test_order_experiment_runs_end_to_end() -> None:
-    from cmq.service.bench import order_experiment, summarise
+    from cmq.lab.bench.sqs import order_experiment, summarise
 
     records = order_experiment("memory:", t_recvs=(1,), ks=(1, 1_000_000), n=30)
     assert len(records) == 60
@@ -465,7 +465,7 @@ def test_decode_form_never_raises_anything_else(body: bytes, path: str) -> None:
 
 @pytest.mark.slow
 def test_throughput_benchmark_runs_end_to_end() -> None:
-    from cmq.service.bench import throughput
+    from cmq.lab.bench.sqs import throughput
 
     row = throughput("memory:", seconds=0.5, concurrency=4)
     assert row["cycles"] > 0 and row["errors"] == 0

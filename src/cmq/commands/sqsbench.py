@@ -53,8 +53,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 @contextlib.contextmanager
 def _store(kind: str) -> Iterator[str | None]:
-    from cmq.service.bench import sqlite_store
-    from cmq.service.redis_local import LocalRedisCluster
+    from cmq.lab.bench.redis_local import LocalRedisCluster
+    from cmq.lab.bench.sqs import sqlite_store
 
     if kind == "moto":
         yield None
@@ -73,7 +73,7 @@ def _store(kind: str) -> Iterator[str | None]:
 
 def run(args: argparse.Namespace) -> int:
     """Run the chosen benchmark and print its figures."""
-    from cmq.service import bench
+    from cmq.lab.bench import sqs as bench
 
     stores = [s.strip() for s in args.stores.split(",") if s.strip()]
     rows: list[dict[str, Any]] = []

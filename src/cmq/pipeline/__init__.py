@@ -7,7 +7,6 @@
   experiments it is handed (the lab's registry has them; this package
   imports nothing from the lab).
 - :mod:`cmq.pipeline.stats`: intervals over runs and the verdict rules.
-- :mod:`cmq.pipeline.bench`: what the pipeline itself costs, 1M to 10M records.
 - :mod:`cmq.pipeline.source`: ``format("cmq")``, a Structured Streaming
   source of received cmq messages and a sink that pushes rows.
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from cmq._errors import CmqError, ConfigError
+from cmq.lab.bench.broker import MATCHING_BINDING, MATCHING_KEY, non_matching
 from cmq.lab.experiments._record import RunBook
 from cmq.lab.experiments.amqp.suite import (
     BrokerProcess,
@@ -44,7 +45,6 @@ from cmq.lab.experiments.amqp.suite import (
     run_point,
 )
 from cmq.lab.experiments.amqp.transport import Transport
-from cmq.routing._bench import MATCHING_BINDING, MATCHING_KEY, non_matching
 
 __all__ = [
     "AMQP_PROFILES",

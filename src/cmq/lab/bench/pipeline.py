@@ -1,6 +1,6 @@
 """What the pipeline costs: time of the summary job on 1M and 10M records.
 
-Run ``python -m cmq.pipeline.bench`` (options: ``--records 1000000
+Run ``python -m cmq.lab.bench.pipeline`` (options: ``--records 1000000
 10000000``, ``--master URL``, ``--dir DIR``, ``--json FILE``).
 
 It starts one SparkSession (timed on its own), generates synthetic records
@@ -133,7 +133,7 @@ def run_bench(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; prints a table and optionally writes JSON."""
-    parser = argparse.ArgumentParser(prog="python -m cmq.pipeline.bench", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m cmq.lab.bench.pipeline", description=__doc__)
     parser.add_argument("--records", type=int, nargs="+", default=list(DEFAULT_RECORDS))
     parser.add_argument("--master", default="local[*]", help="Spark master URL (default local[*])")
     parser.add_argument("--driver-memory", default="3g")
