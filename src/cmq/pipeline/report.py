@@ -654,11 +654,13 @@ def render_html(
     *,
     title: str = "cmq lab report",
     source: str = "",
+    facts: Mapping[str, str] | None = None,
 ) -> str:
     """The whole page as a string: one section per experiment that has data
     (those of ``experiments`` in their order, then any others the records
     name, with a generic section), a verdict overview, the skipped systems
-    and the environment."""
+    and the environment. ``facts`` are lines about how the records were made
+    (the lab's profile, its time per experiment), shown under the title."""
     registered = list(experiments)
     present = set(data.experiment_ids())
     shown = [e for e in registered if e.id in present]
@@ -687,6 +689,7 @@ def render_html(
         f"{len(data.runs)} runs, {sum(r['messages'] or 0 for r in data.summary):,} messages in "
         f"{len(data.summary)} groups.</p>",
         f'<p class="meta">{_e(_pipeline_sentence(data))}</p>',
+        *(f'<p class="meta"><b>{_e(k)}:</b> {_e(v)}</p>' for k, v in (facts or {}).items()),
         f"<nav>{nav}</nav>",
     ]
     body = []
@@ -726,6 +729,7 @@ def build_report(
     master: str | None = None,
     path: str | os.PathLike[str] | None = None,
     title: str = "cmq lab report",
+    facts: Mapping[str, str] | None = None,
 ) -> Path:
     """Aggregate ``out``'s records on Spark and write the page (default
     ``out/report.html``) with a section per experiment of ``experiments``;
@@ -743,7 +747,7 @@ def build_report(
 
         spark = build_session(SessionConfig(master=master) if master else SessionConfig())
     data = collect(spark, out_dir)
-    page = render_html(data, experiments, title=title, source=str(out_dir))
+    page = render_html(data, experiments, title=title, source=str(out_dir), facts=facts)
     target = Path(path) if path is not None else out_dir / "report.html"
     tmp = target.with_name(f".{target.name}.tmp")
     tmp.write_text(page, encoding="utf-8")
