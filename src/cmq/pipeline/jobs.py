@@ -175,10 +175,15 @@ def _ratio(numerator: Column, denominator: Column) -> Column:
 
 
 def latency_stats(records: DataFrame, keys: Sequence[str] = GROUP_KEYS) -> DataFrame:
-    """Counts, loss, duplicates, out-of-order and latency per ``keys`` (:data:`GROUP_KEYS`)."""
+    """Counts, loss, duplicates, out-of-order and latency per ``keys`` (:data:`GROUP_KEYS`).
+
+    ``records`` may be :func:`flag_deliveries`'s output already (it has a
+    ``duplicate`` column): it is then not flagged again, so a caller that
+    needs several of these aggregates can flag once and cache the result.
+    """
     from pyspark.sql import functions as F
 
-    flagged = flag_deliveries(records)
+    flagged = records if "duplicate" in records.columns else flag_deliveries(records)
     first = ~F.col("lost") & ~F.col("duplicate")
     latency = F.when(first, F.col("latency_ns"))
     agg = flagged.groupBy(*keys).agg(
