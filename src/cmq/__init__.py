@@ -11,12 +11,14 @@ from cmq._errors import (
     CmqError,
     ConfigError,
     MessageTooLarge,
+    MissingExtra,
     ProtocolError,
     RemoteError,
     Timeout,
     TransportError,
     WouldBlock,
 )
+from cmq._impl import implementation
 from cmq._types import Message, Stats
 from cmq.net.queue import Queue
 from cmq.wire.reliable import DeliveryFailure
@@ -24,7 +26,7 @@ from cmq.wire.reliable import DeliveryFailure
 if _TYPE_CHECKING:
     from cmq.net.aqueue import AsyncQueue
 
-__version__ = "0.1.0"
+    __version__: str
 
 __all__ = [
     "AsyncQueue",
@@ -34,6 +36,7 @@ __all__ = [
     "DeliveryFailure",
     "Message",
     "MessageTooLarge",
+    "MissingExtra",
     "ProtocolError",
     "Queue",
     "QueueConfig",
@@ -43,6 +46,7 @@ __all__ = [
     "TransportError",
     "WouldBlock",
     "__version__",
+    "implementation",
 ]
 
 
@@ -53,4 +57,16 @@ def __getattr__(name: str) -> _Any:
         from cmq.net.aqueue import AsyncQueue
 
         return AsyncQueue
+    if name == "__version__":
+        # One place holds the version: pyproject.toml, read back from the
+        # installed metadata. Looked up on first use: reading the metadata
+        # takes longer than importing cmq.
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            found = version("pycmq")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            found = "0+unknown"
+        globals()["__version__"] = found
+        return found
     raise AttributeError(f"module 'cmq' has no attribute {name!r}")

@@ -24,6 +24,9 @@ that one class. Below it, the split follows what a caller can do about it:
   is chained as ``__cause__``.
 - :class:`RemoteError`: the peer answered, but with an error (used by the
   broker and the queue service clients).
+- :class:`MissingExtra` (also a ``ModuleNotFoundError``): a part of cmq needs
+  an optional dependency that is not installed. Its one-line message names
+  the extra that brings it (``pip install 'pycmq[service]'``). Install it.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ __all__ = [
     "CmqError",
     "ConfigError",
     "MessageTooLarge",
+    "MissingExtra",
     "ProtocolError",
     "RemoteError",
     "Timeout",
@@ -79,3 +83,20 @@ class RemoteError(CmqError):
     def __init__(self, message: str, *, code: str = "") -> None:
         super().__init__(message)
         self.code = code
+
+
+class MissingExtra(CmqError, ModuleNotFoundError):
+    """An optional dependency is missing; the message names the extra to install.
+
+    ``name`` is the missing module (as on ``ModuleNotFoundError``) and
+    ``extra`` the extra of ``pycmq`` that installs it.
+    """
+
+    def __init__(self, message: str, *, name: str | None = None, extra: str = "") -> None:
+        super().__init__(message, name=name)
+        self.extra = extra
+
+    def __reduce__(self) -> tuple[type[MissingExtra], tuple[str], dict[str, str | None]]:
+        # Keyword arguments do not survive the default pickling of exceptions
+        # (a worker process may send one back).
+        return (type(self), (str(self),), {"name": self.name, "extra": self.extra})

@@ -17,6 +17,7 @@ from types import ModuleType
 
 import cmq.commands
 from cmq._errors import CmqError
+from cmq._extras import missing_extra
 
 __all__ = ["main"]
 
@@ -59,7 +60,11 @@ def _top_help() -> str:
         "commands:",
     ]
     lines += [f"  {n.ljust(width)}  {_summary(n)}" for n in names]
-    lines += ["", f"Run '{_PROG} COMMAND --help' for the options of one command."]
+    lines += [
+        "",
+        f"Run '{_PROG} COMMAND --help' for the options of one command, "
+        f"'{_PROG} --version' for the version.",
+    ]
     return "\n".join(lines)
 
 
@@ -76,21 +81,29 @@ def main(argv: list[str] | None = None) -> int:
     if name not in _command_names():
         print(f"{_PROG}: unknown command {name!r}\n\n{_top_help()}", file=sys.stderr)
         return 2
-    module = _load(name)
-    doc = (module.__doc__ or "").strip()
-    parser = argparse.ArgumentParser(
-        prog=f"{_PROG} {name}",
-        description=doc,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    module.configure(parser)
-    ns = parser.parse_args(args[1:])
     try:
+        module = _load(name)
+        parser = argparse.ArgumentParser(
+            prog=f"{_PROG} {name}",
+            description=(module.__doc__ or "").strip(),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        module.configure(parser)
+        ns = parser.parse_args(args[1:])
         return int(module.run(ns) or 0)
     except KeyboardInterrupt:
         return 130
     except CmqError as exc:
         print(f"{_PROG} {name}: error: {exc}", file=sys.stderr)
+        return 1
+    except ModuleNotFoundError as exc:
+        # The safety net: an optional module imported outside
+        # cmq._extras.optional_imports still ends in the one line naming its
+        # extra, not in a traceback.
+        error = missing_extra(exc, "this command")
+        if error is None:
+            raise
+        print(f"{_PROG} {name}: error: {error}", file=sys.stderr)
         return 1
 
 

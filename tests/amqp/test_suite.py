@@ -163,6 +163,16 @@ def test_spsc_beside_rabbitmq(tmp_path: Path) -> None:
     assert got["rows"] == 2 * 200 and got["receivers"] == 2
 
 
+def test_spsc_and_pingpong_through_pika_on_the_cmq_broker(tmp_path: Path) -> None:
+    pytest.importorskip("pika", reason="pika is not installed: pip install 'pycmq[test]'")
+    pytest.importorskip("pamqp", reason="pamqp is not installed: pip install 'pycmq[broker]'")
+    got = _run(tmp_path / "spsc", "de-spsc", ["cmq-pika"], SMALL)
+    assert got["rows"] == 200 and got["lost"] == 0 and got["receivers"] == 1
+    assert got["cpu"] == 2  # the broker's process is measured as for "cmq"
+    rows = read_table(tmp_path / "spsc", "records").to_pylist()
+    assert {r["system"] for r in rows} == {"cmq-pika"}
+
+
 def _row(system: str, rate: float, repeat: int) -> dict[str, object]:
     params = {"bindings": 8, "repeat": repeat}
     return {"experiment": "amqp-te-spsc", "system": system, "scenario": "te-spsc", "size": 64,

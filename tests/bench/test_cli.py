@@ -73,6 +73,17 @@ def test_destinations_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert isinstance(doc["ratio"], float) and doc["ratio"] > 0
 
 
+def test_push_cost_json_names_each_core_and_call(capsys: pytest.CaptureFixture[str]) -> None:
+    from cmq import _impl
+
+    doc, _ = _json(capsys, ["push", "--count", "2000", "--rounds", "1", "--json"])
+    assert doc["scenario"] == "push"
+    cores = {"compiled", "python"} if _impl.available() else {"python"}
+    got = {(r["core"], r["call"]) for r in doc["results"]}  # type: ignore[union-attr]
+    assert got == {(c, call) for c in cores for call in ("push", "sender")}
+    assert all(r["ns_per_msg"] > 0 for r in doc["results"])  # type: ignore[union-attr]
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

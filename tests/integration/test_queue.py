@@ -15,6 +15,9 @@ from cmq.patterns import replace, retry
 
 from .conftest import dest, wait_until
 
+# Every test here runs on the compiled core and on the pure-Python one.
+pytestmark = pytest.mark.usefixtures("core")
+
 MakeQueue = Callable[..., cmq.Queue]
 
 

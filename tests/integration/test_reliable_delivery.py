@@ -34,6 +34,9 @@ from cmq.wire.reliable import DeliveryFailure
 
 from .conftest import dest, wait_until
 
+# Every test here runs on the compiled core and on the pure-Python one.
+pytestmark = pytest.mark.usefixtures("core")
+
 MakeQueue = Callable[..., cmq.Queue]
 
 

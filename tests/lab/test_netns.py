@@ -22,6 +22,20 @@ def _namespaces() -> set[str]:
 
 @pytest.mark.root
 @needs_root
+def test_segmented_sends_are_cut_before_the_loss_rule_sees_them() -> None:
+    # A UDP GSO send crosses a veth whole unless the veth cuts it: the loss
+    # rule would then drop a run of datagrams at once. Each veth cuts them.
+    with netns.HostPair(loss=0.5) as hosts:
+        for host in ("a", "b"):
+            links = subprocess.run(
+                [*hosts.command(host), "ip", "-d", "link", "show", "type", "veth"],
+                capture_output=True, text=True, check=True,
+            ).stdout  # fmt: skip
+            assert "gso_max_segs 1 " in links
+
+
+@pytest.mark.root
+@needs_root
 def test_each_host_drops_input_with_the_papers_rule_and_is_removed_after() -> None:
     with netns.HostPair(loss=0.014) as hosts:
         assert {hosts.a, hosts.b} <= _namespaces()

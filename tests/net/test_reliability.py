@@ -20,6 +20,9 @@ from cmq.wire.frames import Status, encode_control
 
 from .harness import Datagram, SimEndpoint, SimNetwork
 
+# Every test here runs on the compiled core and on the pure-Python one.
+pytestmark = pytest.mark.usefixtures("core")
+
 MODES = ["reliable", "unordered"]
 #: Small datagrams, so that a few hundred messages make many of them.
 SMALL: dict[str, Any] = {"max_datagram": 600}

@@ -12,10 +12,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from .harness import SimNetwork
+
+# Every test here runs on the compiled core and on the pure-Python one.
+pytestmark = pytest.mark.usefixtures("core")
 
 #: Small datagrams: many per run, and messages over ~570 bytes are fragmented.
 MAX_DATAGRAM = 600

@@ -105,6 +105,39 @@ def test_summary_gives_the_known_answers(spark: Any, tmp_path: Path) -> None:
     assert c["mean_ns"] is None
 
 
+def test_out_of_order_by_request_leaves_out_replies_to_overlapping_receives(
+    spark: Any, tmp_path: Path
+) -> None:
+    from cmq.pipeline.jobs import load_tables, summary
+
+    # Three pulling receivers of one queue. Receives as (seq, request, reply):
+    # 1 and 2 are asked for together and 2's reply comes first (overlapping:
+    # out of order by arrival only); 0 is asked for after 3's reply came
+    # (out of order by request too); 4 arrives last and in order.
+    receipts = [(2, 10, 20), (1, 11, 25), (3, 30, 40), (0, 45, 50), (4, 60, 70)]
+    with RecordWriter(tmp_path, RunInfo(experiment="e", system="q", run_id="r1")) as w:
+        w.record_many(
+            scenario="pull",
+            size=0,
+            seq=[s for s, _, _ in receipts],
+            send_ns=[BASE] * len(receipts),
+            recv_ns=[BASE + reply for _, _, reply in receipts],
+            request_ns=[BASE + request for _, request, _ in receipts],
+            stream="q",
+        )
+    with RecordWriter(tmp_path, RunInfo(experiment="e", system="push", run_id="p1")) as w:
+        w.record_many(scenario="push", size=0, seq=[1, 0], send_ns=[BASE] * 2,
+                      recv_ns=[BASE + 1, BASE + 2])  # fmt: skip
+    tables = load_tables(spark, tmp_path)
+    rows = by_system(summary(tables.records, tables.totals).collect())
+    pull = rows["q"]
+    assert (pull["out_of_order"], pull["ooo_by_request"]) == (2, 1)
+    assert pull["ooo_by_request_rate"] == pytest.approx(1 / 5)
+    push = rows["push"]  # no request times: no rate, not a 0
+    assert (push["out_of_order"], push["ooo_by_request"]) == (1, 0)
+    assert push["ooo_by_request_rate"] is None
+
+
 def test_flags_keep_nanoseconds_exact(spark: Any, tmp_path: Path) -> None:
     from cmq.pipeline.jobs import flag_deliveries, load_tables
 

@@ -200,7 +200,7 @@ def test_channel_exceptions_close_the_channel_only(conn: Any, action: Any, code:
 
 def test_unknown_exchange_type_is_a_connection_exception(conn: Any) -> None:
     with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as info:
-        conn.channel().exchange_declare("h", "headers")
+        conn.channel().exchange_declare("h", "x-consistent-hash")
     assert info.value.reply_code == 503
 
 
@@ -316,7 +316,7 @@ def test_bad_protocol_header_gets_ours_then_close(broker: Broker) -> None:
         (lambda: pframe.marshal(spec.Channel.Open(), 1), 504),  # opened twice
         (lambda: pframe.marshal(spec.Queue.Declare(queue="q"), 3), 504),  # never opened
         (lambda: pframe.marshal(spec.Channel.Flow(active=False), 1), 540),  # as RabbitMQ
-        (lambda: pframe.marshal(spec.Tx.Select(), 1), 540),
+        (lambda: pframe.marshal(spec.Exchange.Bind(destination="a", source="b"), 1), 540),  # not offered
     ],
 )
 def test_connection_exceptions(broker: Broker, frames: Any, code: int) -> None:

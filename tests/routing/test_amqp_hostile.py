@@ -128,3 +128,30 @@ def test_after_the_garbage_a_normal_round_trip(live: Broker) -> None:
     finally:
         conn.close()
     assert live.stats().internal_errors == 0
+
+
+@given(
+    exchange=st.text(max_size=40), key=st.text(max_size=80), mandatory=st.booleans(), immediate=st.booleans(),
+    cut=st.integers(0, 200), channel=st.integers(0, 2047),
+)  # fmt: skip
+@settings(max_examples=200, deadline=None)
+def test_the_hand_read_publish_and_written_deliver_agree_with_pamqp(
+    exchange: str, key: str, mandatory: bool, immediate: bool, cut: int, channel: int
+) -> None:
+    from pamqp import commands as spec
+    from pamqp import frame as pframe
+
+    from cmq.routing._amqp import _deliver_frame, _lenient, _quick_publish
+
+    # Any UTF-8 names (AMQP allows them; pamqp's own check would refuse some).
+    m = _lenient(spec.Basic.Publish)(exchange=exchange, routing_key=key, mandatory=mandatory, immediate=immediate)
+    raw = pframe.marshal(m, 1) if len(exchange.encode()) < 256 and len(key.encode()) < 256 else b""
+    if raw:
+        got = _quick_publish(raw)
+        assert (got.exchange, got.routing_key, got.mandatory, got.immediate) == (exchange, key, mandatory, immediate)
+        # A cut or padded frame is not read by hand: pamqp reports it as before.
+        assert _quick_publish(raw[:cut]) is None or cut >= len(raw)
+        assert _quick_publish(raw[:-1] + b"\x00\xce") is None
+        d = _lenient(spec.Basic.Deliver)(consumer_tag="t", delivery_tag=cut + 1, redelivered=mandatory,
+                                         exchange=exchange, routing_key=key)  # fmt: skip
+        assert _deliver_frame(channel, "t", cut + 1, mandatory, exchange, key) == pframe.marshal(d, channel)

@@ -65,10 +65,14 @@ class Harness:
         for o in out:
             if o.mailbox == DELIVERY_MAILBOX:
                 if o.payload[0] == "d":
-                    # Runs back to one [tag, exchange, key, body, redelivered] per delivery.
+                    # Runs back to one [tag, exchange, key, body, redelivered, properties] per delivery.
                     got = self.deliveries.setdefault((o.dest, o.payload[1]), [])
-                    for first, ex, key, again, bodies in o.payload[2]:
-                        got.extend([first + i, ex, key, b, again] for i, b in enumerate(bodies))
+                    for run in o.payload[2]:
+                        first, ex, key, again, bodies = run[:5]
+                        props = run[5] if len(run) > 5 else [None] * len(bodies)
+                        got.extend(
+                            [first + i, ex, key, b, again, p] for i, (b, p) in enumerate(zip(bodies, props, strict=True))
+                        )
                 else:
                     self.cancelled.append((o.dest, o.payload))
             elif o.payload[1] == 0:
@@ -139,9 +143,9 @@ def test_declarations_are_idempotent() -> None:
 ERROR_TABLE = [
     (
         DeclareExchange,
-        {"name": "x", "type": "headers"},
+        {"name": "x", "type": "x-consistent-hash"},
         ErrorCode.BAD_REQUEST,
-        "unknown exchange type 'headers'",
+        "unknown exchange type 'x-consistent-hash'",
     ),
     (
         DeclareExchange,
@@ -597,3 +601,22 @@ def test_the_latency_path_counts_and_tracks_what_the_general_path_does() -> None
     h.send(Ack(tag="t", delivery_tags=(tags[0],)), C1)
     assert h.got() == ["one", "two", "three"]
     assert h.core.stats().acked == 1
+
+
+def test_headers_exchange_on_the_cmq_protocol() -> None:
+    h = Harness()
+    h.ok(DeclareExchange, name="hx", type="headers")
+    for q, args in (("all", {"x-match": "all", "a": 1, "b": "x"}), ("any", {"x-match": "any", "a": 1, "b": "x"})):
+        h.ok(DeclareQueue, name=q, max_length=10, overflow="drop-head")
+        assert h.ok(Bind, queue=q, exchange="hx", key="", arguments=args) == {"created": True}
+    assert h.ok(Bind, queue="all", exchange="hx", key="", arguments={"x-match": "all", "a": 1, "b": "x"}) == {
+        "created": False}  # fmt: skip
+    code, text = h.err(Bind, queue="all", exchange="hx", key="", arguments={"x-match": "some"})
+    assert code == ErrorCode.PRECONDITION_FAILED and "x-match" in text
+    for i, headers in enumerate(({"a": 1, "b": "x"}, {"a": 1}, {"c": 1})):
+        h.send(Publish(rid=0, exchange="hx", routing_key="", body=i, properties={"headers": headers}))
+    h.consume("all", tag="all")
+    h.consume("any", tag="any")
+    assert (h.got(C1, "all"), h.got(C1, "any")) == ([0], [0, 1])
+    assert h.ok(Unbind, queue="any", exchange="hx", key="", arguments={"x-match": "any", "a": 1, "b": "x"}) == {
+        "deleted": True}  # fmt: skip

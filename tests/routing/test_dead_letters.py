@@ -228,3 +228,39 @@ def test_nack_ttl_and_dead_letters_through_the_client(client: BrokerClient) -> N
     assert got == [1, 2]
     (work,) = [q for q in client.stats()["per_queue"] if q["name"] == "work"]
     assert (work["nacked"], work["expired"], work["dead_lettered"], work["acked"]) == (1, 1, 2, 0)
+
+
+def test_dead_letters_carry_x_death_as_rabbitmq_writes_it() -> None:
+    h = dl_harness()
+    h.core.epoch = 1_700_000_000.0
+    h.core.receive(encode(Publish(rid=0, exchange="", routing_key="q", body=b"m", expiration=60_000,
+                                  properties={"headers": {"a": 1}, "expiration": "60000"})), C1, h.now)  # fmt: skip
+    h.consume("q", prefetch=10)
+    (tag,) = [d[0] for d in h.deliveries[(C1, "t")]]
+    h.advance(2.5)
+    h.send(Nack(tag="t", delivery_tags=(tag,), requeue=False), C1)
+    assert dead(h) == [b"m"]
+    props = h.deliveries[(C1, "d")][0][5]
+    assert "expiration" not in props  # gone, kept as original-expiration
+    assert props["headers"] == {
+        "a": 1,
+        "x-death": [{"count": 1, "reason": "rejected", "queue": "q", "time": 1_700_000_002, "exchange": "",
+                     "routing-keys": ["q"], "original-expiration": "60000"}],
+        "x-first-death-exchange": "", "x-first-death-queue": "q", "x-first-death-reason": "rejected",
+    }  # fmt: skip
+
+
+def test_a_second_death_the_same_way_counts_and_goes_first() -> None:
+    h = dl_harness(**{"x-message-ttl": 1000})
+    # A message that already died in "q" (expired, then rejected in "r"), republished by its consumer.
+    records = [{"count": 1, "reason": "rejected", "queue": "r", "time": 7, "exchange": "", "routing-keys": ["r"]},
+               {"count": 1, "reason": "expired", "queue": "q", "time": 5, "exchange": "", "routing-keys": ["q"]}]
+    earlier = {"headers": {"x-death": records, "x-first-death-queue": "q"}}  # fmt: skip
+    h.core.receive(encode(Publish(rid=0, exchange="", routing_key="q", body=b"m", properties=earlier)), C1, h.now)
+    h.advance(1.5)  # it expires in "q" again
+    dead(h)
+    headers = h.deliveries[(C1, "d")][0][5]["headers"]
+    assert [(r["queue"], r["reason"], r["count"], r["time"]) for r in headers["x-death"]] == [
+        ("q", "expired", 2, 5), ("r", "rejected", 1, 7)]  # the record keeps its first time
+    assert headers["x-first-death-queue"] == "q"  # set by the first death only
+    assert "x-first-death-reason" not in headers

@@ -56,10 +56,33 @@ def test_declare_bind_publish_consume(client: BrokerClient) -> None:
     assert (d.exchange, d.body, d.redelivered) == ("prices", b"101.5", False)
 
 
+def test_headers_exchange_and_x_death_through_the_cmq_client(client: BrokerClient) -> None:
+    client.declare_exchange("hx", "headers")
+    client.declare_exchange("dlx", "fanout")
+    client.declare_queue("eu", max_length=100, dead_letter_exchange="dlx")
+    client.declare_queue("dead", max_length=100)
+    client.bind("dead", "dlx")
+    client.bind("eu", "hx", arguments={"x-match": "any", "region": "eu", "eu": None})
+    assert client.publish("hx", "", b"a", headers={"region": "eu"}, confirm=True) == 1
+    assert client.publish("hx", "", b"b", headers={"region": "us"}, confirm=True) == 0
+    assert client.publish("hx", "", b"c", headers={"eu": 1}, confirm=True) == 1  # present: enough
+    with client.consume("eu") as c:
+        got = drain(c, 2)
+        assert [d.body for d in got] == [b"a", b"c"]
+        c.reject(got[0], requeue=False)
+        c.ack(got[1])
+    with client.consume("dead") as c:
+        (d,) = drain(c, 1)
+    assert d.body == b"a" and d.properties is not None
+    (death,) = d.properties["headers"]["x-death"]
+    assert (death["queue"], death["reason"], death["count"], death["exchange"]) == ("eu", "rejected", 1, "hx")
+    assert d.properties["headers"]["region"] == "eu"
+
+
 @pytest.mark.parametrize(
     ("call", "code"),
     [
-        (lambda c: c.declare_exchange("x", "headers"), ErrorCode.BAD_REQUEST),
+        (lambda c: c.declare_exchange("x", "x-consistent-hash"), ErrorCode.BAD_REQUEST),
         (lambda c: c.declare_exchange("d", "fanout"), ErrorCode.PRECONDITION_FAILED),
         (lambda c: c.declare_queue("q", max_length=7), ErrorCode.PRECONDITION_FAILED),
         (lambda c: c.bind("q", "nope"), ErrorCode.NOT_FOUND),

@@ -372,3 +372,71 @@ def test_bad_auth_file_is_one_line(tmp_path: Path) -> None:
         assert done.stdout == ""
         [line] = done.stderr.strip().splitlines()
         assert line.startswith("cmq serve: error: ") and str(path) in line
+
+
+# -- one write per response ---------------------------------------------------------
+
+
+class _Transport:
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+
+class _Cycle:
+    response_started = False
+
+
+def test_a_response_head_waits_for_its_body_and_goes_out_in_one_write() -> None:
+    from cmq.service.connection import _OneWrite
+
+    transport, cycle = _Transport(), _Cycle()
+    w = _OneWrite(transport, cycle)  # type: ignore[arg-type]
+    w.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # before the response: at once
+    assert transport.writes == [b"HTTP/1.1 100 Continue\r\n\r\n"]
+    cycle.response_started = True
+    w.write(b"HEAD\r\n\r\n")
+    assert len(transport.writes) == 1  # held
+    w.write(b"body")
+    w.write(b"more")
+    assert transport.writes[1:] == [b"HEAD\r\n\r\nbody", b"more"]
+    assert not w.is_closing()  # everything else is the transport's
+
+    transport, cycle = _Transport(), _Cycle()
+    w = _OneWrite(transport, cycle)  # type: ignore[arg-type]
+    cycle.response_started = True
+    w.write(b"HEAD\r\n\r\n")
+    w.close()  # a head with no body (the app failed) still leaves, first
+    assert transport.writes == [b"HEAD\r\n\r\n"] and transport.closed
+
+
+def test_replies_are_whole_with_expect_continue_keep_alive_and_close(edge_node: Node) -> None:
+    body = b'{"QueueName": "one-write"}'
+    head = (
+        "POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Amz-Target: AmazonSQS.CreateQueue\r\n"
+        "Content-Type: application/x-amz-json-1.0\r\n"
+        f"Content-Length: {len(body)}\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", edge_node.port), timeout=30) as s:
+        s.sendall(head + b"Expect: 100-continue\r\n\r\n")
+        assert s.recv(65536).startswith(b"HTTP/1.1 100 Continue")
+        s.sendall(body)
+        first = b""
+        while b"one-write" not in first:
+            first += s.recv(65536)
+        s.sendall(head + b"Connection: close\r\n\r\n" + body)
+        second = b""
+        while chunk := s.recv(65536):
+            second += chunk
+    for reply in (first, second):
+        assert reply.startswith(b"HTTP/1.1 200 ")
+        assert reply.endswith(b'/one-write"}')

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -435,9 +436,25 @@ def test_lab_rows_fit_the_lab_schema() -> None:
     from cmq.lab.bench.sqs import lab_rows
 
     table = pa.Table.from_pylist(
-        lab_rows([_rec(1, 2), _rec(2, 3)], "r"), schema=records.RECORDS_SCHEMA
+        lab_rows([_rec(1, 2), {**_rec(2, 3), "request_ns": 1}], "r"),
+        schema=records.RECORDS_SCHEMA,
     )
     assert table.num_rows == 2
+    assert table.column("request_ns").to_pylist() == [None, 1]
+
+
+@pytest.mark.slow
+def test_throughput_counts_from_when_every_connection_has_warmed_up() -> None:
+    from cmq.lab.bench.sqs import _cycles, start_cmq
+
+    servers = start_cmq("memory:")
+    try:
+        opened: list[int] = []
+        result = asyncio.run(_cycles(servers.urls, 0.3, 6, on_start=lambda: opened.append(1)))
+    finally:
+        servers.stop()
+    assert opened == [1]  # once, when all 6 had run their uncounted cycle
+    assert result["cycles"] > 0 and result["errors"] == 0
 
 
 @pytest.mark.slow
@@ -470,6 +487,82 @@ def test_throughput_benchmark_runs_end_to_end() -> None:
     row = throughput("memory:", seconds=0.5, concurrency=4)
     assert row["cycles"] > 0 and row["errors"] == 0
     assert row["server_cpu_ms_per_cycle"] > 0
+    # The event loop's thread is part of the node, the generator is apart.
+    assert 0 < row["loop_cpu_ms_per_cycle"] <= row["server_cpu_ms_per_cycle"]
+    assert row["client_cpu_ms_per_cycle"] > 0
     # No store processes of its own: per CPU-second is per the node's CPU.
     assert row["store_cpu_s"] == 0 and row["node_cpu_s"] > 0
     assert row["cycles_per_cpu_s"] == pytest.approx(row["cycles"] / row["node_cpu_s"], rel=0.01)
+
+
+def test_cpu_used_counts_every_thread_of_a_process_and_ended_ones_by_ticks() -> None:
+    import threading
+    import time
+
+    from cmq.lab.bench.sqs import _cpu_reading, _cpu_used
+    from tests.waiting import wait_until
+
+    spent: list[float] = []
+    finish = threading.Event()
+
+    def work() -> None:
+        start = time.thread_time()
+        sum(i * i for i in range(1_000_000))
+        spent.append(time.thread_time() - start)
+        finish.wait(30)
+
+    me = os.getpid()
+    before = _cpu_reading(me)
+    worker = threading.Thread(target=work)
+    worker.start()
+    wait_until(lambda: bool(spent), timeout=30)
+    # The worker is alive: its on-CPU nanoseconds are summed, exactly.
+    during = _cpu_reading(me)
+    assert spent[0] > 0.03
+    assert _cpu_used(before, during) >= 0.99 * spent[0]
+    # Once it has ended its time is gone from the exact sum (its schedstat
+    # file with it): the ticks, which keep it, are used instead.
+    finish.set()
+    worker.join()
+    assert _cpu_used(before, _cpu_reading(me)) >= spent[0] - 0.025  # to the 10 ms tick
+    gone = _cpu_reading(2**22 + 7)  # no such process (above pid_max's default)
+    assert (gone.exact, gone.ticks) == (0.0, 0.0)
+
+
+@pytest.mark.slow
+def test_wrk_generator_counts_every_cycle_it_completes() -> None:
+    """The wrk generator's cycles are deletes it saw answered: what it sent
+    minus what it deleted is what the queue still holds, give or take the
+    requests in flight when it stopped."""
+    import asyncio
+
+    from cmq.lab.bench import sqs as bench
+    from cmq.lab.bench.wrk_load import wrk_cycles, wrk_path
+
+    if wrk_path() is None:
+        pytest.skip("wrk is not installed (apt-get install wrk)")
+    servers = bench.start_cmq("memory:")
+    try:
+        conn = bench._Conn(servers.urls[0])
+        qurl = asyncio.run(bench._create(conn, "wrk-check", None))
+        path = "/" + qurl.split("/", 3)[3]
+        concurrency = 8
+        row = wrk_cycles(servers.urls, path, 1, concurrency, bench._HEADERS["Authorization"])
+
+        async def left() -> int:
+            got = await bench._call(
+                bench._Conn(servers.urls[0]),
+                "GetQueueAttributes",
+                {"QueueUrl": qurl, "AttributeNames": ["All"]},
+            )
+            a = got["Attributes"]
+            return int(a["ApproximateNumberOfMessages"]) + int(
+                a["ApproximateNumberOfMessagesNotVisible"]
+            )
+
+        remaining = asyncio.run(left())
+    finally:
+        servers.stop()
+    assert row["cycles"] > 0 and row["errors"] == 0 and row["empty_receives"] == 0
+    assert row["client_cpu_s"] > 0
+    assert abs(remaining - (row["sent"] - row["cycles"])) <= concurrency

@@ -9,11 +9,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cmq import QueueConfig
-from cmq.wire import batcher as batcher_module
 from cmq.wire.batcher import CHECK, FULL, LARGE, OPENED, QUEUED, Batcher
 from cmq.wire.frames import HEADER_SIZE, decode
 
+# Every test here runs on the compiled core and on the pure-Python one.
+pytestmark = pytest.mark.usefixtures("core")
+
 DEST = ("127.0.0.1", 9)
+
+
+def encoder(b: Batcher) -> str:
+    """The attribute a take encodes a batch with: the compiled core's cutter, or the pure framer."""
+    return "_cut" if b._cut is not None else "_frame"
 
 
 def make(**options: object) -> Batcher:
@@ -183,7 +190,7 @@ def test_push_does_not_encode_the_pending_batch() -> None:
     """The original re-encoded the whole batch on every push (O(n) per push)."""
     b = make(qthresh=10**6)
     s = b.stream(DEST, 0)
-    with mock.patch.object(batcher_module, "encode_frames", wraps=batcher_module.encode_frames) as enc:
+    with mock.patch.object(b, encoder(b), wraps=getattr(b, encoder(b))) as enc:
         for _ in range(1000):
             b.push(s, b"m")
         assert enc.call_count == 0
@@ -196,13 +203,13 @@ def test_take_removes_exactly_what_it_encoded() -> None:
     b = make()
     s = b.stream(DEST, 0)
     b.push(s, b"first")
-    real_encode = batcher_module.encode_frames
+    real_encode = getattr(b, encoder(b))
 
     def encode_and_race(*args: object) -> bytes:
         s.frames.append(b"raced")  # what a concurrent push does
-        return real_encode(*args)  # type: ignore[arg-type]
+        return real_encode(*args)  # type: ignore[no-any-return]
 
-    with mock.patch.object(batcher_module, "encode_frames", side_effect=encode_and_race):
+    with mock.patch.object(b, encoder(b), side_effect=encode_and_race):
         first = b.take(s, 0.0)
     assert decode_all(first) == [b"first"]
     assert decode_all(b.take(s, 0.0)) == [b"raced"]
@@ -295,16 +302,16 @@ def test_a_push_landing_after_a_take_opens_the_next_batch() -> None:
     assert b.push(s, b"first") == OPENED
     for _ in range(5):
         assert b.push(s, b"more") == QUEUED
-    real_encode = batcher_module.encode_frames
+    real_encode = getattr(b, encoder(b))
     raced: list[int] = []
 
     def encode_and_race(*args: object, **kwargs: object) -> bytes:
         # A concurrent push's fast half: append, then compare with check_at.
         s.frames.append(b"raced")
         raced.append(len(s.frames) >= s.check_at)
-        return real_encode(*args, **kwargs)  # type: ignore[arg-type]
+        return real_encode(*args, **kwargs)  # type: ignore[no-any-return]
 
-    with mock.patch.object(batcher_module, "encode_frames", side_effect=encode_and_race):
+    with mock.patch.object(b, encoder(b), side_effect=encode_and_race):
         b.take(s, 0.0)
     assert raced == [True]  # the racing push goes on to check()...
     assert b.check(s) == OPENED  # ...which arms the batch holding it

@@ -14,9 +14,10 @@ def test_all_names_exist_and_public_names_are_exported() -> None:
 
 
 def test_every_error_is_a_cmq_error() -> None:
-    for name in ("Closed", "ConfigError", "MessageTooLarge", "ProtocolError", "RemoteError",
-                 "Timeout", "TransportError", "WouldBlock"):
+    for name in ("Closed", "ConfigError", "MessageTooLarge", "MissingExtra", "ProtocolError",
+                 "RemoteError", "Timeout", "TransportError", "WouldBlock"):
         assert issubclass(getattr(cmq, name), cmq.CmqError)
     assert issubclass(cmq.Timeout, TimeoutError)
     assert issubclass(cmq.ConfigError, ValueError)
     assert issubclass(cmq.TransportError, OSError)
+    assert issubclass(cmq.MissingExtra, ModuleNotFoundError)

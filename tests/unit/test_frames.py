@@ -23,6 +23,9 @@ from cmq.wire.frames import (
     parse_header,
 )
 
+# Every test here runs on the compiled core and on the pure-Python one.
+pytestmark = pytest.mark.usefixtures("core")
+
 KEY = b"k" * 32
 
 # (payloads, expected body bytes): the framing rule of the design, both ways.

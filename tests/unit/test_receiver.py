@@ -6,6 +6,7 @@ import struct
 from operator import length_hint
 
 import msgpack
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -13,6 +14,9 @@ from cmq import QueueConfig
 from cmq.wire.batcher import LARGE, Batcher
 from cmq.wire.frames import FLAG_MSGPACK, encode_fragment, encode_frames
 from cmq.wire.receiver import EMPTY, ENVELOPE_BIT, KIND_REPLY, KIND_REQUEST, Receiver
+
+# Every test here runs on the compiled core and on the pure-Python one.
+pytestmark = pytest.mark.usefixtures("core")
 
 ADDR = ("127.0.0.1", 5555)
 

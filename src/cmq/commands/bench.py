@@ -4,12 +4,17 @@ Scenarios:
 
   throughput    the sender sends as fast as it can (--duration or --count);
                 msgs/s counts delivered messages only, measured at the
-                receiver from the first to the last delivered message
+                receiver from the first to the last delivered message; CPU
+                ns/msg is the CPU time of both processes (all their
+                threads) per delivered message
   pingpong      the next message after the reply (--count round trips);
                 a reply later than --timeout is a lost round trip
   pingping      asynchronous: up to --window messages in flight
   destinations  sans-IO micro-benchmark: cost per push to 1 destination and
                 to 100,000 distinct destinations (cmq's batcher alone)
+  push          CPU time of one q.push / q.sender() call that joins an open
+                batch, on the compiled core and on the pure-Python one
+                (--count pushes, 4 B; --rounds repeats, the best counts)
 
 Sender and receiver run in two processes (--pin same: one CPU; spread: two
 CPUs; none: the scheduler decides). Runs of different systems are
@@ -36,7 +41,7 @@ from cmq.lab.systems import SYSTEMS
 
 __all__ = ["configure", "parse_sizes", "parse_systems", "run"]
 
-SCENARIOS = ("throughput", "pingpong", "pingping", "destinations")
+SCENARIOS = ("throughput", "pingpong", "pingping", "destinations", "push")
 DEFAULT_SYSTEMS = "cmq,udp,tcp,zmq"
 DEFAULT_SIZES = "4,512,16384"
 DEFAULT_DURATION = 2.0  # throughput, seconds per run
@@ -262,6 +267,7 @@ def _table(scenario: str, pin: str, results: list[runner.Result]) -> None:
             "seconds",
             "msgs/s",
             "MB/s",
+            "CPU ns/msg",
         ):
             table.add_column(col, justify="left" if col == "system" else "right")
         for t in sorted(
@@ -276,6 +282,7 @@ def _table(scenario: str, pin: str, results: list[runner.Result]) -> None:
                 f"{t.seconds:.3f}",
                 f"{t.msgs_per_s:,.0f}",
                 f"{t.mb_per_s:,.2f}",
+                "-" if t.cpu_ns_per_msg is None else f"{t.cpu_ns_per_msg:,.0f}",
             )
     else:
         for col in (
@@ -337,6 +344,19 @@ def _destinations(args: argparse.Namespace) -> int:
     return 0
 
 
+def _push(args: argparse.Namespace) -> int:
+    results = runner.run_push_cost(count=int(args.count or 1_000_000), repeat=args.rounds or 3)
+    if args.json:
+        print(json.dumps({"scenario": "push", "results": [r.to_json() for r in results], **_environment()}))
+        return 0
+    for r in results:
+        print(
+            f"{r.core:>8} core, {r.call:>6}: {r.ns_per_msg:6.1f} ns per message "
+            f"({r.messages:,} messages of {r.size} B; the loop alone {r.loop_ns:.1f} ns)"
+        )
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     """Run one scenario; 0 when every run worked, 1 when one failed.
 
@@ -347,6 +367,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--raw needs --json")
     if scenario == "destinations":
         return _destinations(args)
+    if scenario == "push":
+        return _push(args)
     with _progress(True) as progress:
         if scenario == "throughput":
             duration = args.duration

@@ -3,6 +3,7 @@
 Serve:   cmq broker --port 5700                        (durable state in ./cmq-data/)
          cmq broker --port 5700 --data-dir /var/lib/cmq  (or --in-memory: nothing kept)
          cmq broker --port 5700 --amqp-port 5673 --users users.txt   (also AMQP 0-9-1 over TCP)
+         cmq broker --port 5700 --http-port 15700      (the web console at /console/, /metrics)
 Client:  cmq broker declare-exchange prices --type topic
          cmq broker declare-queue ibm --max-length 1000 --overflow reject
          cmq broker bind ibm prices 'stock.ibm.#'
@@ -25,7 +26,8 @@ import signal
 import sys
 from typing import TYPE_CHECKING, Any, Final
 
-from cmq._errors import ConfigError, RemoteError, Timeout
+from cmq._errors import ConfigError, MissingExtra, RemoteError, Timeout
+from cmq._extras import require
 
 if TYPE_CHECKING:
     from cmq.routing import BrokerClient
@@ -97,11 +99,43 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "in front of the same exchanges and queues; needs pamqp (pip install 'pycmq[broker]')",
     )
     parser.add_argument(
+        "--memory-budget",
+        type=int,
+        default=None,
+        metavar="BYTES",
+        help="message bytes the broker may hold before AMQP publishers are blocked (connection.blocked, "
+        "their sockets no longer read) until consumers bring it under 90%% of this "
+        "(default: 40%% of the machine's memory, as RabbitMQ)",
+    )
+    parser.add_argument(
         "--users",
         default=None,
         metavar="FILE",
         help="who may log in over AMQP: one 'name:password' a line ('#' comments); "
         "without it, only guest/guest from a loopback address (RabbitMQ's default)",
+    )
+    parser.add_argument(
+        "--http-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="also serve the management console (/console/) and Prometheus /metrics over HTTP "
+        "on this port (off by default; 0: any free port); the console asks for one of the "
+        "--users (guest/guest from loopback by default)",
+    )
+    parser.add_argument(
+        "--http-host",
+        default="127.0.0.1",
+        metavar="ADDRESS",
+        help="address of the HTTP port (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--http-allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="accept this Host header name on the HTTP port too, besides IP addresses, "
+        "localhost and --http-host (repeatable; a defence against DNS rebinding)",
     )
     parser.add_argument(
         "--data-dir",
@@ -122,7 +156,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p = verbs.add_parser("declare-exchange", help="declare an exchange (idempotent)")
     p.add_argument("name")
     p.add_argument(
-        "--type", default="direct", help="direct, fanout or topic (default: %(default)s)"
+        "--type", default="direct", help="direct, fanout, topic or headers (default: %(default)s)"
     )
     p.add_argument("--durable", action="store_true", help="keep it across restarts (the broker's --data-dir)")
     _client_args(p)
@@ -238,10 +272,13 @@ def _serve(args: argparse.Namespace) -> int:
         options["ack_timeout"] = args.ack_timeout
     if args.spin_us is not None:
         options["spin"] = args.spin_us * 1e-6
+    if args.memory_budget is not None:
+        options["memory_budget"] = args.memory_budget
     users = None
     if args.users is not None:
-        if args.amqp_port is None:
-            raise ConfigError("--users is for the AMQP listener: give --amqp-port too")
+        if args.amqp_port is None and args.http_port is None:
+            raise ConfigError("--users is for the AMQP listener and the console: "
+                              "give --amqp-port or --http-port too")  # fmt: skip
         from cmq.routing._amqp import Users
 
         users = Users.load(args.users)
@@ -251,13 +288,35 @@ def _serve(args: argparse.Namespace) -> int:
     # Only set a flag here: closing from a signal handler could interrupt the
     # endpoint while it holds its own locks.
     signal.signal(signal.SIGTERM, lambda *_: broker.stop())
+    http = None
+    if args.http_port is not None:
+        try:
+            require("the console", "starlette", "uvicorn", "jinja2")
+        except MissingExtra:
+            broker.close()
+            raise
+        from cmq.console import BrokerHttp
+
+        try:
+            store = "memory (nothing kept)" if data_dir is None else f"sqlite in {data_dir}"
+            http = BrokerHttp(broker, host=args.http_host, port=args.http_port, users=users,
+                              store_name=store,
+                              allow_hosts=frozenset(args.http_allow_host)).start()  # fmt: skip
+        except BaseException:
+            broker.close()
+            raise
     host, port = broker.address
     amqp = broker.amqp_address
     also = f", AMQP 0-9-1 on {amqp[0]}:{amqp[1]}" if amqp is not None else ""
+    if http is not None:
+        h, p = http.address
+        also += f", console on http://{h}:{p}/console/"
     print(f"cmq broker serving on {host}:{port}{also}", flush=True)
     try:
         broker.serve_forever()
     finally:
+        if http is not None:
+            http.close()
         broker.close()
     return 0
 

@@ -18,11 +18,18 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from cmq._errors import MissingExtra
+from cmq._extras import install_hint, require
 from cmq.commands.bench import parse_sizes, parse_systems
 from cmq.lab.experiments import DEFAULT_LOSS, PROFILE_NAMES
-from cmq.lab.orchestrate import LabConfig, LabResult, Ui, default_out, run_lab
 from cmq.lab.runner import PINS
+
+if TYPE_CHECKING:
+    # The orchestrator imports the records' writer, which needs pyarrow (the
+    # lab extra): loaded in run(), so that --help works without it.
+    from cmq.lab.orchestrate import LabResult
 
 __all__ = ["configure", "run"]
 
@@ -64,7 +71,12 @@ def _experiment_list() -> str:
     from cmq.lab.experiments import experiments
 
     lines = ["experiments (--only takes the ids, or the short names in brackets):", ""]
-    for e in experiments():
+    try:
+        found = experiments()
+    except MissingExtra as exc:
+        # The experiments' modules write records with pyarrow.
+        return f"experiments: listed here once the {exc.extra!r} extra is installed ({install_hint(exc.extra)})"
+    for e in found:
         names = f"{e.id} [{', '.join(e.aliases)}]" if e.aliases else e.id
         lines.append(f"  {names:<34} {e.title}")
     return "\n".join(lines)
@@ -144,9 +156,17 @@ def run(args: argparse.Namespace) -> int:
     """Run the lab and print a summary and the report's path; 0 unless a run failed.
 
     Raises:
-        ConfigError: a bad combination of options, an output directory that
-            holds earlier records, or PySpark missing.
+        ConfigError: a bad combination of options, or an output directory
+            that holds earlier records.
+        MissingExtra: the lab extra is not installed.
     """
+    # Checked before anything runs: the records need pyarrow, the report Spark
+    # and matplotlib, and a missing one should not cost ten minutes of runs.
+    require("the lab", "pyarrow")
+    if args.report:
+        require("the lab's report", "pyspark", "matplotlib")
+    from cmq.lab.orchestrate import LabConfig, Ui, default_out, run_lab
+
     config = LabConfig(
         out=args.out if args.out is not None else default_out(),
         profile=args.profile,

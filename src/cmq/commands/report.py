@@ -29,7 +29,8 @@ def run(args: argparse.Namespace) -> int:
     """Build the report; prints its path.
 
     Raises:
-        ConfigError: DIR is not a directory, or PySpark is not installed.
+        ConfigError: DIR is not a directory.
+        MissingExtra: PySpark (the ``lab`` extra) is not installed.
     """
     from cmq.lab.experiments import pages
     from cmq.lab.orchestrate import read_facts

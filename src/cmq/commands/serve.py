@@ -12,6 +12,9 @@ with --auth FILE (lines "ACCESS_KEY_ID SECRET_ACCESS_KEY"), only requests
 SigV4-signed by one of those keys, from anywhere. Requests a browser sends
 from another origin are always refused, and so are Host names other than IP
 addresses, localhost and --host (add names with --allow-host).
+
+The management console is at http://HOST:PORT/console/, under the same rules
+(with --auth it asks for an access key id and its secret key).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Benchmark the queue service: cycles/s vs moto, and the BDQS K/order experiment.
 
   cmq sqsbench throughput [--seconds 5] [--nodes 1,2,4] [--stores sqlite,redis-cluster]
+                          [--client raw|aiohttp|wrk] [--concurrency 64]
   cmq sqsbench order [--n 500] [--modes atomic,lock-free] [--order-nodes 3]
                      [--stores sqlite,redis-cluster,moto] [--out records.parquet]
 
@@ -15,6 +16,8 @@ import contextlib
 import json
 from collections.abc import Iterator
 from typing import Any
+
+from cmq._extras import require
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -31,9 +34,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=int, default=64, help="in-flight cycles")
     parser.add_argument(
         "--client",
-        choices=["raw", "aiohttp"],
+        choices=["raw", "aiohttp", "wrk"],
         default="raw",
-        help="load generator HTTP client (raw asyncio is ~5x leaner)",
+        help="load generator: raw asyncio (default), aiohttp (~5x raw's client CPU), "
+        "or wrk (compiled, from Debian's wrk package; less client CPU than raw)",
     )
     parser.add_argument("--n", type=int, default=500, help="messages per run (order)")
     parser.add_argument(
@@ -53,8 +57,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 @contextlib.contextmanager
 def _store(kind: str) -> Iterator[str | None]:
-    from cmq.lab.bench.redis_local import LocalRedisCluster
     from cmq.lab.bench.sqs import sqlite_store
+    from cmq.lab.bench.redis_local import LocalRedisCluster
 
     if kind == "moto":
         yield None
@@ -72,10 +76,23 @@ def _store(kind: str) -> Iterator[str | None]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the chosen benchmark and print its figures."""
+    """Run the chosen benchmark and print its figures.
+
+    Raises:
+        MissingExtra: the service extra (its servers, the Redis store, the
+            aiohttp client) or, for --out, the lab extra is not installed.
+    """
+    stores = [s.strip() for s in args.stores.split(",") if s.strip()]
+    # Checked here: the nodes run in child processes, which would only die.
+    require("the queue service", "uvicorn", "httptools")
+    if "redis-cluster" in stores:
+        require("the Redis Cluster store", "redis")
+    if args.client == "aiohttp":
+        require("the aiohttp client", "aiohttp")
+    if args.out and not args.out.endswith(".jsonl"):
+        require("writing Parquet", "pyarrow")
     from cmq.lab.bench import sqs as bench
 
-    stores = [s.strip() for s in args.stores.split(",") if s.strip()]
     rows: list[dict[str, Any]] = []
     if args.what == "throughput":
         with contextlib.ExitStack() as stack:
@@ -98,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
                 f"{r['system']:14} nodes={r['nodes']}  {r['cycles_per_s']:8.1f} cycles/s "
                 f"(median of {r['all_cycles_per_s']})  "
                 f"server CPU {r['server_cpu_ms_per_cycle']:.3f} ms/cycle  "
+                f"(event loop {r['loop_cpu_ms_per_cycle']:.3f})  "
+                f"client CPU {r['client_cpu_ms_per_cycle']:.3f} ms/cycle  "
                 f"{r.get('x_moto', '-')}x moto (CPU: {r.get('x_moto_cpu', '-')}x)  "
                 f"errors={r['errors']}"
             )

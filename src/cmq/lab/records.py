@@ -22,10 +22,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Literal
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
 from cmq._errors import ConfigError
+from cmq._extras import optional_imports
 from cmq.pipeline.schema import (
     RECORDS_SCHEMA,
     RUNS_SCHEMA,
@@ -35,6 +33,10 @@ from cmq.pipeline.schema import (
     read_table,
     table_paths,
 )
+
+with optional_imports("the lab"):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
 __all__ = [
     "DEFAULT_FLUSH_ROWS",
@@ -272,6 +274,7 @@ class RecordWriter:
         round_trip: bool = False,
         stream: str = "",
         receiver: str = "",
+        request_ns: int | None = None,
     ) -> None:
         """Add one message's row; ``recv_ns=None`` records it as lost.
 
@@ -292,6 +295,7 @@ class RecordWriter:
             round_trip=round_trip,
             stream=stream,
             receiver=receiver,
+            request_ns=request_ns,
         )
         self._append("records", row)
 
@@ -307,11 +311,13 @@ class RecordWriter:
         round_trip: bool = False,
         stream: str = "",
         receiver: str = "",
+        request_ns: Sequence[int | None] | None = None,
     ) -> None:
         """Add many messages of one (scenario, params, size) at once: the fast path.
 
         ``seq``, ``send_ns`` and ``recv_ns`` are parallel sequences (``None``
-        in ``recv_ns`` marks a loss).
+        in ``recv_ns`` marks a loss); so is ``request_ns`` when given (when
+        each message was asked for, for pulled messages).
 
         Raises:
             ConfigError: the sequences differ in length, the writer is closed,
@@ -320,7 +326,8 @@ class RecordWriter:
         if self._closed:
             raise ConfigError("RecordWriter is closed")
         n = len(seq)
-        if len(send_ns) != n or len(recv_ns) != n:
+        if len(send_ns) != n or len(recv_ns) != n or (request_ns is not None
+                                                     and len(request_ns) != n):
             raise ConfigError(
                 f"seq, send_ns and recv_ns must have equal lengths, got {n}, {len(send_ns)}, {len(recv_ns)}"
             )
@@ -337,6 +344,7 @@ class RecordWriter:
         cols["round_trip"].extend([round_trip] * n)
         cols["stream"].extend([stream] * n)
         cols["receiver"].extend([receiver] * n)
+        cols["request_ns"].extend([None] * n if request_ns is None else request_ns)
         buffer.rows += n
         if buffer.rows >= self._flush_rows:
             buffer.flush()

@@ -170,6 +170,16 @@ class ThroughputResult:
         """Delivered over sent (0 when nothing was sent)."""
         return self.delivered / self.sent if self.sent else 0.0
 
+    @property
+    def cpu_ns_per_msg(self) -> float | None:
+        """CPU time of both ends (every thread of the sender's and the
+        receiver's process, over their roles) per delivered message; None
+        when a side did not report it or nothing was delivered."""
+        send, recv = self.sender.get("cpu_ns"), self.receiver.get("cpu_ns")
+        if send is None or recv is None or not self.delivered:
+            return None
+        return float(send + recv) / self.delivered
+
     def to_json(self) -> dict[str, Any]:
         """The issue's JSON shape, plus ``delivered_fraction`` and memory."""
         return {
@@ -182,6 +192,7 @@ class ThroughputResult:
             "mb_per_s": round(self.mb_per_s, 3),
             "delivered_fraction": round(self.delivered_fraction, 6),
             "receiver_maxrss_kb": self.receiver.get("maxrss_kb"),
+            "cpu_ns_per_msg": None if self.cpu_ns_per_msg is None else round(self.cpu_ns_per_msg, 1),
         }
 
 
@@ -746,6 +757,92 @@ def run_pingping(
         where=_where(prefix, server_prefix, client_prefix, bind),
         options=options,
     )
+
+
+@dataclass(frozen=True, kw_only=True)
+class PushCostResult:
+    """CPU time of one push that joins an open batch, on one core."""
+
+    core: str
+    """``"compiled"`` or ``"python"`` (see :func:`cmq.implementation`)."""
+    call: str
+    """``"push"`` (``q.push(dest, msg)``) or ``"sender"`` (``send = q.sender(dest); send(msg)``)."""
+    size: int
+    messages: int
+    ns_per_msg: float
+    """Best of the repeats, the calling loop included."""
+    loop_ns: float
+    """What the same loop costs calling a builtin (``len``) instead: the loop's own share."""
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON object of this measurement."""
+        return {
+            "core": self.core,
+            "call": self.call,
+            "size": self.size,
+            "messages": self.messages,
+            "ns_per_msg": round(self.ns_per_msg, 1),
+            "loop_ns": round(self.loop_ns, 1),
+        }
+
+
+def run_push_cost(*, count: int = 1_000_000, size: int = 4, repeat: int = 3) -> list[PushCostResult]:
+    """What a push costs the pushing thread when it joins an open batch, per core.
+
+    A best-effort :class:`cmq.Queue` that never counts a destination idle
+    and whose batches never time out pushes ``count`` messages to a socket
+    that is never read: nearly every push joins an open batch, and the
+    datagram a full batch makes (one per few thousand 4 B messages) is
+    included. Timed in CPU time of the pushing thread, best of ``repeat``
+    runs interleaved across the cores (both where the compiled core is built).
+    Raises :class:`~cmq.ConfigError` on bad arguments.
+    """
+    import gc
+    import socket
+    from itertools import repeat as times
+
+    import cmq
+    from cmq import _impl
+
+    if count < 1 or size < 1 or repeat < 1:
+        raise ConfigError("count, size and repeat must be at least 1")
+    cores = ["compiled", "python"] if _impl.available() else ["python"]
+    payload = b"x" * size
+    best: dict[tuple[str, str], float] = {}
+    loop = math.inf
+    saved = _impl.speedups
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sink:
+        sink.bind(("127.0.0.1", 0))
+        dest = sink.getsockname()
+        try:
+            for _ in range(repeat):
+                for core in cores:
+                    _impl.use(core)
+                    with cmq.Queue(
+                        port=0, host="127.0.0.1", delivery="best-effort", idle_gap=float("inf"), timeout=60.0
+                    ) as q:
+                        send, push = q.sender(dest), q.push
+                        for call in ("sender", "push"):
+                            gc.collect()
+                            t0 = time.thread_time_ns()
+                            if call == "sender":
+                                for m in times(payload, count):
+                                    send(m)
+                            else:
+                                for m in times(payload, count):
+                                    push(dest, m)
+                            ns = (time.thread_time_ns() - t0) / count
+                            best[core, call] = min(best.get((core, call), math.inf), ns)
+                t0 = time.thread_time_ns()
+                for m in times(payload, count):
+                    len(m)
+                loop = min(loop, (time.thread_time_ns() - t0) / count)
+        finally:
+            _impl.speedups = saved
+    return [
+        PushCostResult(core=core, call=call, size=size, messages=count, ns_per_msg=ns, loop_ns=loop)
+        for (core, call), ns in best.items()
+    ]
 
 
 @dataclass(frozen=True, kw_only=True)

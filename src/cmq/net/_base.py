@@ -29,6 +29,7 @@ from typing import Any, ClassVar, Final, Protocol
 
 import msgpack
 
+from cmq import _impl
 from cmq._config import QueueConfig
 from cmq._errors import Closed, ConfigError, MessageTooLarge, Timeout, TransportError, WouldBlock
 from cmq._types import Address, Message, Stats
@@ -52,6 +53,8 @@ __all__ = ["Endpoint", "OnTimeout", "message_of", "send_error"]
 _MAX_MAILBOX: Final = ENVELOPE_BIT - 1
 #: Unacknowledged bytes past which a pushing thread reads acknowledgements itself.
 _ACK_POLL_BYTES: Final = 64 * 1024
+#: The least time between two such reads by a pushing thread (seconds).
+_ACK_POLL_GAP: Final = 100e-6
 #: Delivery failures kept for :meth:`Endpoint.failures`.
 _KEEP_FAILURES: Final = 1024
 
@@ -162,6 +165,7 @@ class Endpoint(ABC):
         # the I/O thread to get the interpreter delays repairs, and a
         # receiver holds everything after a gap until its repair arrives.
         self._ack_poll_at = min(cfg.send_buffer // 4, _ACK_POLL_BYTES)
+        self._acks_polled_at = float("-inf")
         self._failures: deque[DeliveryFailure] = deque(maxlen=_KEEP_FAILURES)
         self._mailboxes = self._receiver.mailboxes
         self._raw = cfg.codec == "raw"
@@ -285,6 +289,12 @@ class Endpoint(ABC):
         encode = self._encode
         raw = self._raw
         packb = self._packb
+        sp = _impl.speedups
+        if sp is not None:
+            # The compiled twin of the closure below.
+            compiled: Callable[..., None]
+            compiled, self._forget_memo = sp.make_push(cache, stream_for, after, encode, raw, packb, self._batcher.large)
+            return compiled
         last_dest: Any = object()
         last_mailbox = -1
         s = Stream(("0.0.0.0", 0), 0, 1)  # a placeholder: last_dest matches no destination
@@ -338,6 +348,10 @@ class Endpoint(ABC):
         append = self._batcher.append
         encode = self._encode
         raw = self._raw
+        sp = _impl.speedups
+        if sp is not None:
+            bound: Callable[[Any], None] = sp.make_sender(s, after, encode, raw, self._batcher.large)
+            return bound
 
         def send(msg: Any) -> None:
             payload = msg if raw and type(msg) is bytes else encode(msg)
@@ -431,10 +445,17 @@ class Endpoint(ABC):
         st = s.rel
         if st is not None and (st.nbytes >= self._ack_poll_at or self._rel.total >= self._send_total):
             # Much is unacknowledged: read the acknowledgements here rather
-            # than wait for another thread to get the interpreter.
-            self._poll_acks()
-            if self._full(st):
-                self._backpressure(s, payload)
+            # than wait for another thread to get the interpreter; not more
+            # often than every _ACK_POLL_GAP (a STATUS comes every few
+            # hundred microseconds at most; a read finding none costs a
+            # system call), unless the window is full.
+            full = self._full(st)
+            now = self._now()
+            if full or now - self._acks_polled_at >= _ACK_POLL_GAP:
+                self._acks_polled_at = now
+                self._poll_acks()
+                if full and self._full(st):
+                    self._backpressure(s, payload)
         with self._timer_lock:
             out = self._batcher.advance(s, self._now)
             if out is None:

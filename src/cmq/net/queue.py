@@ -47,6 +47,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any, ClassVar, Final
 
+from cmq import _impl
 from cmq._config import QueueConfig
 from cmq._errors import Closed, Timeout, TransportError
 from cmq._types import Address, Message
@@ -67,6 +68,13 @@ _DRAIN_BATCH: Final = 256
 #: Above this size a datagram is read straight into its own bytes object.
 _BIG_DATAGRAM: Final = 8192
 _RECV_SIZE: Final = 65536
+#: glibc's malloc settings the compiled core leaves alone when the environment sets them.
+_MALLOC_ENV: Final = frozenset({"MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_"})
+#: Freed memory kept in the process (a send buffer's worth), and the heap's growth step.
+_KEEP_FREED: Final = 64 << 20
+_TOP_PAD: Final = 16 << 20
+#: Datagrams per recvmmsg/sendmmsg call (the compiled core's buffers: this many times _RECV_SIZE).
+_MMSG_SLOTS: Final = 16
 #: Waits shorter than this use select, not SO_RCVTIMEO (which rounds up to a timer tick).
 _SHORT_WAIT: Final = 0.02
 _FOREVER: Final = float("inf")
@@ -113,6 +121,18 @@ class Queue(Endpoint):
         # Whether the I/O thread queued messages since a get took one.
         self._io_delivered = False
         self._big_reads = False
+        # The compiled core reads and sends many datagrams per system call
+        # (IPv4; the addresses it reports are the socket module's).
+        sp = _impl.speedups
+        self._mmsg: Any = None
+        # Datagrams a coalesced read brought beyond the one a reader asked for.
+        self._spill: list[tuple[bytes, Any]] = []
+        if sp is not None and self._sock.family == socket.AF_INET:
+            self._mmsg = sp.DatagramIO(os.dup(self._sock.fileno()), _MMSG_SLOTS, _RECV_SIZE)
+        if sp is not None and not _MALLOC_ENV.intersection(os.environ):
+            # Freed datagrams stay in the process for the next ones rather
+            # than go back to the kernel and fault in again (_speedups).
+            sp.keep_freed_memory(_KEEP_FREED, _TOP_PAD)
         self._arms = 0  # deadlines armed, ever (see _io_loop)
         self._wake_r, self._wake_w = os.pipe()
         self._pipe_open = True
@@ -233,6 +253,14 @@ class Queue(Endpoint):
         return self._wait_until(lambda: not self._rel.unacked, deadline)
 
     def _send_all(self, datagrams: list[bytes], addr: Address, *, raise_errors: bool) -> None:
+        if self._mmsg is not None:
+            try:
+                done = self._mmsg.send(datagrams, addr)
+            except (OSError, ValueError):
+                done = 0  # the loop below sends them one by one, and counts the error
+            if done == len(datagrams):
+                return
+            datagrams = datagrams[done:]
         sendto = self._sock.sendto
         error: OSError | None = None
         for d in datagrams:
@@ -321,7 +349,7 @@ class Queue(Endpoint):
             short = timeout is not None and timeout < _SHORT_WAIT
             wait = self._rel_bound(timeout, start, _TIMER_SLACK)
             try:
-                if self._big_reads or short:
+                if self._big_reads or short or self._mmsg is not None:
                     data, addr = self._recv_within(wait)
                 else:
                     # _recv_within's common case, inline: a blocking read
@@ -340,6 +368,8 @@ class Queue(Endpoint):
             if addr is not None:
                 now = self._app_read_at = self._batcher.waited_at = _monotonic()
                 item = self._receiver.receive_one(data, addr, now, mailbox)
+                if self._spill:
+                    self._deliver_spill(now)
                 self._after_read(now)
                 if item is not None:
                     return item, timeout
@@ -427,6 +457,8 @@ class Queue(Endpoint):
         """
         received = self._receiver.datagram_received
         count = 0
+        if self._mmsg is not None:
+            return self._drain_many(limit, backlog)
         while count < limit:
             try:
                 data, addr = self._recv(socket.MSG_DONTWAIT)
@@ -442,6 +474,39 @@ class Queue(Endpoint):
             count += 1
             if backlog is not None and self._receiver.queued() >= backlog:
                 break
+        self._after_read(_monotonic())
+        return count
+
+    def _drain_many(self, limit: int, backlog: int | None) -> int:
+        """:meth:`_drain` with many datagrams per system call (the compiled core's ``recvmmsg``).
+
+        Near ``backlog`` it reads one datagram per call, so that what the
+        application has not taken yet waits in the kernel, not in the mailboxes.
+        """
+        received = self._receiver.datagram_received
+        recv = self._mmsg.recv
+        receiver = self._receiver
+        half = None if backlog is None else backlog // 2
+        count = 0
+        while count < limit:
+            want = 1 if half is not None and receiver.queued() >= half else min(limit - count, _MMSG_SLOTS)
+            try:
+                batch = recv(want)
+            except OSError:
+                if self._closed:
+                    break
+                continue  # e.g. an ICMP error reported on the socket: nothing to read
+            if not batch:
+                break
+            for data, addr in batch:
+                if addr is None:
+                    break  # shut down by close()
+                received(data, addr, _monotonic())
+            else:
+                count += len(batch)
+                if backlog is None or receiver.queued() < backlog:
+                    continue
+            break
         self._after_read(_monotonic())
         return count
 
@@ -491,6 +556,8 @@ class Queue(Endpoint):
                 item = self._receiver.receive_one(data, addr, now, mailbox)
             else:
                 self._receiver.datagram_received(data, addr, now)
+            if self._spill:
+                self._deliver_spill(now)
             self._after_read(now)
             return item
         finally:
@@ -504,13 +571,32 @@ class Queue(Endpoint):
             return max(left, least)
         return wait
 
+    def _deliver_spill(self, now: float) -> None:
+        """Hand the receiver the datagrams a coalesced read brought after the one returned (receive lock held)."""
+        spill, self._spill = self._spill, []
+        received = self._receiver.datagram_received
+        for data, addr in spill:
+            received(data, addr, now)
+
     def _recv(self, flags: int) -> tuple[bytes, Any]:
         """One datagram as bytes, with one copy whatever its size.
+
+        With the compiled core, through its ``recvmmsg``: a read the kernel
+        coalesced (GRO) returns the first datagram and keeps the others in
+        ``_spill``, which the caller delivers after it (:meth:`_deliver_spill`).
 
         Small datagrams are read into a reused buffer and copied out (cheap);
         after a large one, the next reads let the kernel fill a fresh bytes
         object, which saves copying tens of kilobytes twice.
         """
+        if self._mmsg is not None:
+            batch = self._mmsg.recv(1, not flags & socket.MSG_DONTWAIT)
+            if not batch:
+                raise BlockingIOError("no datagram")
+            if len(batch) > 1:
+                self._spill += batch[1:]
+            first: tuple[bytes, Any] = batch[0]
+            return first
         if self._big_reads:
             data, addr = self._sock.recvfrom(_RECV_SIZE, flags)
             if len(data) < _BIG_DATAGRAM:
@@ -713,6 +799,9 @@ class Queue(Endpoint):
         self._io_thread.join(timeout=2.0)
         with self._rx_lock:
             self._sock.close()
+        if self._mmsg is not None:
+            with self._timer_lock:  # no send in flight on its descriptor
+                self._mmsg.close()
         # A push racing close() in another thread must not write to a pipe
         # whose descriptor number the OS may already have handed out again.
         self._pipe_open = False

@@ -22,6 +22,14 @@ Definitions (per group of :data:`GROUP_KEYS`):
     first deliveries whose ``seq`` is lower than a ``seq`` the same
     ``(run_id, stream, receiver)`` received earlier (ordered by
     ``recv_ns``); ``ooo_rate = out_of_order / delivered``.
+``ooo_by_request``
+    out-of-order first deliveries that were asked for (``request_ns``) only
+    after a higher ``seq`` of the stream had been received: the disorder that
+    concurrency cannot explain. With several pulling receivers, messages
+    handed out in strict order to receives that overlap in time may arrive
+    in any order (``out_of_order`` counts those too); this count does not.
+    ``ooo_by_request_rate = ooo_by_request / delivered``, null when no first
+    delivery of the group has a ``request_ns``.
 latency
     ``recv_ns - send_ns`` of first deliveries, in ns: one way, or the round
     trip where the rows say ``round_trip``. ``stddev_ns`` is the sample
@@ -160,11 +168,16 @@ def flag_deliveries(records: DataFrame) -> DataFrame:
         & ~F.col("duplicate")
         & F.coalesce(F.col("_earliest_higher") < F.col("recv_ns"), F.lit(False))
     )
+    # A higher seq was received before this one was even asked for.
+    by_request = out_of_order & F.coalesce(
+        F.col("_earliest_higher") < F.col("request_ns"), F.lit(False)
+    )
     return flagged.select(
         *records.columns,
         (F.col("recv_ns") - F.col("send_ns")).alias("latency_ns"),
         "duplicate",
         out_of_order.alias("out_of_order"),
+        by_request.alias("ooo_by_request"),
     )
 
 
@@ -191,6 +204,8 @@ def latency_stats(records: DataFrame, keys: Sequence[str] = GROUP_KEYS) -> DataF
         F.count_if(F.col("lost")).alias("lost"),
         F.count_if(F.col("duplicate")).alias("duplicates"),
         F.count_if(F.col("out_of_order")).alias("out_of_order"),
+        F.count_if(F.col("ooo_by_request")).alias("ooo_by_request"),
+        F.count_if(first & F.col("request_ns").isNotNull()).alias("_requested"),
         F.max(F.col("round_trip")).alias("round_trip"),
         F.mean(latency).alias("mean_ns"),
         F.stddev_samp(latency).alias("stddev_ns"),
@@ -209,6 +224,9 @@ def latency_stats(records: DataFrame, keys: Sequence[str] = GROUP_KEYS) -> DataF
         _ratio(F.col("duplicates"), F.col("delivered")).alias("dup_rate"),
         "out_of_order",
         _ratio(F.col("out_of_order"), F.col("delivered")).alias("ooo_rate"),
+        "ooo_by_request",
+        F.when(F.col("_requested") > 0, _ratio(F.col("ooo_by_request"), F.col("delivered")))
+        .alias("ooo_by_request_rate"),
         "round_trip",
         "mean_ns",
         "stddev_ns",
@@ -276,6 +294,8 @@ def summary(records: DataFrame, totals: DataFrame) -> DataFrame:
         "dup_rate",
         F.coalesce(F.col("out_of_order"), F.lit(0)).alias("out_of_order"),
         "ooo_rate",
+        F.coalesce(F.col("ooo_by_request"), F.lit(0)).alias("ooo_by_request"),
+        "ooo_by_request_rate",
         F.coalesce(F.col("round_trip"), F.lit(False)).alias("round_trip"),
         "mean_ns",
         "stddev_ns",

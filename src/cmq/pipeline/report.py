@@ -739,7 +739,8 @@ def build_report(
     (default local) unless ``spark`` is given.
 
     Raises:
-        ConfigError: ``out`` is not a directory, or PySpark is missing.
+        ConfigError: ``out`` is not a directory.
+        MissingExtra: PySpark (the ``lab`` extra) is not installed.
     """
     out_dir = Path(out)
     if not out_dir.is_dir():

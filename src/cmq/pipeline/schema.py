@@ -51,10 +51,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
 from cmq._errors import ConfigError
+from cmq._extras import optional_imports
+
+with optional_imports("the lab"):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
 __all__ = [
     "RECORDS_SCHEMA",
@@ -85,9 +87,13 @@ RECORDS_SCHEMA: Final = pa.schema(
         pa.field("round_trip", pa.bool_(), nullable=False),
         pa.field("stream", pa.string(), nullable=False),
         pa.field("receiver", pa.string(), nullable=False),
+        pa.field("request_ns", pa.int64(), nullable=True),
     ]
 )
-"""One row per delivery or loss of one message (see the module docstring)."""
+"""One row per delivery or loss of one message (see the module docstring).
+``request_ns``, when known, is when the receiver asked for the message (a
+pull: the receive request's send time, same clock as ``recv_ns``); null for
+pushed messages."""
 
 TOTALS_SCHEMA: Final = pa.schema(
     [

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
 from cmq._errors import ConfigError
+from cmq._extras import optional_imports
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -109,13 +110,11 @@ def build_session(config: SessionConfig | None = None) -> SparkSession:
     settings applied; JVM settings (memory, Java options) cannot change then.
 
     Raises:
-        ConfigError: PySpark is not installed (``pip install 'pycmq[lab]'``).
+        MissingExtra: PySpark (the ``lab`` extra) is not installed.
     """
     config = config or SessionConfig()
-    try:
+    with optional_imports("the Spark pipeline"):
         from pyspark.sql import SparkSession
-    except ImportError as exc:
-        raise ConfigError("the pipeline needs PySpark: pip install 'pycmq[lab]'") from exc
     prepare_environment(config)
     builder = (
         SparkSession.builder.master(config.master)

@@ -104,25 +104,27 @@ import msgpack
 
 from cmq._config import DEFAULT_DELIVERY, DEFAULT_MAX_DATAGRAM
 from cmq._errors import Closed, CmqError, ConfigError, Timeout
+from cmq._extras import optional_imports
 from cmq._types import Message
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-from pyspark.sql.datasource import (
-    DataSource,
-    DataSourceStreamReader,
-    DataSourceStreamWriter,
-    DataSourceWriter,
-    InputPartition,
-    WriterCommitMessage,
-)
-from pyspark.sql.streaming.datasource import (
-    ReadAllAvailable,
-    ReadLimit,
-    SupportsTriggerAvailableNow,
-)
-from pyspark.sql.types import StructType
+with optional_imports("the Spark pipeline"):
+    from pyspark.sql.datasource import (
+        DataSource,
+        DataSourceStreamReader,
+        DataSourceStreamWriter,
+        DataSourceWriter,
+        InputPartition,
+        WriterCommitMessage,
+    )
+    from pyspark.sql.streaming.datasource import (
+        ReadAllAvailable,
+        ReadLimit,
+        SupportsTriggerAvailableNow,
+    )
+    from pyspark.sql.types import StructType
 
 __all__ = [
     "SCHEMA",

@@ -15,6 +15,16 @@ wants sent is split by destination: messages for an AMQP channel (addresses
 endpoint through ``send_udp``. The UDP loop hands this thread the core's
 messages for AMQP channels through :meth:`AmqpListener.post`, which wakes the
 selector through a socket pair.
+
+Flow control (RabbitMQ's memory alarm). After each turn that read something,
+the bytes the broker holds (``BrokerCore.held_bytes``) are compared with
+``BrokerConfig.memory_budget``. Over it, every connection that has published
+is *paused*: its socket is no longer read, so TCP pushes back on the
+publisher (its send buffer fills and its writes block), nothing is buffered
+here beyond the one read that crossed the budget, and a client that asked for
+it is sent connection.blocked. Consumers' connections are still read, so
+their acks can bring the broker back under the budget; under 90% of it, the
+paused connections are read again (connection.unblocked).
 """
 
 from __future__ import annotations
@@ -31,7 +41,7 @@ from typing import Any, Final
 
 from cmq._errors import TransportError
 from cmq.routing._amqp import AmqpConnection, Users
-from cmq.routing._core import BrokerCore, Outgoing
+from cmq.routing._core import MEMORY_RESUME_FRACTION, BrokerCore, Outgoing
 
 __all__ = ["AMQP_PREFIX", "AmqpListener", "is_amqp"]
 
@@ -39,6 +49,8 @@ __all__ = ["AMQP_PREFIX", "AmqpListener", "is_amqp"]
 AMQP_PREFIX: Final = "amqp#"
 #: Bytes read per socket per turn.
 _READ: Final = 256 * 1024
+#: Seconds between two log lines about the memory alarm (it may flap while consumers drain).
+_ALARM_LOG_EVERY: Final = 10.0
 #: Longest select wait, so that close() is noticed promptly.
 _MAX_WAIT: Final = 0.1
 
@@ -51,13 +63,13 @@ def is_amqp(dest: Any) -> bool:
 
 
 class _Client:
-    __slots__ = ("conn", "out", "sock", "writing")
+    __slots__ = ("conn", "events", "out", "sock")
 
     def __init__(self, sock: socket.socket, conn: AmqpConnection) -> None:
         self.sock = sock
         self.conn = conn
         self.out = bytearray()
-        self.writing = False
+        self.events = 0  # what the selector watches the socket for
 
 
 class AmqpListener:
@@ -109,6 +121,10 @@ class AmqpListener:
         self._ids = itertools.count(1)
         self._stopping = False
         self._thread: threading.Thread | None = None
+        # Over the memory budget: publishers' sockets are not read (see the module's notes).
+        self.alarm = False
+        self.alarms = 0  # times the budget was crossed
+        self._alarm_logged = float("-inf")
 
     @property
     def address(self) -> tuple[str, int]:
@@ -188,9 +204,12 @@ class AmqpListener:
                     except OSError:
                         data = b""
                     reads.append((cl, data))
+        paused: list[_Client] = []
         with self.lock:
             for c, data in reads:
                 c.conn.receive_data(data, now)
+            if reads or self.alarm:
+                paused = self._flow(now)
             for c in self._clients.values():
                 dl = c.conn.next_deadline()
                 if dl is not None and dl <= now:
@@ -203,12 +222,56 @@ class AmqpListener:
                 self._held = not self._commit()
             else:
                 self._held = False
+        for c in paused:
+            self._interest(c)
         if udp:
             self._send_udp(udp)
         if self._held:
             return
         for c in list(self._clients.values()):
             self._flush(c, now)
+
+    def _flow(self, now: float) -> list[_Client]:
+        """Raise or clear the memory alarm, pause or resume the publishing
+        connections accordingly (under the lock); return those that changed."""
+        held, budget = self.core.held_bytes(), self.core.config.memory_budget
+        if not self.alarm and held >= budget:
+            self.alarm = True
+            self.alarms += 1
+            if now >= self._alarm_logged + _ALARM_LOG_EVERY:
+                self._alarm_logged = now
+                _log.warning("broker holds %d bytes of messages, over its budget of %d: AMQP publishers "
+                             "are blocked until it holds under %d (alarm %d; logged at most every %.0f s)",
+                             held, budget, int(budget * MEMORY_RESUME_FRACTION), self.alarms,
+                             _ALARM_LOG_EVERY)  # fmt: skip
+        elif self.alarm and held < budget * MEMORY_RESUME_FRACTION:
+            self.alarm = False
+        changed = []
+        for c in self._clients.values():
+            conn = c.conn
+            if (self.alarm and conn.published) != conn.paused:
+                if conn.paused:
+                    conn.resume(now)
+                else:
+                    conn.pause("low on memory", now)  # RabbitMQ's words
+                changed.append(c)
+        return changed
+
+    def _interest(self, c: _Client) -> None:
+        """Watch ``c``'s socket for reading unless paused, for writing while output waits."""
+        want = (0 if c.conn.paused else selectors.EVENT_READ) | (selectors.EVENT_WRITE if c.out else 0)
+        if want == c.events:
+            return
+        try:
+            if not c.events:
+                self._sel.register(c.sock, want, c)
+            elif not want:
+                self._sel.unregister(c.sock)
+            else:
+                self._sel.modify(c.sock, want, c)
+        except (KeyError, ValueError, OSError):
+            return
+        c.events = want
 
     def _route(self, out: list[Outgoing], now: float) -> list[Outgoing]:
         """Give AMQP channels their messages (under the lock); return the others."""
@@ -239,13 +302,13 @@ class AmqpListener:
             with self.lock:
                 conn = AmqpConnection(self.core, key, peer[0], self.users, now)
             c = self._clients[key] = _Client(sock, conn)
-            self._sel.register(sock, selectors.EVENT_READ, c)
+            self._interest(c)
 
     def _flush(self, c: _Client, now: float) -> None:
         data = c.conn.data_to_send(now)
         if data:
             c.out += data
-        if c.out and not c.writing:
+        if c.out and not c.events & selectors.EVENT_WRITE:
             self._write(c, now)
         if c.conn.finished and not c.out:
             self._drop(c, now)
@@ -262,13 +325,7 @@ class AmqpListener:
             self._drop(c, now)
             return
         del c.out[:n]
-        want = selectors.EVENT_READ | (selectors.EVENT_WRITE if c.out else 0)
-        if bool(c.out) != c.writing:
-            c.writing = bool(c.out)
-            try:
-                self._sel.modify(c.sock, want, c)
-            except (KeyError, ValueError):
-                pass
+        self._interest(c)
 
     def _drop(self, c: _Client, now: float) -> None:
         if self._clients.pop(c.conn.key, None) is None:
@@ -276,8 +333,10 @@ class AmqpListener:
         if not c.conn.finished:
             with self.lock:
                 c.conn.connection_lost(now)
-        try:
-            self._sel.unregister(c.sock)
-        except (KeyError, ValueError):
-            pass
+        if c.events:
+            try:
+                self._sel.unregister(c.sock)
+            except (KeyError, ValueError):
+                pass
+            c.events = 0
         c.sock.close()

@@ -56,7 +56,7 @@ import collections
 import contextlib
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterable, Iterator, Mapping
 from typing import Any, Final, Protocol
 
 from msgpack import ExtType
@@ -773,25 +773,33 @@ class BrokerClient(_ClientBase):
         """
         return int(self._request(PurgeQueue, name=name)["messages"])
 
-    def bind(self, queue: str, exchange: str, routing_key: str = "") -> bool:
+    def bind(
+        self, queue: str, exchange: str, routing_key: str = "", *, arguments: Mapping[str, Any] | None = None
+    ) -> bool:
         """Bind ``queue`` to ``exchange`` with binding key ``routing_key``; True if new.
 
+        ``arguments`` are a headers exchange's: ``{"x-match": "all" or "any",
+        header: value, ...}`` (a value of None: the header need only be present).
+
+        Raises:
+            RemoteError: ``not-found`` (no such exchange or queue),
+                ``precondition-failed`` (a bad ``x-match``).
+            Timeout: the broker did not answer.
+        """
+        return bool(self._request(Bind, queue=queue, exchange=exchange, key=routing_key,
+                                  arguments=dict(arguments or {}))["created"])  # fmt: skip
+
+    def unbind(
+        self, queue: str, exchange: str, routing_key: str = "", *, arguments: Mapping[str, Any] | None = None
+    ) -> bool:
+        """Remove a binding (made with ``arguments``, for a headers exchange); True if it existed.
+
         Raises:
             RemoteError: ``not-found`` (no such exchange or queue).
             Timeout: the broker did not answer.
         """
-        return bool(self._request(Bind, queue=queue, exchange=exchange, key=routing_key)["created"])
-
-    def unbind(self, queue: str, exchange: str, routing_key: str = "") -> bool:
-        """Remove a binding; True if it existed.
-
-        Raises:
-            RemoteError: ``not-found`` (no such exchange or queue).
-            Timeout: the broker did not answer.
-        """
-        return bool(
-            self._request(Unbind, queue=queue, exchange=exchange, key=routing_key)["deleted"]
-        )
+        return bool(self._request(Unbind, queue=queue, exchange=exchange, key=routing_key,
+                                  arguments=dict(arguments or {}))["deleted"])  # fmt: skip
 
     def stats(self) -> dict[str, Any]:
         """The broker's counters (see :class:`cmq.routing.BrokerStats`).
@@ -810,6 +818,7 @@ class BrokerClient(_ClientBase):
         confirm: bool = False,
         ttl: float | None = None,
         persistent: bool = False,
+        headers: Mapping[str, Any] | None = None,
     ) -> int | None:
         """Publish ``body`` (any MessagePack value) to ``exchange`` with ``routing_key``.
 
@@ -819,7 +828,9 @@ class BrokerClient(_ClientBase):
         (AMQP's per-message ``expiration``). ``persistent``: AMQP's
         ``delivery_mode`` 2: in a durable queue of a broker that keeps its
         state on disk, the message survives a restart until acknowledged,
-        and the confirm comes only once it is on disk.
+        and the confirm comes only once it is on disk. ``headers``: AMQP's
+        headers property (what a headers exchange routes on; AMQP consumers
+        get it as such).
 
         Raises:
             RemoteError: (confirm only) ``not-found`` (no such exchange) or
@@ -827,9 +838,12 @@ class BrokerClient(_ClientBase):
             Timeout: (confirm only) the broker did not answer.
             TypeError: ``body`` is not MessagePack-able.
         """
-        if confirm or ttl is not None or persistent:
+        if confirm or ttl is not None or persistent or headers:
+            props = dict(PERSISTENT) if persistent else None
+            if headers:
+                props = {**(props or {}), "headers": dict(headers)}
             event = dict(exchange=exchange, routing_key=routing_key, body=wrap_body(body),
-                         expiration=_ms(ttl, "ttl"), properties=PERSISTENT if persistent else None)  # fmt: skip
+                         expiration=_ms(ttl, "ttl"), properties=props)  # fmt: skip
             if not confirm:
                 self._send(encode(Publish(rid=0, **event)))
                 return None
@@ -1306,19 +1320,19 @@ class AsyncBrokerClient(_ClientBase):
         """As :meth:`BrokerClient.purge_queue` (raises RemoteError, Timeout)."""
         return int((await self._request(PurgeQueue, name=name))["messages"])
 
-    async def bind(self, queue: str, exchange: str, routing_key: str = "") -> bool:
+    async def bind(
+        self, queue: str, exchange: str, routing_key: str = "", *, arguments: Mapping[str, Any] | None = None
+    ) -> bool:
         """As :meth:`BrokerClient.bind` (raises RemoteError, Timeout)."""
-        return bool(
-            (await self._request(Bind, queue=queue, exchange=exchange, key=routing_key))["created"]
-        )
+        return bool((await self._request(Bind, queue=queue, exchange=exchange, key=routing_key,
+                                         arguments=dict(arguments or {})))["created"])  # fmt: skip
 
-    async def unbind(self, queue: str, exchange: str, routing_key: str = "") -> bool:
+    async def unbind(
+        self, queue: str, exchange: str, routing_key: str = "", *, arguments: Mapping[str, Any] | None = None
+    ) -> bool:
         """As :meth:`BrokerClient.unbind` (raises RemoteError, Timeout)."""
-        return bool(
-            (await self._request(Unbind, queue=queue, exchange=exchange, key=routing_key))[
-                "deleted"
-            ]
-        )
+        return bool((await self._request(Unbind, queue=queue, exchange=exchange, key=routing_key,
+                                         arguments=dict(arguments or {})))["deleted"])  # fmt: skip
 
     async def stats(self) -> dict[str, Any]:
         """As :meth:`BrokerClient.stats` (raises Timeout)."""

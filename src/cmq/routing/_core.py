@@ -43,7 +43,13 @@ its ``x-dead-letter-routing-key`` (else its own key), without its
 expiration; a queue with no dead-letter exchange, or one that does not
 exist, drops it (counted). A message that would come back to a queue it was
 already dead-lettered from, with no rejection on the way, is dropped
-(counted), as RabbitMQ does, so a cycle cannot loop.
+(counted), as RabbitMQ does, so a cycle cannot loop. The message says why it
+died in its headers, as RabbitMQ writes them (``x-death``, see ``_died``).
+
+Memory. Each queue keeps the body bytes of the messages it holds (ready, or
+out with a consumer until acknowledged) in ``nbytes``, changed where
+messages enter and leave it for good; ``held_bytes()`` sums them (one step
+per queue) for a driver that enforces ``BrokerConfig.memory_budget``.
 
 Consumers and delivery guarantees. A consumer with ``no_ack`` gets messages as
 fast as they come, at most once (a lost datagram is a lost message). Other
@@ -81,6 +87,7 @@ flag, with their bodies in one list, so nothing is repeated per message.
 from __future__ import annotations
 
 import enum
+import os
 import secrets
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
@@ -121,7 +128,7 @@ from cmq.routing._protocol import (
     wrap_body,
 )
 from cmq.routing._store import StoredState, pack
-from cmq.routing.exchanges import Exchange, ExchangeType, make_exchange
+from cmq.routing.exchanges import Exchange, ExchangeType, headers_binding_key, make_exchange
 
 __all__ = [
     "DEFAULT_ACK_TIMEOUT",
@@ -167,6 +174,22 @@ DEFAULT_REPLY_CACHE: Final = 4096
 DEFAULT_SPIN: Final = 100e-6
 # AMQP 0-9-1 short strings: names and keys are at most 255 bytes.
 MAX_NAME: Final = 255
+
+
+def _default_memory_budget() -> int:
+    # RabbitMQ's default high watermark: 40% of the machine's memory. Only
+    # message bodies are counted here (the Python objects around them cost
+    # more), so at this budget the process is well under the machine's RAM.
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 0.4)
+    except (ValueError, OSError, AttributeError):
+        return 1 << 30
+
+
+DEFAULT_MEMORY_BUDGET: Final = _default_memory_budget()
+#: Publishers are let go again once the held bytes are under this share of the
+#: budget: a margin, so that one consumed message does not flip it back.
+MEMORY_RESUME_FRACTION: Final = 0.9
 
 
 class Overflow(enum.StrEnum):
@@ -250,7 +273,15 @@ class BrokerConfig:
     a wake-up saved on each hop of a request/response. Not used by a broker
     that may run on one CPU only."""
 
+    memory_budget: int = DEFAULT_MEMORY_BUDGET
+    """Body bytes the broker may hold (ready or unacknowledged, over all
+    queues) before it stops reading from AMQP publishers' sockets and tells
+    them connection.blocked (RabbitMQ's memory alarm); they are read again,
+    and told connection.unblocked, once it holds under 90% of it."""
+
     def __post_init__(self) -> None:
+        if self.memory_budget < 1:
+            raise ConfigError(f"memory_budget must be >= 1 byte, got {self.memory_budget!r}")
         if not self.consumer_timeout > 0:
             raise ConfigError(f"consumer_timeout must be > 0, got {self.consumer_timeout!r}")
         if not self.ack_timeout > 0:
@@ -414,7 +445,7 @@ GET_TAG: Final = "\x00get:"
 
 class _Queue:
     __slots__ = ("auto_delete", "bindings", "consumers", "counts", "dlrk", "dlx", "durable", "expiring",
-                 "handed", "max_length", "name", "overflow", "owner", "ready", "rr", "ttl")  # fmt: skip
+                 "handed", "max_length", "name", "nbytes", "overflow", "owner", "ready", "rr", "ttl")  # fmt: skip
 
     def __init__(
         self,
@@ -445,6 +476,9 @@ class _Queue:
         # Messages handed over on the latency path (BrokerCore._hand_over):
         # each one is also enqueued and delivered (added in at stats time).
         self.handed = 0
+        # Body bytes of the messages this queue holds: ready, and out with
+        # consumers until acknowledged (see BrokerCore.held_bytes).
+        self.nbytes = 0
 
 
 class _Consumer:
@@ -478,6 +512,11 @@ class _Consumer:
 
     def has_credit(self) -> bool:
         return self.no_ack or not self.prefetch or len(self.unacked) < self.prefetch
+
+
+def _bytes_of(msgs: Iterable[_Msg]) -> int:
+    """The body bytes of queued messages (as :func:`_approx_size` counts them)."""
+    return sum([len(m[2]) if type(m[2]) is bytes else _approx_size(m[2]) for m in msgs])
 
 
 def _approx_size(body: Any) -> int:
@@ -584,6 +623,45 @@ def _arguments_of(q: _Queue) -> dict[str, Any]:
     return args
 
 
+def _died(props: dict[str, Any] | None, queue: str, reason: str, exchange: str, key: str, when: int) -> dict[str, Any]:
+    """A dead-lettered message's properties, as RabbitMQ writes them.
+
+    Its ``expiration`` goes (kept as ``original-expiration`` in the death's
+    record). The ``x-death`` header is a list of records, latest first, one
+    per (queue, reason): a message that dies again the same way has that
+    record's ``count`` raised and moved to the front; otherwise a new record
+    ``{count: 1, reason, queue, time, exchange, routing-keys}`` is put first.
+    The first death also sets ``x-first-death-queue``, ``-reason`` and
+    ``-exchange``. ``when`` is the wall-clock time in seconds.
+    """
+    out = dict(props) if props else {}
+    expiration = out.pop("expiration", None)
+    headers = out.get("headers")
+    headers = dict(headers) if type(headers) is dict else {}
+    had = headers.get("x-death")
+    records = [r for r in had if type(r) is dict] if type(had) is list else []
+    for i, r in enumerate(records):
+        if r.get("queue") == queue and r.get("reason") == reason:
+            count = r.get("count")
+            r = dict(r, count=(count if type(count) is int else 0) + 1)
+            del records[i]
+            records.insert(0, dict(sorted(r.items())))  # RabbitMQ sorts an updated record's fields
+            break
+    else:
+        record: dict[str, Any] = {"count": 1, "reason": reason, "queue": queue, "time": when,
+                                  "exchange": exchange, "routing-keys": [key]}  # fmt: skip
+        if expiration is not None:
+            record["original-expiration"] = expiration
+        records.insert(0, record)
+        if had is None:
+            headers["x-first-death-exchange"] = exchange
+            headers["x-first-death-queue"] = queue
+            headers["x-first-death-reason"] = reason
+    headers["x-death"] = records[:_MAX_DEATHS]
+    out["headers"] = headers
+    return out
+
+
 def _reserved(name: str) -> bool:
     return name == "" or name.startswith("amq.")
 
@@ -637,6 +715,9 @@ class BrokerCore:
         self.journal: list[tuple[Any, ...]] = []
         self._next_pid = 1
         self._durable_exchanges: set[str] = set()
+        # Wall-clock seconds at ``now == 0``, set by a driver with a real
+        # clock: the time written into a dead letter's ``x-death`` record.
+        self.epoch = 0.0
 
     # -- in-process front ends (AMQP) -------------------------------------------
 
@@ -691,10 +772,84 @@ class BrokerCore:
         ex = self._exchanges.get(name)
         return ex is not None and any(True for _ in ex.bindings())
 
+    def held_bytes(self) -> int:
+        """Body bytes of every message the broker holds (ready, or delivered and
+        not yet acknowledged): what a memory budget is checked against. Kept
+        per queue as messages come and go, so this costs one step per queue."""
+        return sum([q.nbytes for q in self._queues.values()])
+
     def exchange_type(self, name: str) -> str | None:
         """The type of exchange ``name``, or None when there is none."""
         ex = self._exchanges.get(name)
         return None if ex is None else ex.type.value
+
+    # -- inspection (the management console; read-only) ---------------------------
+
+    def exchanges_info(self) -> list[dict[str, Any]]:
+        """Every exchange: name, type, durable and its bindings (queue, key), by name."""
+        return [
+            {
+                "name": name,
+                "type": ex.type.value,
+                "durable": name in self._durable_exchanges,
+                "bindings": sorted((b.queue, b.key) for b in ex.bindings()),
+            }
+            for name, ex in sorted(self._exchanges.items())
+        ]
+
+    def queue_names(self) -> list[str]:
+        """Every queue's name, in declaration order."""
+        return list(self._queues)
+
+    def queue_stats(self, names: Iterable[str]) -> list[QueueStats]:
+        """Snapshots of the queues of ``names`` that exist (cheaper than
+        :meth:`stats` when there are many queues and few are wanted)."""
+        queues = self._queues
+        return [self._queue_stats(queues[n]) for n in names if n in queues]
+
+    def queue_details(self, name: str) -> dict[str, Any] | None:
+        """What queue ``name`` was declared with and its bindings (exchange,
+        key), or None when there is none."""
+        q = self._queues.get(name)
+        if q is None:
+            return None
+        return {
+            "durable": q.durable,
+            "exclusive": q.owner is not None,
+            "auto_delete": q.auto_delete,
+            "max_length": q.max_length,
+            "overflow": q.overflow.value,
+            "arguments": _arguments_of(q),
+            "bindings": sorted(q.bindings),
+        }
+
+    def peek(self, name: str, limit: int) -> list[dict[str, Any]] | None:
+        """The first ``limit`` ready messages of queue ``name``, left where they
+        are: exchange, routing key, body (as kept), redelivered, where it was
+        dead-lettered from. None when there is no such queue."""
+        q = self._queues.get(name)
+        if q is None:
+            return None
+        out = []
+        for i, (exchange, key, body, redelivered, meta) in enumerate(q.ready):
+            if i >= limit:
+                break
+            out.append({
+                "exchange": exchange,
+                "routing_key": key,
+                "body": body,
+                "redelivered": redelivered,
+                "deaths": list(meta.deaths) if meta is not None else [],
+            })  # fmt: skip
+        return out
+
+    def route_preview(self, exchange: str, routing_key: str) -> list[str] | None:
+        """The queues a message published to ``exchange`` with ``routing_key``
+        would reach (sorted), changing nothing; None when there is no such exchange."""
+        ex = self._exchanges.get(exchange)
+        if ex is None:
+            return None
+        return sorted(ex.route(routing_key))
 
     def restore(self, state: StoredState, now: float) -> None:
         """Take back what a store kept (see :mod:`cmq.routing._store`), before serving.
@@ -741,6 +896,7 @@ class BrokerCore:
                 self._expiring.add(q_.name)
             meta = _Meta(expires, (), m.props, m.id)
             q_.ready.append((m.exchange, m.routing_key, m.body, True, meta))
+            q_.nbytes += _bytes_of((q_.ready[-1],))
             self._count(q_, "enqueued")
             self._next_pid = max(self._next_pid, m.id + 1)
 
@@ -846,6 +1002,7 @@ class BrokerCore:
         self._next_dtag = dtag + 1
         if not c.no_ack:
             unacked[dtag] = ((exchange, key, body, False, None), now)
+            q.nbytes += len(body) if type(body) is bytes else _approx_size(body)
         c.pending = [[dtag, exchange, key, False, [body]]]
         self._with_pending[(c.addr, c.tag)] = c
         q.handed += 1  # published, enqueued and delivered (see stats)
@@ -980,9 +1137,9 @@ class BrokerCore:
         """Count messages the driver could not hand to the OS (shown in stats)."""
         self._totals["send_failed"] += n
 
-    def stats(self) -> BrokerStats:
-        """A frozen snapshot of the counters and of every queue."""
-        per_queue = tuple(self._queue_stats(q) for q in self._queues.values())
+    def stats(self, *, per_queue: bool = True) -> BrokerStats:
+        """A frozen snapshot of the counters and (``per_queue``) of every queue."""
+        queues = tuple(self._queue_stats(q) for q in self._queues.values()) if per_queue else ()
         t = self._totals.copy()
         for name in ("published", "enqueued", "delivered"):
             t[name] += self._handed
@@ -990,7 +1147,7 @@ class BrokerCore:
             exchanges=len(self._exchanges),
             queues=len(self._queues),
             consumers=sum(len(q.consumers) for q in self._queues.values()),
-            per_queue=per_queue,
+            per_queue=queues,
             **{
                 name: t[name]
                 for name in (
@@ -1083,6 +1240,7 @@ class BrokerCore:
         ready = q.ready
         n = len(bodies)
         consumers = q.consumers
+        q.nbytes += sum([len(b) if type(b) is bytes else _approx_size(b) for b in bodies])
         if q.ttl is not None and (ttl is None or q.ttl < ttl):
             ttl = q.ttl
         if ttl is not None or deaths or props is not None:
@@ -1133,6 +1291,7 @@ class BrokerCore:
             gone = [pop() for _ in range(over)]  # the newest are the batch's last
             gone.reverse()
             self._count(q, "enqueued", n - over)
+        q.nbytes -= _bytes_of(gone)
         if self.persisting:
             self._forget(gone)
         if rule.dead_letter:
@@ -1182,6 +1341,7 @@ class BrokerCore:
                 break
             gone.append(ready.popleft())
         if gone:
+            q.nbytes -= _bytes_of(gone)
             if self.persisting:
                 self._forget(gone)
             self._count(q, "expired", len(gone))
@@ -1194,21 +1354,22 @@ class BrokerCore:
         if ex is None or dlx is None:
             self._totals["dead_letters_dropped"] += len(msgs)
             return
-        for _, key, body, _, meta in msgs:
+        for exchange, key, body, _, meta in msgs:
             deaths = (meta.deaths if meta is not None else ()) + ((q.name, reason),)
             if len(deaths) > _MAX_DEATHS:
                 deaths = deaths[-_MAX_DEATHS:]
             new_key = q.dlrk if q.dlrk is not None else key
+            props = _died(meta.props if meta is not None else None, q.name, reason, exchange, key,
+                          int(self.epoch + now))  # fmt: skip
             rejected_on_the_way = any(r == "rejected" for _, r in deaths)
             kept = 0
-            for name in ex.route(new_key):
+            for name in ex.route(new_key, props["headers"]):
                 target = self._queues.get(name)
                 if target is None:
                     continue
                 if not rejected_on_the_way and any(n == name for n, _ in deaths):
                     continue  # a cycle with no rejection in it: dropped, as RabbitMQ does
-                self._enqueue(target, dlx, new_key, [body], now, None, deaths,
-                              meta.props if meta is not None else None)  # fmt: skip
+                self._enqueue(target, dlx, new_key, [body], now, None, deaths, props)
                 kept += 1
             if kept:
                 self._count(q, "dead_lettered")
@@ -1222,8 +1383,10 @@ class BrokerCore:
         self._next_dtag = dtag + n
         if not c.no_ack:
             c.unacked.update(zip(range(dtag, dtag + n), zip(msgs, repeat(now)), strict=True))
-        elif self.persisting:
-            self._forget(msgs)  # delivered without acknowledgement: gone
+        else:
+            c.queue.nbytes -= _bytes_of(msgs)  # delivered without acknowledgement: gone
+            if self.persisting:
+                self._forget(msgs)
         pending = c.pending
         run: list[Any] | None = None
         if pending:
@@ -1330,6 +1493,7 @@ class BrokerCore:
                     unsent.append((r[1], r[2], body, r[3], None if p is None else _Meta(None, (), p)))
             back += unsent
             self._count(q, "delivered", -len(unsent))
+            q.nbytes += _bytes_of(unsent)  # counted as gone when handed; they never left
         c.unacked.clear()
         c.pending.clear()
         if back and self._queues.get(q.name) is q:
@@ -1477,35 +1641,45 @@ class BrokerCore:
     def _purge_queue(self, ev: PurgeQueue, sender: Address, now: float) -> Any:
         q = self._queue_for(ev.name, sender)
         n = len(q.ready)
+        q.nbytes -= _bytes_of(q.ready)
         if self.persisting:
             self._forget(q.ready)
         q.ready.clear()
         self._count(q, "purged", n)
         return {"messages": n}
 
-    def _binding(self, ev: Bind | Unbind, sender: Address) -> tuple[Exchange, _Queue]:
+    def _binding(self, ev: Bind | Unbind, sender: Address) -> tuple[Exchange, _Queue, str]:
+        """The exchange, the queue and the binding's key (a headers binding's
+        key holds its arguments: see :func:`~cmq.routing.exchanges.headers_binding_key`)."""
         _check_name("binding key", ev.key)
         if ev.exchange == "":
             raise _Refused(ErrorCode.ACCESS_REFUSED, "the default exchange's bindings are fixed")
-        return self._exchange(ev.exchange), self._queue_for(ev.queue, sender)
+        ex, q = self._exchange(ev.exchange), self._queue_for(ev.queue, sender)
+        key = ev.key
+        if ex.type is ExchangeType.HEADERS:
+            try:
+                key = headers_binding_key(key, ev.arguments)
+            except ConfigError as exc:
+                raise _Refused(ErrorCode.PRECONDITION_FAILED, str(exc)) from None
+        return ex, q, key
 
     def _bind(self, ev: Bind, sender: Address, now: float) -> Any:
-        ex, q = self._binding(ev, sender)
-        q.bindings.add((ev.exchange, ev.key))
+        ex, q, key = self._binding(ev, sender)
+        q.bindings.add((ev.exchange, key))
         if self.persisting and self._durable_binding(q, ev.exchange):
-            self.journal.append(("bind", ev.queue, ev.exchange, ev.key))
-        return {"created": ex.bind(ev.queue, ev.key)}
+            self.journal.append(("bind", ev.queue, ev.exchange, key))
+        return {"created": ex.bind(ev.queue, key)}
 
     def _durable_binding(self, q: _Queue, exchange: str) -> bool:
         # A binding is kept when both its ends are (AMQP 0-9-1).
         return q.durable and exchange in self._durable_exchanges
 
     def _unbind(self, ev: Unbind, sender: Address, now: float) -> Any:
-        ex, q = self._binding(ev, sender)
-        q.bindings.discard((ev.exchange, ev.key))
+        ex, q, key = self._binding(ev, sender)
+        q.bindings.discard((ev.exchange, key))
         if self.persisting and self._durable_binding(q, ev.exchange):
-            self.journal.append(("unbind", ev.queue, ev.exchange, ev.key))
-        return {"deleted": ex.unbind(ev.queue, ev.key)}
+            self.journal.append(("unbind", ev.queue, ev.exchange, key))
+        return {"deleted": ex.unbind(ev.queue, key)}
 
     def _publish(self, ev: Publish, sender: Address, now: float) -> Any:
         bodies = self._bodies([ev.body], sender)
@@ -1547,7 +1721,7 @@ class BrokerCore:
         if ex is None:
             totals["unroutable"] += n
             raise _Refused(ErrorCode.NOT_FOUND, f"no exchange {brief(exchange)}")
-        names = ex.route(routing_key)
+        names = ex.route(routing_key, props.get("headers") if props is not None else None)
         if not names:
             totals["unroutable"] += n
             return 0
@@ -1598,12 +1772,16 @@ class BrokerCore:
         c.last_seen = now
         acked = 0
         persisting = self.persisting
+        gone = 0
         for dtag in ev.delivery_tags:
             entry = c.unacked.pop(dtag, None)
             if entry is not None:
                 acked += 1
+                body = entry[0][2]
+                gone += len(body) if type(body) is bytes else _approx_size(body)
                 if persisting:
                     self._forget((entry[0],))
+        c.queue.nbytes -= gone
         stale = len(ev.delivery_tags) - acked
         if stale:
             self._totals["stale_acks"] += stale
@@ -1627,6 +1805,7 @@ class BrokerCore:
                 self._requeue(q, msgs)
             else:
                 self._count(q, "nacked", len(msgs))
+                q.nbytes -= _bytes_of(msgs)
                 if self.persisting:
                     self._forget(msgs)
                 self._dead_letter(q, msgs, "rejected", now)
@@ -1683,8 +1862,10 @@ class BrokerCore:
                 c.held = sender[0] in self._held
             c.last_seen = now
             c.unacked[dtag] = (msg, now)
-        elif self.persisting:
-            self._forget((msg,))
+        else:
+            q.nbytes -= _bytes_of((msg,))
+            if self.persisting:
+                self._forget((msg,))
         ex, key_, body, redelivered, meta = msg
         props = meta.props if meta is not None else None
         return [tag, dtag, ex, key_, redelivered, body, len(q.ready), props]

@@ -167,6 +167,8 @@ class Bind:
     queue: str
     exchange: str
     key: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+    """A headers exchange's binding arguments (``x-match`` and the headers to match)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -177,6 +179,8 @@ class Unbind:
     queue: str
     exchange: str
     key: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+    """The arguments the binding was made with (a headers exchange's)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -576,8 +580,8 @@ _LAYOUT: dict[str, tuple[type[Any], tuple[_Check, ...]]] = {
     "queue.declare": (DeclareQueue, (_int, _str, _int, _str, _args, _bool, _bool, _bool)),
     "queue.delete": (DeleteQueue, (_int, _str)),
     "queue.purge": (PurgeQueue, (_int, _str)),
-    "bind": (Bind, (_int, _str, _str, _str)),
-    "unbind": (Unbind, (_int, _str, _str, _str)),
+    "bind": (Bind, (_int, _str, _str, _str, _args)),
+    "unbind": (Unbind, (_int, _str, _str, _str, _args)),
     "p": (Publish, (_int, _str, _str, _any, _opt_int, _opt_map)),
     "P": (PublishBatch, (_int, _str, _str, _list, _opt_int, _opt_map)),
     "consume": (Consume, (_int, _str, _str, _int, _bool)),

@@ -47,10 +47,11 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from cmq._errors import CmqError, ConfigError, Timeout
+from cmq._errors import CmqError, ConfigError, MissingExtra, Timeout
+from cmq._extras import optional_imports
 from cmq.routing._client import Endpoint, check_codec
 from cmq.routing._core import Address, BrokerConfig, BrokerCore, BrokerStats, Note
 from cmq.routing._protocol import BROKER_MAILBOX
@@ -61,6 +62,8 @@ if TYPE_CHECKING:
     from cmq.routing._store import Store
 
 __all__ = ["Broker"]
+
+_T = TypeVar("_T")
 
 # Messages taken per turn before sending: large enough to batch, small enough
 # that deliveries and timers are not starved by a flood of publishes.
@@ -147,8 +150,10 @@ class Broker:
     and nothing survives the process.
 
     Raises:
-        ConfigError: a bad option, pamqp is missing for ``amqp_port``, or
-            the store in ``data_dir`` cannot be opened.
+        ConfigError: a bad option, or the store in ``data_dir`` cannot be
+            opened.
+        MissingExtra: ``amqp_port`` is given and pamqp (the ``broker``
+            extra) is not installed.
         TransportError: a port is in use.
     """
 
@@ -178,6 +183,7 @@ class Broker:
             self._owns_endpoint = False
         self.endpoint: Endpoint = endpoint
         self.core = BrokerCore(config, endpoint_stats=self._endpoint_stats)
+        self.core.epoch = time.time() - time.monotonic()
         if self.store is not None:
             try:
                 self.core.restore(self.store.load(), time.monotonic())
@@ -193,14 +199,13 @@ class Broker:
         self.amqp: AmqpListener | None = None
         if amqp_port is not None:
             try:
-                from cmq.routing._amqp import Users
-                from cmq.routing._amqp_server import AmqpListener
-            except ImportError as exc:
+                with optional_imports("the AMQP listener"):
+                    from cmq.routing._amqp import Users
+                    from cmq.routing._amqp_server import AmqpListener
+            except MissingExtra:
                 if self._owns_endpoint:
                     endpoint.close()
-                raise ConfigError(
-                    f"the AMQP listener needs pamqp ({exc.name} is missing): pip install 'pycmq[broker]'"
-                ) from exc
+                raise
             try:
                 self.amqp = AmqpListener(self.core, self._lock, host=host, port=amqp_port,
                                          users=users if users is not None else Users.default(),
@@ -272,6 +277,30 @@ class Broker:
         """A snapshot of the broker's counters."""
         with self._lock:
             return self.core.stats()
+
+    def inspect(self, look: Callable[[BrokerCore], _T]) -> _T:
+        """``look(core)`` under the lock, from any thread: for read-only
+        views (the management console), which must not change the core."""
+        with self._lock:
+            return look(self.core)
+
+    def call(self, event: Any, sender: Address) -> Any:
+        """Do one request (a :mod:`cmq.routing._protocol` event) for a front
+        end in this process, from any thread; return its ``ok`` result.
+
+        What it journals is committed before this returns (as a reply would
+        wait for it); deliveries it causes leave with the loop's next turn.
+
+        Raises:
+            Refused: the request cannot be done (``code`` says why).
+            CmqError: the store could not be written (the request is done in
+                memory and will be written with the next turn).
+        """
+        with self._lock:
+            result = self.core.call(event, sender, time.monotonic())
+            if self.core.journal and not self.commit():
+                raise CmqError("the broker could not write its store; see its log")
+            return result
 
     def serve_forever(self) -> None:
         """Serve until :meth:`stop` or :meth:`close` is called (from another thread or a signal)."""

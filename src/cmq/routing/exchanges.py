@@ -1,4 +1,4 @@
-"""Exchanges: pure AMQP 0-9-1 routing (direct, fanout, topic).
+"""Exchanges: pure AMQP 0-9-1 routing (direct, fanout, topic, headers).
 
 Theory of operation
 -------------------
@@ -14,7 +14,20 @@ direct     ``routing_key == key``
 fanout     always (the key is ignored)
 topic      the words of ``routing_key`` match the pattern ``key``, where
            ``*`` is exactly one word and ``#`` is zero or more words
+headers    the message's headers match the binding's arguments (the routing
+           key is ignored): ``x-match`` ``all`` (the default) wants every
+           argument, ``any`` at least one; an argument whose value is void
+           (None) asks only that the header be present; arguments named
+           ``x-...`` are ignored unless ``x-match`` is ``all-with-x`` or
+           ``any-with-x`` (RabbitMQ's rules, ``all`` with no arguments
+           matching every message and ``any`` none)
 =========  ===============================================================
+
+A headers binding is told apart by its key *and* its arguments (two bindings
+of one queue with different arguments are two bindings), so its arguments
+travel inside its key: :func:`headers_binding_key` makes the one string, the
+exchange reads the arguments back. Everything that keeps or removes bindings
+(the broker's tables, the store) handles them as any other key.
 
 Words are the parts of a key split on ``.``. As in RabbitMQ, the empty key has
 *zero* words, and every other key has ``key.count(".") + 1`` words, some of
@@ -40,10 +53,13 @@ queue names out.
 from __future__ import annotations
 
 import abc
+import base64
 import enum
-from collections.abc import Iterator, Set
+from collections.abc import Iterator, Mapping, Set
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
+
+import msgpack
 
 from cmq._errors import ConfigError
 
@@ -53,7 +69,10 @@ __all__ = [
     "Exchange",
     "ExchangeType",
     "FanoutExchange",
+    "HeadersExchange",
     "TopicExchange",
+    "headers_binding_key",
+    "headers_match",
     "make_exchange",
     "split_key",
     "topic_matches",
@@ -68,6 +87,7 @@ class ExchangeType(enum.StrEnum):
     DIRECT = "direct"
     FANOUT = "fanout"
     TOPIC = "topic"
+    HEADERS = "headers"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -154,8 +174,9 @@ class Exchange(abc.ABC):
         return iter(list(self._bindings))
 
     @abc.abstractmethod
-    def route(self, routing_key: str) -> Set[str]:
-        """The queues that get a message with ``routing_key``, each once."""
+    def route(self, routing_key: str, headers: Mapping[str, Any] | None = None) -> Set[str]:
+        """The queues that get a message with ``routing_key`` (and ``headers``,
+        which only a headers exchange looks at), each once."""
 
     @abc.abstractmethod
     def _add(self, queue: str, key: str) -> None: ...
@@ -173,7 +194,7 @@ class DirectExchange(Exchange):
         super().__init__()
         self._by_key: dict[str, set[str]] = {}
 
-    def route(self, routing_key: str) -> Set[str]:
+    def route(self, routing_key: str, headers: Mapping[str, Any] | None = None) -> Set[str]:
         return self._by_key.get(routing_key, _EMPTY)
 
     def _add(self, queue: str, key: str) -> None:
@@ -197,7 +218,7 @@ class FanoutExchange(Exchange):
         self._count: dict[str, int] = {}
         self._queues: set[str] = set()
 
-    def route(self, routing_key: str) -> Set[str]:
+    def route(self, routing_key: str, headers: Mapping[str, Any] | None = None) -> Set[str]:
         return self._queues
 
     def _add(self, queue: str, key: str) -> None:
@@ -288,7 +309,7 @@ class TopicExchange(Exchange):
             state = self._states[nodes] = _DState(nodes)
         return state
 
-    def route(self, routing_key: str) -> Set[str]:
+    def route(self, routing_key: str, headers: Mapping[str, Any] | None = None) -> Set[str]:
         state = self._start
         for word in routing_key.split(".") if routing_key else ():
             nxt = state.next.get(word)
@@ -359,15 +380,119 @@ class TopicExchange(Exchange):
         self._reset()
 
 
+#: The values of ``x-match`` a headers binding may have (RabbitMQ's).
+X_MATCH: Final = ("all", "any", "all-with-x", "any-with-x")
+# Between a headers binding's routing key and its packed arguments (base64
+# never holds it, so the last one splits them whatever the key holds).
+_ARGS_SEP: Final = "\x00"
+
+
+def headers_binding_key(key: str, arguments: Mapping[str, Any] | None) -> str:
+    """The one string that names a headers binding: ``key`` and its ``arguments``.
+
+    Raises:
+        ConfigError: ``x-match`` is not one of :data:`X_MATCH`, or an
+            argument cannot be packed.
+    """
+    args = dict(arguments or {})
+    mode = args.get("x-match", "all")
+    if isinstance(mode, bytes):
+        mode = mode.decode("utf-8", "replace")
+    if mode not in X_MATCH:
+        raise ConfigError(f"invalid x-match field value {mode!r}; expected all, any, all-with-x, or any-with-x")
+    try:
+        packed = msgpack.packb(sorted(args.items()), use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ConfigError(f"binding arguments cannot be kept: {exc}") from None
+    return key + _ARGS_SEP + base64.b64encode(packed).decode("ascii")
+
+
+def _comparable(v: Any) -> Any:
+    # AMQP has one string type on the wire in practice (longstr): text and
+    # bytes that spell the same UTF-8 are the same value, as in RabbitMQ.
+    if isinstance(v, bytes | bytearray):
+        try:
+            return bytes(v).decode("utf-8")
+        except UnicodeDecodeError:
+            return bytes(v)
+    return v
+
+
+def _same(a: Any, b: Any) -> bool:
+    a, b = _comparable(a), _comparable(b)
+    if type(a) is bool or type(b) is bool:
+        return a is b  # a boolean header is not the number 1
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - odd values simply do not match
+        return False
+
+
+def headers_match(arguments: Mapping[str, Any], headers: Mapping[str, Any] | None) -> bool:
+    """Whether a message with ``headers`` matches a headers binding with ``arguments``
+    (RabbitMQ's ``headers_match``; see the module's table)."""
+    mode = _comparable(arguments.get("x-match", "all"))
+    with_x = mode in ("all-with-x", "any-with-x")
+    want_all = mode not in ("any", "any-with-x")  # an unknown value: all, as RabbitMQ
+    data = headers if isinstance(headers, Mapping) else {}
+    for name, want in arguments.items():
+        if name == "x-match" or (not with_x and name.startswith("x-")):
+            continue
+        ok = name in data and (want is None or _same(want, data[name]))
+        if ok and not want_all:
+            return True
+        if not ok and want_all:
+            return False
+    return want_all
+
+
+class HeadersExchange(Exchange):
+    """Matches a message's headers against each binding's arguments (linear in
+    the bindings, as RabbitMQ's); the routing key is ignored."""
+
+    type = ExchangeType.HEADERS
+
+    def __init__(self) -> None:
+        super().__init__()
+        # binding key -> (queue, arguments)
+        self._specs: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def route(self, routing_key: str, headers: Mapping[str, Any] | None = None) -> Set[str]:
+        out: set[str] = set()
+        for (queue, _), args in self._specs.items():
+            if queue not in out and headers_match(args, headers):
+                out.add(queue)
+        return out
+
+    def _add(self, queue: str, key: str) -> None:
+        self._specs[(queue, key)] = _arguments_of(key)
+
+    def _remove(self, queue: str, key: str) -> None:
+        self._specs.pop((queue, key), None)
+
+
+def _arguments_of(key: str) -> dict[str, Any]:
+    """The arguments inside a headers binding key (none for a plain key)."""
+    _, sep, packed = key.rpartition(_ARGS_SEP)
+    if not sep:
+        return {}
+    try:
+        pairs = msgpack.unpackb(base64.b64decode(packed), raw=False)
+        return {str(k): v for k, v in pairs}
+    except Exception:  # noqa: BLE001 - a key not made by headers_binding_key: no arguments
+        return {}
+
+
 _TYPES: dict[ExchangeType, type[Exchange]] = {
     ExchangeType.DIRECT: DirectExchange,
     ExchangeType.FANOUT: FanoutExchange,
     ExchangeType.TOPIC: TopicExchange,
+    ExchangeType.HEADERS: HeadersExchange,
 }
 
 
 def make_exchange(type_name: str) -> Exchange:
-    """Return a new, empty exchange of ``type_name`` ("direct", "fanout", "topic").
+    """Return a new, empty exchange of ``type_name`` ("direct", "fanout", "topic", "headers").
 
     Raises:
         ConfigError: ``type_name`` is not a known exchange type.

@@ -3,7 +3,8 @@
 ``POST /`` speaks the SQS JSON protocol (:mod:`cmq.service.protocol`) and,
 for a form body without ``X-Amz-Target``, the older query protocol
 (:mod:`cmq.service.query_protocol`, XML replies);
-``GET /metrics`` the Prometheus text format, ``GET /health`` answers ``ok``.
+``GET /metrics`` the Prometheus text format, ``GET /health`` answers ``ok``,
+and ``/console`` is the management console (:mod:`cmq.console`).
 This is the only place where errors become HTTP responses: an
 :class:`~cmq.service.errors.SqsError` becomes its SQS error shape, anything
 else a 500 ``InternalError`` (logged), and the node keeps serving.
@@ -15,16 +16,19 @@ share of a cycle on two cores.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cmq.service import errors
 from cmq.service.config import MAX_REQUEST_BYTES
 from cmq.service.connection import HttpLimits
 from cmq.service.edge import EdgePolicy
-from cmq.service.metrics import Metrics
+from cmq.service.metrics import MESSAGE_OPS, Metrics
 from cmq.service.model import QueueCounts
 from cmq.service.operations import Bounds, QueueService
 from cmq.service.protocol import decode_request, encode_error, encode_result
@@ -36,7 +40,13 @@ from cmq.service.query_protocol import (
 )
 from cmq.service.store.base import Store
 
-__all__ = ["SqsApp"]
+if TYPE_CHECKING:
+    from cmq.console import ConsoleApp
+
+__all__ = ["CONSOLE_TOKEN_ENV", "SqsApp"]
+
+#: The console's CSRF token shared by the worker processes of one node.
+CONSOLE_TOKEN_ENV = "CMQ_CONSOLE_TOKEN"
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -76,6 +86,8 @@ class SqsApp:
         policy: EdgePolicy | None = None,
         limits: HttpLimits | None = None,
         bounds: Bounds | None = None,
+        console: bool = True,
+        store_name: str = "",
     ) -> None:
         self.store = store
         #: Host, Origin and authentication rules (:mod:`cmq.service.edge`).
@@ -93,6 +105,24 @@ class SqsApp:
         self.startup_error: str | None = None
         self.metrics = Metrics()
         self.max_request_bytes = max_request_bytes
+        #: The management console under /console (None: not served).
+        self.console: ConsoleApp | None = None
+        if console:
+            from cmq.console import Access, ConsoleApp, ServiceBackend
+
+            keys = self.policy.keys
+            self.console = ConsoleApp(
+                ServiceBackend(self, store_name or type(store).__name__),
+                policy=self.policy,
+                access=Access.keys(
+                    dict(keys) if keys is not None else None,
+                    allow_remote=self.policy.allow_remote_unsigned,
+                ),
+                # Set by `cmq serve --workers N` so that a page served by one
+                # worker may post to another.
+                csrf_token=os.environ.get(CONSOLE_TOKEN_ENV),
+            )
+        self._console_task: asyncio.Task[None] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -110,16 +140,26 @@ class SqsApp:
                     self.startup_error = str(exc) or type(exc).__name__
                     await send({"type": "lifespan.startup.failed", "message": ""})
                     return
+                if self.console is not None:
+                    self._console_task = asyncio.get_running_loop().create_task(
+                        self.console.run_sampler()
+                    )
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
+                if self._console_task is not None:
+                    self._console_task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await self._console_task
                 await self.store.close()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         method, path = scope["method"], scope["path"]
-        form = _is_form(scope)
-        if method == "POST" and (path == "/" or form):
+        if self.console is not None and (path == "/console" or path.startswith("/console/")):
+            await self.console(scope, receive, send)
+            return
+        if method == "POST" and (path == "/" or _is_form(scope)):
             status, headers, body = await self._sqs(scope, receive)
         else:
             host = _header(scope, b"host")
@@ -191,6 +231,10 @@ class SqsApp:
             )
             reply = encode_xml_result(action, result) if form else encode_result(result)
             code = None
+            if action in MESSAGE_OPS:
+                url = request.params.get("QueueUrl")
+                queue = url.rpartition("/")[2] if isinstance(url, str) else None
+                self.metrics.count_messages(action, queue, result)
         except errors.SqsError as exc:
             reply = encode_err(exc)
             code = exc.type_name

@@ -43,8 +43,10 @@ class StoreConfig:
     path: str = DEFAULT_SQLITE_PATH
     """SQLite database file."""
     synchronous: str = "full"
-    """SQLite ``PRAGMA synchronous``: ``full`` fsyncs the WAL on every commit
-    (power-loss safe); ``normal`` survives a killed process but not the OS."""
+    """``full``: a request is answered only after an fsync of the WAL that
+    followed its commit (power-loss safe; the store's syncer thread does the
+    fsync, see :mod:`cmq.service.store.sqlite`); ``normal``: answered after
+    the commit, which survives a killed process but not the OS."""
     nodes: tuple[tuple[str, int], ...] = ()
     """Redis Cluster seed nodes."""
     wait_replicas: int = 1

@@ -16,6 +16,11 @@ request, holds the event loop or its memory. This protocol adds three rules
 
 The limits are read from the app (``app.limits``), so worker processes that
 rebuild the app from the config get the same ones.
+
+It also writes each response in one ``write``: uvicorn writes the status line
+and headers as soon as the app starts the response, and the body in a second
+write, so every reply cost two send system calls and two TCP segments (and
+the client two reads). :class:`_OneWrite` holds the head until the body comes.
 """
 
 from __future__ import annotations
@@ -24,10 +29,12 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-import httptools
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-
 from cmq._errors import ConfigError
+from cmq._extras import optional_imports
+
+with optional_imports("the queue service"):
+    import httptools
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 __all__ = [
     "DEFAULT_MAX_HEADERS",
@@ -77,6 +84,38 @@ def _response(status: int, reason: str, text: str) -> bytes:
         f"HTTP/1.1 {status} {reason}\r\ncontent-type: text/plain; charset=utf-8\r\n"
         f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
     ).encode() + body
+
+
+class _OneWrite:
+    """The transport as one response's cycle sees it: the head, written when
+    the response starts, is held and written with the first body write (or
+    when the transport closes). Writes before the response starts (a
+    ``100 Continue``) pass at once, as does everything else."""
+
+    __slots__ = ("_cycle", "_head", "_state", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, cycle: Any) -> None:
+        self._transport = transport
+        self._cycle = cycle
+        self._head = b""
+        self._state = 0  # 0: before the head, 1: head held, 2: head written
+
+    def write(self, data: bytes) -> None:
+        if self._state == 0 and self._cycle.response_started:
+            self._head, self._state = data, 1
+            return
+        if self._state == 1:
+            data, self._head, self._state = self._head + data, b"", 2
+        self._transport.write(data)
+
+    def close(self) -> None:
+        if self._state == 1:
+            self._transport.write(self._head)
+            self._head, self._state = b"", 2
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
 
 class EdgeHttpProtocol(HttpToolsProtocol):
@@ -178,6 +217,9 @@ class EdgeHttpProtocol(HttpToolsProtocol):
             self._too_large = f"The request has over {self.limits.max_headers} header fields.\n"
             raise _HeadTooLarge
         super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle.transport is self.transport:  # a new cycle
+            cycle.transport = _OneWrite(self.transport, cycle)  # type: ignore[assignment]
 
     def on_message_complete(self) -> None:
         self._in_head = True

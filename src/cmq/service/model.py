@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 __all__ = [
+    "Browsed",
     "ChangeResult",
     "NewMessage",
     "QueueCounts",
@@ -108,6 +109,16 @@ class Received:
     receive_count: int
     first_receive_at: int
     token: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Browsed:
+    """A message looked at without being received (the console's peek)."""
+
+    seq: int
+    payload: str
+    visible_at: int
+    receive_count: int
 
 
 class ChangeResult(enum.Enum):

@@ -13,15 +13,14 @@ import dataclasses
 import errno
 import json
 import os
+import secrets
 import socket
 from collections.abc import Iterator
 from typing import Any
 
-import uvicorn
-from uvicorn.supervisors import Multiprocess
-
 from cmq._errors import ConfigError, TransportError
-from cmq.service.app import SqsApp
+from cmq._extras import optional_imports
+from cmq.service.app import CONSOLE_TOKEN_ENV, SqsApp
 from cmq.service.config import ServiceConfig, StoreConfig
 from cmq.service.connection import EdgeHttpProtocol, HttpLimits
 from cmq.service.edge import EdgePolicy
@@ -29,6 +28,10 @@ from cmq.service.errors import StoreUnavailable
 from cmq.service.operations import Bounds
 from cmq.service.sigv4 import load_keys
 from cmq.service.store import open_store
+
+with optional_imports("the queue service"):
+    import uvicorn
+    from uvicorn.supervisors import Multiprocess
 
 __all__ = ["CONFIG_ENV", "app_from_env", "build_app", "check_store", "load_auth", "serve"]
 
@@ -52,6 +55,7 @@ def build_app(config: ServiceConfig) -> SqsApp:
     """The ASGI app of one node. Raises ConfigError for an unreadable auth file."""
     return SqsApp(
         open_store(config.store),
+        store_name=_describe(config.store),
         region=config.region,
         account_id=config.account_id,
         max_request_bytes=config.max_request_bytes,
@@ -195,6 +199,7 @@ def serve(config: ServiceConfig) -> None:
     raw = dataclasses.asdict(config)
     raw["nodes"] = raw["store"].pop("nodes")
     os.environ[CONFIG_ENV] = json.dumps(raw)
+    os.environ.setdefault(CONSOLE_TOKEN_ENV, secrets.token_urlsafe(32))
     uv = uvicorn.Config(
         "cmq.service.server:app_from_env",
         factory=True,

@@ -90,6 +90,7 @@ from collections.abc import Callable
 from itertools import accumulate
 from typing import Any, Final
 
+from cmq import _impl
 from cmq._config import QueueConfig
 from cmq.wire.frames import (
     FLAG_MSGPACK,
@@ -100,6 +101,7 @@ from cmq.wire.frames import (
     encode_fragment,
     encode_frame,
     encode_frames,
+    frame,
     frame_size,
     stream_head,
 )
@@ -217,8 +219,21 @@ class Batcher:
         # cannot share a datagram with its 9-byte long-frame prefix, or it is
         # over max_message (which the driver then refuses).
         self.large = min(config.max_body - 9 + 1, config.max_message + 1)
+        # The core (cmq._impl): the compiled twins of the stream, the fast
+        # half and the framing, or the pure ones.
+        sp = _impl.speedups
+        #: The class of this batcher's streams.
+        self.Stream: Any = Stream if sp is None else sp.Stream
+        self._frame = frame if sp is None else sp.frame
         #: The fast half, as a closure (see the module's docstring).
-        self.append = self._make_append(self.large)
+        self.append = self._make_append(self.large) if sp is None else sp.make_append(self.large)
+        self._cut: Any = None
+        if sp is not None:
+            # The slow half's counting and the cutting of a batch, in C
+            # (the same answers and datagrams: tests/unit/test_cores.py).
+            self.check = sp.make_check(self._max_body)  # type: ignore[method-assign]
+            if self._key is None:
+                self._cut = sp.cut
         self._streams: dict[tuple[Address, int], Stream] = {}
         # Header bytes before the sequence number, by mailbox (the same for
         # every destination): made once, not per stream.
@@ -249,7 +264,7 @@ class Batcher:
             head = self._heads.get((mailbox, version))
             if head is None:
                 head = self._heads[(mailbox, version)] = stream_head(self._flags, self.sender, mailbox, version)
-            s = self._streams.setdefault(key, Stream(addr, mailbox, self._qthresh, head))
+            s = self._streams.setdefault(key, self.Stream(addr, mailbox, self._qthresh, head))
         return s
 
     def streams(self) -> list[Stream]:
@@ -482,6 +497,17 @@ class Batcher:
             return []
         del frames[: len(chunk)]
         s.gen += 1
+        if self._cut is not None:
+            # The compiled core measures, cuts and frames the batch in one call.
+            s.sizes = []
+            s.counted = s.size = 0
+            s.last_send = now
+            self.messages_sent += len(chunk)
+            cut: list[bytes] = self._cut(chunk, s.head, s.seq, s.ext, self._max_body)
+            s.seq = (s.seq + len(cut)) & 0xFFFFFFFF
+            self.datagrams_sent += len(cut)
+            self.bytes_sent += sum(map(len, cut))
+            return cut
         sizes = s.sizes
         if len(sizes) < len(chunk):
             sizes += map(len, chunk[len(sizes) :])
@@ -515,7 +541,11 @@ class Batcher:
         return out
 
     def _encode(self, s: Stream, payloads: list[bytes], sizes: list[int]) -> bytes:
-        data = encode_frames(payloads, self._flags, self.sender, s.mailbox, s.seq, self._key, sizes, s.ext)
+        if self._key is None:
+            # From the stream's constant header bytes (frames.frame).
+            data = self._frame(payloads, s.head, s.seq, s.ext)
+        else:
+            data = encode_frames(payloads, self._flags, self.sender, s.mailbox, s.seq, self._key, sizes, s.ext)
         s.seq = (s.seq + 1) & 0xFFFFFFFF
         self.datagrams_sent += 1
         self.bytes_sent += len(data)

@@ -77,6 +77,7 @@ __all__ = [
     "encode_frame",
     "encode_frames",
     "extension",
+    "frame",
     "frame_size",
     "parse_header",
     "split_frames",
@@ -283,6 +284,23 @@ def encode_frames(
     if key is not None:
         data += _tag(key, data)
     return data
+
+
+def frame(payloads: list[bytes], head: bytes, seq: int, ext: bytes) -> bytes:
+    """An untagged datagram of one stream: ``head`` (:func:`stream_head`),
+    ``seq``, ``ext`` (the v2 extension, or empty) and ``payloads`` framed.
+
+    The same bytes as :func:`encode_frames` for that stream without a key,
+    made from the stream's constant header bytes (the batcher's common
+    case; the compiled core has a twin).
+    """
+    sizes = list(map(len, payloads))
+    if sizes and sizes.count(sizes[0]) == len(sizes):
+        return _PREFIX[sizes[0]].join([head + SEQ.pack(seq & 0xFFFFFFFF) + ext, *payloads])
+    parts: list[bytes] = [head, SEQ.pack(seq & 0xFFFFFFFF), ext] + [b""] * (2 * len(sizes))
+    parts[3::2] = map(_PREFIX.__getitem__, sizes)
+    parts[4::2] = payloads
+    return b"".join(parts)
 
 
 def encode_frame(

@@ -57,6 +57,7 @@ from typing import Any, Final
 
 import msgpack
 
+from cmq import _impl
 from cmq._config import QueueConfig
 from cmq._errors import ProtocolError
 from cmq.wire.frames import (
@@ -359,6 +360,9 @@ class Receiver:
         self.sender_id = sender_id
         self._key = config.key
         self._max_queued = config.max_queued
+        # The fast paths' frame splitter: the compiled core's, or frames.split_frames.
+        sp = _impl.speedups
+        self._split: Callable[[bytes, int, int], list[bytes]] = split_frames if sp is None else sp.split_frames
         # Reliable streams, and those owing their sender a STATUS.
         self._rstreams: dict[tuple[Any, int, int], RecvStream] = {}
         self._owed: dict[tuple[Any, int, int], RecvStream] = {}
@@ -475,7 +479,7 @@ class Receiver:
             magic, version, flags, sender, mailbox, seq = _HEAD.unpack_from(data)
             if magic == MAGIC and version == VERSION and not flags & ~FLAG_MSGPACK:
                 try:
-                    payloads: list[Any] = split_frames(data, HEADER_SIZE, len(data))
+                    payloads: list[Any] = self._split(data, HEADER_SIZE, len(data))
                 except ProtocolError:
                     self.dropped["malformed"] += 1
                     return 0
@@ -512,7 +516,7 @@ class Receiver:
             if magic == MAGIC and not mailbox & ENVELOPE_BIT and self._next_plain(rs, epoch, seq, rflags, len(data)):
                 assert rs is not None
                 try:
-                    payloads = split_frames(data, _V2_SIZE, len(data))
+                    payloads = self._split(data, _V2_SIZE, len(data))
                 except ProtocolError:
                     self.dropped["malformed"] += 1
                     return 0

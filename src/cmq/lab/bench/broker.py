@@ -45,6 +45,8 @@ import sys
 import time
 from typing import Any, Final
 
+from cmq._extras import unavailable
+
 __all__ = ["main"]
 
 PREFETCH: Final = 256
@@ -239,12 +241,13 @@ def _rabbit_run(
 
 
 def _rabbit_available(url: str) -> str | None:
-    try:
-        import pika
+    missing = unavailable("the RabbitMQ comparison", "pika")
+    if missing is not None:
+        return missing
+    import pika
 
+    try:
         pika.BlockingConnection(pika.URLParameters(url)).close()
-    except ImportError:
-        return "pika is not installed (pip install pika)"
     except Exception as exc:  # noqa: BLE001 -- any failure to connect means "skip", with the reason
         return f"RabbitMQ not reachable at {url} ({type(exc).__name__}); apt-get install rabbitmq-server"
     return None

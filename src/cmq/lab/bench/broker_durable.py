@@ -32,6 +32,8 @@ import tempfile
 import time
 from typing import Any
 
+from cmq._extras import unavailable
+
 __all__ = ["main"]
 
 
@@ -95,10 +97,11 @@ def _rabbit_run(url: str, durable: bool, size: int, seconds: float) -> float:
 
 
 def _rabbit_available(url: str) -> str | None:
-    try:
-        import pika
-    except ImportError:
-        return "pika is not installed (pip install 'pycmq[lab]')"
+    missing = unavailable("the RabbitMQ comparison", "pika")
+    if missing is not None:
+        return missing
+    import pika
+
     try:
         pika.BlockingConnection(pika.URLParameters(url)).close()
     except Exception as exc:  # noqa: BLE001 - any failure means: no RabbitMQ here

@@ -95,6 +95,7 @@ def generate(spark: SparkSession, n: int, out: Path) -> None:
         F.lit(False).alias("round_trip"),
         F.lit("s").alias("stream"),
         F.lit("").alias("receiver"),
+        F.lit(None).cast("long").alias("request_ns"),
     )
     schema = spark_schema(RECORDS_SCHEMA)
     # Columns in the schema's order, as the lab's writer leaves them.

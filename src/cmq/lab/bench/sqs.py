@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cmq._errors import CmqError, ConfigError
+from cmq._extras import install_hint
 
 __all__ = [
     "MOTO_MISSING",
@@ -130,7 +131,7 @@ def start_cmq(store: str, nodes: int = 1, workers: int = 1) -> Servers:
 
 
 #: Why moto's server cannot be started, and how to get it.
-MOTO_MISSING = "moto_server not found: pip install 'moto[server]'"
+MOTO_MISSING = f"moto_server not found: {install_hint('lab')}"
 
 
 def moto_server() -> str | None:
@@ -287,43 +288,82 @@ async def _create(conn: _Conn | _AioConn, name: str, k: int | None, mode: str | 
 
 
 async def _cycles(
-    urls: Sequence[str], seconds: float, concurrency: int, client: str = "raw"
+    urls: Sequence[str],
+    seconds: float,
+    concurrency: int,
+    client: str = "raw",
+    on_start: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
-    make = CLIENTS[client]
+    """Run send+receive+delete cycles for ``seconds``.
+
+    Every worker first runs one cycle that is not counted (connections made,
+    and each node's store connections and scripts warmed, so that a run of
+    many nodes does not pay more start-up inside its window than a run of
+    one), then all start together: ``on_start`` is called just before the
+    counted window opens (with ``client="wrk"``, before wrk starts: wrk
+    runs no warm-up cycle).
+    """
+    make = _Conn if client == "wrk" else CLIENTS[client]
     setup = make(urls[0])
     qurl = await _create(setup, f"bench-{uuid.uuid4().hex[:8]}", None)
     setup.close()
     path = qurl.split("/", 3)[3]  # account/name: the same queue through any node
+    if client == "wrk":
+        from cmq.lab.bench.wrk_load import wrk_cycles
+
+        if on_start is not None:
+            on_start()
+        return wrk_cycles(urls, f"/{path}", seconds, concurrency, _HEADERS["Authorization"])
     done = 0
     errors = 0
-    stop = time.monotonic() + seconds
+    warmed = 0
+    go = asyncio.Event()
+    stop = 0.0
+
+    async def cycle(conn: _Conn | _AioConn, q: str, body: str, give_up: float) -> bool:
+        await _call(conn, "SendMessage", {"QueueUrl": q, "MessageBody": body})
+        while True:
+            got = await _call(conn, "ReceiveMessage", {"QueueUrl": q})
+            if got.get("Messages"):
+                break
+            if time.monotonic() >= give_up:
+                return False
+        handle = got["Messages"][0]["ReceiptHandle"]
+        await _call(conn, "DeleteMessage", {"QueueUrl": q, "ReceiptHandle": handle})
+        return True
 
     async def worker(i: int) -> None:
-        nonlocal done, errors
+        nonlocal done, errors, warmed, stop
         base = urls[i % len(urls)]
         conn = make(base)
         q = f"{base}/{path}"
+        with contextlib.suppress(CmqError, OSError, asyncio.IncompleteReadError):
+            await cycle(conn, q, f"warm{i}", time.monotonic() + 5)
+        warmed += 1
+        if warmed == concurrency:
+            if on_start is not None:
+                on_start()
+            stop = time.monotonic() + seconds
+            go.set()
+        await go.wait()
         n = 0
         while time.monotonic() < stop:
             try:
-                await _call(conn, "SendMessage", {"QueueUrl": q, "MessageBody": f"m{i}-{n}"})
-                n += 1
-                while True:
-                    got = await _call(conn, "ReceiveMessage", {"QueueUrl": q})
-                    if got.get("Messages"):
-                        break
-                    if time.monotonic() >= stop + 5:
-                        return
-                handle = got["Messages"][0]["ReceiptHandle"]
-                await _call(conn, "DeleteMessage", {"QueueUrl": q, "ReceiptHandle": handle})
-                done += 1
+                ok = await cycle(conn, q, f"m{i}-{n}", stop + 5)
             except (CmqError, OSError, asyncio.IncompleteReadError):
                 errors += 1
+                continue
+            if not ok:
+                break
+            n += 1
+            done += 1
         conn.close()
         await asyncio.sleep(0)  # let an aiohttp session finish closing
 
+    tasks = [asyncio.ensure_future(worker(i)) for i in range(concurrency)]
+    await go.wait()
     start = time.monotonic()
-    await asyncio.gather(*(worker(i) for i in range(concurrency)))
+    await asyncio.gather(*tasks)
     elapsed = time.monotonic() - start
     return {
         "cycles": done,
@@ -333,8 +373,52 @@ async def _cycles(
     }
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User+system CPU of a process and its reaped children (Linux /proc)."""
+@dataclass(frozen=True)
+class _Cpu:
+    """One reading of a process's CPU time, in seconds: ``exact``, the sum of
+    its live threads' on-CPU nanoseconds (``/proc/<pid>/task/<tid>/schedstat``),
+    and ``ticks``, user+system time from ``/proc/<pid>/stat`` in 10 ms ticks,
+    which also counts threads that have ended and reaped children."""
+
+    exact: float
+    ticks: float
+
+
+def _cpu_reading(pid: int) -> _Cpu:
+    """The CPU time of ``pid`` so far (zeros for a process that is gone)."""
+    ns = 0
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            path = f"/proc/{pid}/task/{tid}/schedstat"
+            # A thread that just ended has no file any more.
+            with contextlib.suppress(FileNotFoundError), open(path, encoding="ascii") as f:
+                ns += int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ns = 0
+    return _Cpu(ns / 1e9, _stat_cpu_seconds(pid))
+
+
+def _cpu_used(before: _Cpu, after: _Cpu) -> float:
+    """CPU seconds between two readings of one process: the exact figure,
+    unless the ticks exceed it by more than two ticks (threads that ended in
+    between took their time with them from the exact sum)."""
+    exact, ticks = after.exact - before.exact, after.ticks - before.ticks
+    return ticks if ticks - exact > 2 / os.sysconf("SC_CLK_TCK") else exact
+
+
+def _thread_cpu_seconds(task: str) -> float:
+    """On-CPU time of one thread (``"PID/task/TID"``), in ns from its schedstat
+    as :func:`_cpu_reading` reads them (0 for a thread that is gone)."""
+    try:
+        with open(f"/proc/{task}/schedstat", encoding="ascii") as f:
+            return int(f.read().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def _stat_cpu_seconds(pid: int | str) -> float:
+    """User+system CPU of a process and its reaped children (Linux /proc), or of
+    one thread (``"PID/task/TID"``)."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii") as f:
             fields = f.read().rsplit(")", 1)[1].split()
@@ -365,11 +449,20 @@ def throughput(
     or against moto's server when ``store_url`` is None.
 
     Also measures the CPU time the service consumed during the run, read
-    from ``/proc/<pid>/stat`` of every node process (and its children) and of
+    per thread from ``/proc/<pid>/task/<tid>/schedstat`` (in ns; from
+    ``/proc/<pid>/stat`` for a process one of whose threads ended meanwhile,
+    see :class:`_Cpu`) of every node process (and its children) and of
     ``store_pids``, the store's own processes (the redis-server processes of
     a Redis Cluster; an SQLite store runs inside the nodes): ``node_cpu_s``,
     ``store_cpu_s`` and ``cycles_per_cpu_s`` = cycles / (node + store CPU
-    seconds). The load generator's own CPU is not counted. CPU per cycle is
+    seconds), counted, with the cycles, from when every connection has run
+    one warm-up cycle. The load generator's own CPU is not in that figure; it is
+    ``client_cpu_ms_per_cycle`` (this process's CPU for the asyncio clients,
+    the wrk processes' for ``client="wrk"``), which shows whether the
+    generator, rather than the node, is the bottleneck; and
+    ``loop_cpu_ms_per_cycle`` is the nodes' event-loop threads' alone (a
+    node's other threads, SQLite's, run beside it), so one core caps a node
+    at 1000 / that figure cycles per second. CPU per cycle is
     a figure that other load on the machine disturbs far less than cycles
     per second, and per CPU-second is how linear scaling shows on a machine
     with fewer cores than nodes.
@@ -378,11 +471,24 @@ def throughput(
     try:
         pids = [p.pid for p in servers.procs]
         pids += [c for p in pids for c in _children(p)]
-        before = sum(_cpu_seconds(p) for p in pids)
-        store_before = sum(_cpu_seconds(p) for p in store_pids)
-        result = asyncio.run(_cycles(servers.urls, seconds, concurrency, client))
-        cpu = sum(_cpu_seconds(p) for p in pids) - before
-        store_cpu = sum(_cpu_seconds(p) for p in store_pids) - store_before
+        before: dict[int, _Cpu] = {}
+        # The event loop's own thread (a node's main thread, tid = pid): the
+        # part of a node that one core bounds, whatever its other threads do.
+        loops = [f"{p}/task/{p}" for p in pids]
+        at_start = {"loop": 0.0, "client": 0.0}
+
+        def read_before() -> None:
+            before.update({p: _cpu_reading(p) for p in (*pids, *store_pids)})
+            at_start["loop"] = sum(_thread_cpu_seconds(t) for t in loops)
+            at_start["client"] = time.process_time()
+
+        result = asyncio.run(_cycles(servers.urls, seconds, concurrency, client, read_before))
+        # The load generator's CPU: this process's, or the wrk processes'.
+        client_cpu = result.pop("client_cpu_s", time.process_time() - at_start["client"])
+        used = {p: _cpu_used(reading, _cpu_reading(p)) for p, reading in before.items()}
+        cpu = sum(used[p] for p in pids)
+        store_cpu = sum(used[p] for p in store_pids)
+        loop_cpu = sum(_thread_cpu_seconds(t) for t in loops) - at_start["loop"]
     finally:
         servers.stop()
     total = cpu + store_cpu
@@ -393,6 +499,8 @@ def throughput(
         "client": client,
         **result,
         "server_cpu_ms_per_cycle": round(cpu * 1000 / max(1, result["cycles"]), 3),
+        "client_cpu_ms_per_cycle": round(client_cpu * 1000 / max(1, result["cycles"]), 3),
+        "loop_cpu_ms_per_cycle": round(loop_cpu * 1000 / max(1, result["cycles"]), 3),
         "node_cpu_s": round(cpu, 3),
         "store_cpu_s": round(store_cpu, 3),
         "cycles_per_cpu_s": round(result["cycles"] / total, 1) if total > 0 else 0.0,
@@ -433,6 +541,8 @@ def throughput_matrix(
     for (kind, nodes), rows in runs.items():
         rates = sorted(r["cycles_per_s"] for r in rows)
         cpus = sorted(r["server_cpu_ms_per_cycle"] for r in rows)
+        client_cpus = sorted(r["client_cpu_ms_per_cycle"] for r in rows)
+        loop_cpus = sorted(r["loop_cpu_ms_per_cycle"] for r in rows)
         out.append(
             {
                 "system": kind,
@@ -441,6 +551,8 @@ def throughput_matrix(
                 "cycles_per_s": rates[len(rates) // 2],
                 "all_cycles_per_s": rates,
                 "server_cpu_ms_per_cycle": cpus[len(cpus) // 2],
+                "client_cpu_ms_per_cycle": client_cpus[len(client_cpus) // 2],
+                "loop_cpu_ms_per_cycle": loop_cpus[len(loop_cpus) // 2],
                 "errors": sum(r["errors"] for r in rows),
             }
         )
@@ -486,6 +598,7 @@ async def _order_run(
         q = f"{base}/{path}"
         empty = 0
         while len(seen) < n and empty < 50:
+            request_ns = time.time_ns()
             try:
                 got = await _call(
                     conn,
@@ -516,6 +629,7 @@ async def _order_run(
                         "receiver": r,
                         "seq": body["seq"],
                         "send_ns": body["sent_ns"],
+                        "request_ns": request_ns,
                         "receive_ns": received_ns,
                         "receive_count": int(m["Attributes"]["ApproximateReceiveCount"]),
                         "message_id": m["MessageId"],
@@ -645,6 +759,7 @@ def lab_rows(records: Sequence[dict[str, Any]], run_id: str) -> list[dict[str, A
             "round_trip": False,
             "stream": r["queue"],
             "receiver": str(r["receiver"]),
+            "request_ns": r.get("request_ns"),
         }
         for r in records
     ]

@@ -336,10 +336,11 @@ def register(experiment: LabExperiment) -> LabExperiment:
 def _load() -> None:
     # The one place that imports experiments by name: each registers itself
     # at import. Helpers (``_proc``, ``_record``, ``_worker``) register nothing.
+    # Marked loaded only once all imported: after a MissingExtra the next
+    # call raises it again instead of answering from half a registry.
     global _loaded
     if _loaded:
         return
-    _loaded = True
     from cmq.lab.experiments import (  # noqa: F401
         bdqs,
         fig5,
@@ -351,6 +352,8 @@ def _load() -> None:
     )
     from cmq.lab.experiments.amqp import experiment as _amqp  # noqa: F401
     from cmq.lab.experiments.stockex import experiment as _stockex  # noqa: F401
+
+    _loaded = True
 
 
 def register_page(section: Page, *, replace: bool = False) -> Page:

@@ -15,6 +15,7 @@ import uuid
 from typing import Any
 from urllib.parse import urlsplit
 
+from cmq._extras import unavailable
 from cmq.lab.systems import _common
 from cmq.lab.systems._common import END, Ready
 
@@ -47,10 +48,9 @@ def _url() -> str:
 
 def available() -> str | None:
     """``None`` when nats-py imports and the server answers, else how to get them."""
-    try:
-        import nats  # noqa: F401
-    except ImportError:
-        return "nats-py is not installed: pip install 'pycmq[lab]'"
+    missing = unavailable("the NATS peer", "nats")
+    if missing is not None:
+        return missing
     url = _url()
     parts = urlsplit(url)
     if not _common.reachable(parts.hostname or "127.0.0.1", parts.port or 4222):

@@ -18,6 +18,7 @@ from collections import deque
 from typing import Any
 from urllib.parse import urlsplit
 
+from cmq._extras import unavailable
 from cmq.lab.systems import _common
 from cmq.lab.systems._common import END, Ready
 
@@ -50,10 +51,9 @@ def _url() -> str:
 
 def available() -> str | None:
     """``None`` when pika imports and the broker answers, else how to get them."""
-    try:
-        import pika  # noqa: F401
-    except ImportError:
-        return "pika is not installed: pip install 'pycmq[lab]'"
+    missing = unavailable("the RabbitMQ peer", "pika")
+    if missing is not None:
+        return missing
     url = _url()
     parts = urlsplit(url)
     if not _common.reachable(parts.hostname or "127.0.0.1", parts.port or 5672):

@@ -11,6 +11,7 @@ import contextlib
 import time
 from typing import Any
 
+from cmq._extras import unavailable
 from cmq.lab.systems import _common
 from cmq.lab.systems._common import END, Ready
 
@@ -38,11 +39,7 @@ _CHUNK = 4096  # messages received between two looks at the deadline
 
 def available() -> str | None:
     """``None`` when pyzmq imports, else how to get it."""
-    try:
-        import zmq  # noqa: F401
-    except ImportError:
-        return "pyzmq is not installed: pip install 'pycmq[bench]'"
-    return None
+    return unavailable("the ZeroMQ peer", "zmq")
 
 
 def command() -> list[str]:

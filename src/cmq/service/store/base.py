@@ -34,6 +34,7 @@ import abc
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from cmq.service.model import (
+    Browsed,
     ChangeResult,
     NewMessage,
     QueueCounts,
@@ -158,6 +159,28 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def purge(self, name: str) -> None:
         """Delete every message of the queue. Raises QueueDoesNotExist."""
+
+    async def counts_many(self, names: Sequence[str], now: int) -> dict[str, QueueCounts]:
+        """:meth:`counts` of each of ``names`` that exists (a missing one is
+        left out). Stores may answer it in one read; this one asks each."""
+        from cmq.service.errors import QueueDoesNotExist
+
+        out = {}
+        for name in names:
+            try:
+                out[name] = await self.counts(name, now)
+            except QueueDoesNotExist:
+                continue
+        return out
+
+    async def browse(self, name: str, limit: int) -> list[Browsed]:
+        """The first ``limit`` messages of the queue in sequence order, visible
+        or not, changing nothing (no receive is counted, no visibility moves).
+        Raises QueueDoesNotExist, or UnsupportedOperation on a store without it.
+        """
+        from cmq.service.errors import UnsupportedOperation
+
+        raise UnsupportedOperation(f"{type(self).__name__} cannot show messages without receiving them.")
 
     async def usage(self) -> int:
         """Bytes the store holds, approximately (what the node's byte bound

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from cmq.service.errors import QueueDoesNotExist
 from cmq.service.model import (
+    Browsed,
     ChangeResult,
     NewMessage,
     QueueCounts,
@@ -188,6 +189,15 @@ class MemoryStore(Store):
 
     async def purge(self, name: str) -> None:
         self._queue(name).messages.clear()
+
+    async def browse(self, name: str, limit: int) -> list[Browsed]:
+        out: list[Browsed] = []
+        for seq, m in self._queue(name).messages.items():
+            if len(out) >= limit:
+                break
+            out.append(Browsed(seq=seq, payload=m.payload, visible_at=m.visible_at,
+                               receive_count=m.receive_count))  # fmt: skip
+        return out
 
     async def usage(self) -> int:
         """Bytes of the payloads held (a walk of every message)."""

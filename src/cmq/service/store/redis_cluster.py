@@ -52,13 +52,10 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-import redis.asyncio as aioredis
-from redis import exceptions as rexc
-from redis.asyncio.connection import Connection
-from redis.crc import key_slot
-
+from cmq._extras import optional_imports
 from cmq.service.errors import QueueDoesNotExist, StoreUnavailable
 from cmq.service.model import (
+    Browsed,
     ChangeResult,
     NewMessage,
     QueueCounts,
@@ -69,6 +66,12 @@ from cmq.service.model import (
 )
 from cmq.service.ordering import standard_picks
 from cmq.service.store.base import Store
+
+with optional_imports("the Redis Cluster store"):
+    import redis.asyncio as aioredis
+    from redis import exceptions as rexc
+    from redis.asyncio.connection import Connection
+    from redis.crc import key_slot
 
 __all__ = ["RETRY_SECONDS", "RedisClusterStore"]
 
@@ -583,6 +586,34 @@ class RedisClusterStore(Store):
         for key, value in attributes.items():
             args += [key, value]
         await self._call("set", name, args, wait=True)
+
+    async def browse(self, name: str, limit: int) -> list[Browsed]:
+        # Two read-only round trips: the heads of both indexes, then the
+        # chosen messages (one deleted in between is left out).
+        k = dict(zip(_FIELDS, _keys(name), strict=True))
+        exists, vis, inv = await self._commands(name, [
+            ("EXISTS", k["meta"]),
+            ("ZRANGE", k["vis"], 0, limit - 1),
+            ("ZRANGE", k["inv"], 0, limit - 1, "WITHSCORES"),
+        ])  # fmt: skip
+        if not exists:
+            raise QueueDoesNotExist(f"The specified queue {name} does not exist.")
+        at = {int(s): 0 for s in vis}
+        # WITHSCORES: flat (RESP2) or as [member, score] pairs (RESP3).
+        flat = [x for pair in inv for x in pair] if inv and isinstance(inv[0], list) else inv
+        at.update({int(flat[i]): int(float(flat[i + 1])) for i in range(0, len(flat), 2)})
+        seqs = sorted(at)[:limit]
+        if not seqs:
+            return []
+        replies = await self._commands(
+            name, [c for s in seqs for c in (("HGET", k["msg"], s), ("HGET", k["rc"], s))]
+        )
+        return [
+            Browsed(seq=s, payload=replies[2 * i].decode(), visible_at=at[s],
+                    receive_count=int(replies[2 * i + 1] or 0))
+            for i, s in enumerate(seqs)
+            if replies[2 * i] is not None
+        ]
 
     async def counts(self, name: str, now: int) -> QueueCounts:
         visible, in_flight, delayed = await self._call("counts", name, [now])

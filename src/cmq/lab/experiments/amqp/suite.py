@@ -252,14 +252,17 @@ class BrokerProcess:
                 self.proc.stdout.close()
 
 
-def cmq_broker() -> BrokerProcess:
-    """Start ``cmq broker --port 0`` in a process of its own.
+def cmq_broker(*, amqp: bool = False) -> BrokerProcess:
+    """Start ``cmq broker --port 0`` in a process of its own; with ``amqp``,
+    also its AMQP listener (``--amqp-port 0``), and the broker is system
+    ``cmq-pika`` at that listener's URL.
 
     Raises:
         WorkerError: it did not say where it serves.
     """
+    extra = ["--amqp-port", "0"] if amqp else []
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cmq", "broker", "--port", "0", "--in-memory"],
+        [sys.executable, "-m", "cmq", "broker", "--port", "0", "--in-memory", *extra],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         text=True,
@@ -271,7 +274,11 @@ def cmq_broker() -> BrokerProcess:
         proc.kill()
         proc.wait()
         raise WorkerError(f"cmq broker did not start: {line!r}")
-    return BrokerProcess(system="cmq", address=line.strip().rpartition(" ")[2], pid=proc.pid,
+    if amqp:
+        # "cmq broker serving on HOST:PORT, AMQP 0-9-1 on HOST:PORT"
+        return BrokerProcess(system="cmq-pika", address=f"amqp://guest:guest@{line.strip().rpartition(' ')[2]}/%2F",
+                             pid=proc.pid, proc=proc)  # fmt: skip
+    return BrokerProcess(system="cmq", address=line.strip().rpartition(" ")[2].rstrip(","), pid=proc.pid,
                          proc=proc)  # fmt: skip
 
 
@@ -440,7 +447,7 @@ def broker_session(system: str) -> Iterator[tuple[BrokerProcess, Transport]]:
     Raises:
         WorkerError: the cmq broker did not start.
     """
-    broker = cmq_broker() if system == "cmq" else rabbitmq()
+    broker = cmq_broker(amqp=system == "cmq-pika") if system in ("cmq", "cmq-pika") else rabbitmq()
     try:
         admin = open_transport(system, broker.address)
         try:

@@ -29,6 +29,7 @@ from collections.abc import Generator, Mapping, Sequence
 from typing import Any, Final, Protocol
 
 from cmq._errors import ConfigError, Timeout
+from cmq._extras import require, unavailable
 
 __all__ = [
     "AMQP_URL",
@@ -165,17 +166,16 @@ class RabbitTransport:
     """RabbitMQ at ``url`` through pika (see the module docstring).
 
     Raises:
-        ConfigError: pika is not installed.
+        MissingExtra: pika (the ``lab`` extra) is not installed.
         Exception: whatever pika raises when the server is not reachable.
     """
 
     system = "rabbitmq"
 
     def __init__(self, url: str = AMQP_URL) -> None:
-        try:
-            import pika
-        except ImportError as exc:
-            raise ConfigError("pika is not installed (pip install pika)") from exc
+        require("the RabbitMQ transport", "pika")
+        import pika
+
         self.connection = pika.BlockingConnection(pika.URLParameters(url))
         self.channel = self.connection.channel()
         # The underlying channel: frames a publish without polling the socket.
@@ -247,24 +247,30 @@ class RabbitTransport:
 
 
 def open_transport(system: str, address: str) -> Transport:
-    """A transport of ``system`` (``"cmq"`` or ``"rabbitmq"``) to ``address``.
+    """A transport of ``system`` to ``address``: ``"cmq"`` (the cmq broker
+    through cmq's client), ``"rabbitmq"`` (RabbitMQ through pika) or
+    ``"cmq-pika"`` (the cmq broker's AMQP listener through the same pika
+    code as RabbitMQ: the two brokers behind one client).
 
     Raises:
         ConfigError: an unknown system.
     """
     if system == "cmq":
         return CmqTransport(address)
-    if system == "rabbitmq":
-        return RabbitTransport(address)
-    raise ConfigError(f"unknown AMQP suite system {system!r}: cmq or rabbitmq")
+    if system in ("rabbitmq", "cmq-pika"):
+        t = RabbitTransport(address)
+        t.system = system
+        return t
+    raise ConfigError(f"unknown AMQP suite system {system!r}: cmq, cmq-pika or rabbitmq")
 
 
 def rabbit_available(url: str = AMQP_URL, timeout: float = 3.0) -> str | None:
     """``None`` when RabbitMQ answers at ``url``, else one line saying why and how to get it."""
-    try:
-        import pika
-    except ImportError:
-        return "pika is not installed (pip install pika)"
+    missing = unavailable("the RabbitMQ comparison", "pika")
+    if missing is not None:
+        return missing
+    import pika
+
     params = pika.URLParameters(url)
     params.socket_timeout = timeout
     params.blocked_connection_timeout = timeout

@@ -1,0 +1,772 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""cmq's compiled core: the per-message and per-datagram hot path in C.
+
+What is here, each a drop-in for a pure-Python twin that stays the
+reference (``CMQ_PURE_PYTHON=1`` selects the twins; the test suite runs
+the sans-IO tests against both and checks byte-for-byte equal output):
+
+- :class:`Stream`, the batcher's per-destination state (as
+  :class:`cmq.wire.batcher.Stream`, with C fields for what every push reads);
+- :func:`make_append`, :func:`make_sender` and :func:`make_push`: the fast
+  half of a push (as ``Batcher._make_append`` and the closures of
+  ``cmq.net._base.Endpoint``);
+- :func:`frame` and :func:`split_frames`: framing and parsing of a
+  datagram (as :mod:`cmq.wire.frames`);
+- :class:`DatagramIO`: many datagrams per system call, ``recvmmsg`` and
+  ``sendmmsg``, with the GIL released around the call.
+
+Thread safety. The pure path relies on the GIL for two things, and so does
+this module, on purpose and no more: a ``list.append`` of a payload to a
+stream's batch is atomic (it is under free-threaded CPython too, which
+locks the list), and the counters the driver reads (``check_at``) are
+written only under the driver's batch lock. Nothing here keeps state
+between calls except a :class:`DatagramIO`'s buffers, which one reading
+thread owns (the driver's receive lock).
+"""
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
+from libc.stdlib cimport free, malloc
+from libc.string cimport memcmp, memcpy, memset
+from libc.errno cimport errno, EAGAIN, EINTR, EBADF, EINVAL, EIO, ENOPROTOOPT
+from posix.unistd cimport close
+
+from cmq._errors import ProtocolError
+
+cdef extern from "<sys/socket.h>" nogil:
+    ctypedef unsigned int socklen_t
+    ctypedef unsigned short sa_family_t
+    struct sockaddr:
+        sa_family_t sa_family
+    struct sockaddr_storage:
+        sa_family_t ss_family
+    struct iovec:
+        void *iov_base
+        size_t iov_len
+    struct msghdr:
+        void *msg_name
+        socklen_t msg_namelen
+        iovec *msg_iov
+        size_t msg_iovlen
+        void *msg_control
+        size_t msg_controllen
+        int msg_flags
+    struct mmsghdr:
+        msghdr msg_hdr
+        unsigned int msg_len
+    int recvmmsg(int sockfd, mmsghdr *msgvec, unsigned int vlen, int flags, void *timeout)
+    int sendmmsg(int sockfd, mmsghdr *msgvec, unsigned int vlen, int flags)
+    int AF_INET
+    int AF_INET6
+    int MSG_DONTWAIT
+
+cdef extern from "<netinet/in.h>" nogil:
+    struct in_addr:
+        unsigned int s_addr
+    struct sockaddr_in:
+        sa_family_t sin_family
+        unsigned short sin_port
+        in_addr sin_addr
+    struct in6_addr:
+        unsigned char s6_addr[16]
+    struct sockaddr_in6:
+        sa_family_t sin6_family
+        unsigned short sin6_port
+        unsigned int sin6_flowinfo
+        in6_addr sin6_addr
+        unsigned int sin6_scope_id
+    unsigned short ntohs(unsigned short)
+    unsigned short htons(unsigned short)
+    unsigned int ntohl(unsigned int)
+    unsigned int htonl(unsigned int)
+
+cdef extern from "Python.h":
+    # Runs the Python signal handlers (a KeyboardInterrupt raises from here).
+    int PyErr_CheckSignals() except -1
+
+cdef extern from "<malloc.h>" nogil:
+    int mallopt(int param, int value)
+    int M_TRIM_THRESHOLD
+    int M_TOP_PAD
+
+cdef extern from "<arpa/inet.h>" nogil:
+    const char *inet_ntop(int af, const void *src, char *dst, socklen_t size)
+    int inet_pton(int af, const char *src, void *dst)
+
+# The batcher's answers (cmq.wire.batcher).
+cdef object QUEUED = 0
+cdef object LARGE = 3
+cdef object CHECK = 4
+
+# A frame's long length prefix: 0xFF and 8 bytes (cmq.wire.frames).
+cdef enum:
+    LONG_PREFIX = 9
+
+
+cdef class Stream:
+    """The batch and sequence state of one (address, mailbox) pair.
+
+    The compiled twin of :class:`cmq.wire.batcher.Stream`: the same
+    attributes, with the batch list and its counters as C fields (every
+    push reads them; :func:`check` and :func:`cut` work on them).
+    """
+
+    cdef public object addr
+    cdef public object mailbox
+    cdef public object head
+    cdef public object ext
+    cdef public object rel
+    cdef public list frames
+    cdef public Py_ssize_t limit
+    cdef public Py_ssize_t check_at
+    cdef public Py_ssize_t counted
+    cdef public Py_ssize_t size
+    cdef public object sizes
+    cdef public object seq
+    cdef public long long gen
+    cdef public long long armed
+    cdef public double last_send
+
+    def __init__(self, addr, mailbox, qthresh, head=b""):
+        self.addr = addr
+        self.mailbox = mailbox
+        self.head = head
+        self.ext = b""
+        self.rel = None
+        self.frames = []
+        self.limit = qthresh
+        self.check_at = 1
+        self.counted = 0
+        self.size = 0
+        self.sizes = []
+        self.seq = 0
+        self.gen = 0
+        self.armed = -1
+        self.last_send = float("-inf")
+
+    @property
+    def pending(self):
+        """Messages waiting in the batch."""
+        return len(self.frames)
+
+
+cdef inline object _append(Stream s, object payload, Py_ssize_t large):
+    # The fast half of a push (cmq.wire.batcher): LARGE, QUEUED or CHECK.
+    if len(payload) >= large:
+        return LARGE
+    cdef list frames = s.frames
+    frames.append(payload)
+    if PyList_GET_SIZE(frames) < s.check_at:
+        return QUEUED
+    return CHECK
+
+
+def make_append(Py_ssize_t large):
+    """The batcher's fast half (``Batcher.append``) for payloads under ``large`` bytes."""
+
+    def append(Stream s, payload):
+        return _append(s, payload, large)
+
+    return append
+
+
+def make_sender(Stream s, after, encode, bint raw, Py_ssize_t large):
+    """A push bound to stream ``s`` (``Endpoint.sender``): encode, append, and
+    call ``after(s, payload, answer)`` when the batcher's answer is not QUEUED."""
+
+    def send(msg):
+        if raw and type(msg) is bytes:
+            payload = msg
+        else:
+            payload = encode(msg)
+        r = _append(s, payload, large)
+        if r is not QUEUED:
+            after(s, payload, r)
+
+    return send
+
+
+def make_push(dict cache, stream_for, after, encode, bint raw, packb, Py_ssize_t large):
+    """``Endpoint.push`` (``push(dest, msg, mailbox=0)``) and its ``forget``.
+
+    The last (destination, mailbox) is remembered by identity, as the pure
+    closure does; ``forget()`` drops that memo.
+    """
+    cdef Stream s = Stream(("0.0.0.0", 0), 0, 1)  # a placeholder: last_dest matches no destination
+    last_dest = object()
+    last_mailbox = -1
+
+    def push(dest, msg, mailbox=0):
+        nonlocal s, last_dest, last_mailbox
+        if dest is not last_dest or mailbox != last_mailbox:
+            try:
+                s = cache[dest, mailbox]
+            except (KeyError, TypeError):
+                s = stream_for(dest, mailbox)
+            if type(dest) is tuple or type(dest) is str:
+                last_dest = dest
+                last_mailbox = mailbox
+            else:
+                last_dest = object()
+        if raw:
+            payload = msg if type(msg) is bytes else encode(msg)
+        else:
+            try:
+                payload = packb(msg)
+            except (TypeError, ValueError, OverflowError):
+                payload = encode(msg)  # raises the documented TypeError
+        r = _append(s, payload, large)
+        if r is not QUEUED:
+            after(s, payload, r)
+
+    def forget():
+        nonlocal last_dest, last_mailbox
+        last_dest = object()
+        last_mailbox = -1
+
+    return push, forget
+
+
+cdef object OPENED = 1
+cdef object FULL = 2
+
+
+def check(Stream s, Py_ssize_t max_body):
+    """The batcher's slow half of a push (``Batcher.check``): QUEUED, OPENED or FULL.
+
+    Counts the bytes of the messages appended since the last call in one C
+    loop. It does not keep their sizes for ``take`` (:func:`cut` measures
+    the batch itself). Same serialisation rule as the pure twin.
+    """
+    cdef list frames = s.frames
+    cdef Py_ssize_t total = PyList_GET_SIZE(frames)
+    cdef Py_ssize_t counted = s.counted
+    cdef Py_ssize_t k, i, n, nbytes = 0
+    cdef object p
+    if counted == 0 and total == 1:
+        # A batch opening with one message (the common case).
+        p = <object>PyList_GET_ITEM(frames, 0)
+        n = PyBytes_GET_SIZE(p) if type(p) is bytes else len(p)
+        counted = s.counted = 1
+        s.size = n + 1 if n < 255 else n + 9
+    else:
+        k = total - counted if total > counted else 0
+        if k:
+            for i in range(counted, total):
+                p = <object>PyList_GET_ITEM(frames, i)
+                nbytes += PyBytes_GET_SIZE(p) if type(p) is bytes else len(p)
+            counted += k
+            s.counted = counted
+            # Framing: one byte a message, nine for long ones (judged by the average).
+            s.size += nbytes + k * (1 if nbytes < 255 * k else 9)
+        elif not total:
+            return QUEUED  # taken meanwhile: the next push opens a batch
+    cdef Py_ssize_t size = s.size
+    cdef Py_ssize_t avg = size // counted
+    if avg == 0:
+        avg = 1
+    cdef Py_ssize_t limit = s.limit
+    cdef Py_ssize_t room = max_body - size
+    if size >= limit or avg > room:
+        return FULL
+    cdef Py_ssize_t more = (limit - size + avg - 1) // avg
+    if room // avg < more:
+        more = room // avg
+    s.check_at = counted + (more if more > 1 else 1)
+    if s.armed == s.gen:
+        return QUEUED
+    s.armed = s.gen
+    return OPENED
+
+
+def make_check(Py_ssize_t max_body):
+    """:func:`check` for batches of at most ``max_body`` bytes: ``check(s)``."""
+
+    def check_(Stream s):
+        return check(s, max_body)
+
+    return check_
+
+
+def cut(list chunk, bytes head, seq, bytes ext, Py_ssize_t limit):
+    """``chunk`` framed into datagrams of at most ``limit`` body bytes each
+    (at least one message each), numbered from ``seq``: as ``Batcher.take``
+    cuts a batch, byte for byte."""
+    cdef Py_ssize_t count = PyList_GET_SIZE(chunk)
+    cdef Py_ssize_t start = 0, end, body, n
+    cdef object p
+    cdef list out = []
+    cdef unsigned long long sq = <unsigned long long>(seq & 0xFFFFFFFF)
+    while start < count:
+        end = start
+        body = 0
+        while end < count:
+            p = <object>PyList_GET_ITEM(chunk, end)
+            if type(p) is not bytes:
+                raise TypeError("payloads must be bytes")
+            n = PyBytes_GET_SIZE(p)
+            n += 1 if n < 255 else LONG_PREFIX
+            if end > start and body + n > limit:
+                break
+            body += n
+            end += 1
+        out.append(frame(chunk[start:end] if start or end < count else chunk, head, sq, ext))
+        sq = (sq + 1) & 0xFFFFFFFF
+        start = end
+    return out
+
+
+# -- framing -------------------------------------------------------------------
+
+
+cdef inline unsigned char *_put_be32(unsigned char *p, unsigned long v) noexcept nogil:
+    p[0] = (v >> 24) & 0xFF
+    p[1] = (v >> 16) & 0xFF
+    p[2] = (v >> 8) & 0xFF
+    p[3] = v & 0xFF
+    return p + 4
+
+
+cdef inline unsigned char *_put_prefix(unsigned char *p, Py_ssize_t n) noexcept nogil:
+    cdef int k
+    cdef unsigned long long v
+    if n < 255:
+        p[0] = <unsigned char>n
+        return p + 1
+    p[0] = 0xFF
+    v = <unsigned long long>n
+    for k in range(8):
+        p[1 + k] = (v >> (56 - 8 * k)) & 0xFF
+    return p + LONG_PREFIX
+
+
+def frame(list payloads, bytes head, seq, bytes ext):
+    """``head + seq (4 bytes, big-endian) + ext + frames`` in one allocation
+    (as :func:`cmq.wire.frames.frame`): an untagged datagram of a stream.
+
+    Raises:
+        TypeError: a payload is not ``bytes`` (the caller falls back).
+    """
+    cdef Py_ssize_t count = PyList_GET_SIZE(payloads)
+    cdef Py_ssize_t i, n, total
+    cdef Py_ssize_t hlen = PyBytes_GET_SIZE(head)
+    cdef Py_ssize_t elen = PyBytes_GET_SIZE(ext)
+    cdef object p
+    cdef unsigned long sq = <unsigned long>(seq & 0xFFFFFFFF)
+    total = hlen + 4 + elen
+    for i in range(count):
+        p = <object>PyList_GET_ITEM(payloads, i)
+        if type(p) is not bytes:
+            raise TypeError("payloads must be bytes")
+        n = PyBytes_GET_SIZE(p)
+        total += n + (1 if n < 255 else LONG_PREFIX)
+    out = PyBytes_FromStringAndSize(NULL, total)
+    cdef unsigned char *w = <unsigned char *>PyBytes_AS_STRING(out)
+    memcpy(w, PyBytes_AS_STRING(head), hlen)
+    w = _put_be32(w + hlen, sq)
+    if elen:
+        memcpy(w, PyBytes_AS_STRING(ext), elen)
+        w += elen
+    for i in range(count):
+        p = <object>PyList_GET_ITEM(payloads, i)
+        n = PyBytes_GET_SIZE(p)
+        w = _put_prefix(w, n)
+        memcpy(w, PyBytes_AS_STRING(p), n)
+        w += n
+    return out
+
+
+def split_frames(bytes data, Py_ssize_t start, Py_ssize_t end):
+    """Split ``data[start:end]`` into frame payloads (as :func:`cmq.wire.frames.split_frames`).
+
+    Raises:
+        ProtocolError: a frame runs past ``end``.
+    """
+    cdef Py_ssize_t size = PyBytes_GET_SIZE(data)
+    if start < 0:
+        start = 0
+    if end > size:
+        end = size
+    cdef const unsigned char *b = <const unsigned char *>PyBytes_AS_STRING(data)
+    cdef Py_ssize_t i = start, j
+    cdef unsigned long long n
+    cdef int k
+    cdef list out = []
+    while i < end:
+        n = b[i]
+        if n == 255:
+            if i + LONG_PREFIX > end:
+                raise ProtocolError("long frame length runs past the end")
+            n = 0
+            for k in range(8):
+                n = (n << 8) | b[i + 1 + k]
+            i += LONG_PREFIX
+        else:
+            i += 1
+        if n > <unsigned long long>(end - i):
+            raise ProtocolError("frame runs past the end of the datagram")
+        j = i + <Py_ssize_t>n
+        out.append(PyBytes_FromStringAndSize(<const char *>b + i, j - i))
+        i = j
+    return out
+
+
+# -- many datagrams per system call ----------------------------------------------
+
+
+cdef bint _malloc_tuned = False
+
+
+def keep_freed_memory(int trim_threshold, int top_pad):
+    """Ask glibc's malloc to keep up to ``trim_threshold`` bytes of freed
+    memory in the process and to grow the heap ``top_pad`` bytes at a time.
+
+    A reliable sender allocates a datagram per batch and frees it when it
+    is acknowledged, often many at once: by default glibc hands that memory
+    back to the kernel and the next datagrams fault it in again, page by
+    page (measured: about half of the sender's page faults at 512 B). Done
+    once per process, and not at all when the environment already sets
+    ``MALLOC_TRIM_THRESHOLD_`` or ``MALLOC_TOP_PAD_`` (the caller checks).
+    Returns whether this call changed the settings.
+    """
+    global _malloc_tuned
+    if _malloc_tuned:
+        return False
+    _malloc_tuned = True
+    mallopt(M_TRIM_THRESHOLD, trim_threshold)
+    mallopt(M_TOP_PAD, top_pad)
+    return True
+
+
+cdef object _addr_tuple(sockaddr_storage *sa, socklen_t salen):
+    cdef char text[64]
+    cdef sockaddr_in *a4
+    cdef sockaddr_in6 *a6
+    if sa.ss_family == AF_INET:
+        a4 = <sockaddr_in *>sa
+        inet_ntop(AF_INET, &a4.sin_addr, text, sizeof(text))
+        return (text.decode("ascii"), ntohs(a4.sin_port))
+    if sa.ss_family == AF_INET6:
+        a6 = <sockaddr_in6 *>sa
+        inet_ntop(AF_INET6, &a6.sin6_addr, text, sizeof(text))
+        return (text.decode("ascii"), ntohs(a6.sin6_port), ntohl(a6.sin6_flowinfo), a6.sin6_scope_id)
+    return None
+
+
+cdef int _fill_addr(object addr, sockaddr_storage *sa, socklen_t *salen) except -1:
+    # addr as the socket module gives it: (host, port) or (host, port, flow, scope).
+    cdef sockaddr_in *a4
+    cdef sockaddr_in6 *a6
+    host = addr[0]
+    cdef bytes h = host.encode("ascii") if isinstance(host, str) else bytes(host)
+    memset(sa, 0, sizeof(sockaddr_storage))
+    if len(addr) == 2:
+        a4 = <sockaddr_in *>sa
+        if inet_pton(AF_INET, h, &a4.sin_addr) != 1:
+            return 0
+        a4.sin_family = AF_INET
+        a4.sin_port = htons(<unsigned short>addr[1])
+        salen[0] = sizeof(sockaddr_in)
+        return 1
+    a6 = <sockaddr_in6 *>sa
+    if inet_pton(AF_INET6, h, &a6.sin6_addr) != 1:
+        return 0
+    a6.sin6_family = AF_INET6
+    a6.sin6_port = htons(<unsigned short>addr[1])
+    a6.sin6_flowinfo = htonl(<unsigned int>addr[2])
+    a6.sin6_scope_id = <unsigned int>addr[3]
+    salen[0] = sizeof(sockaddr_in6)
+    return 1
+
+
+# UDP segmentation offload (linux/udp.h): one send of many equal datagrams,
+# and the receive side's coalesced reads (GRO) that are cut again here.
+cdef enum:
+    SOL_UDP_ = 17
+    UDP_SEGMENT_ = 103
+    UDP_GRO_ = 104
+    # The most segments one GSO send carries (the kernel's UDP_MAX_SEGMENTS).
+    GSO_MAX_SEGMENTS = 64
+    # The most bytes one GSO send carries (an IP datagram's payload).
+    GSO_MAX_BYTES = 65000
+    CONTROL_SIZE = 64
+
+cdef extern from "<sys/socket.h>" nogil:
+    struct cmsghdr:
+        size_t cmsg_len
+        int cmsg_level
+        int cmsg_type
+    cmsghdr *CMSG_FIRSTHDR(msghdr *msgh)
+    cmsghdr *CMSG_NXTHDR(msghdr *msgh, cmsghdr *cmsg)
+    unsigned char *CMSG_DATA(cmsghdr *cmsg)
+    size_t CMSG_LEN(size_t length)
+    size_t CMSG_SPACE(size_t length)
+    int setsockopt(int sockfd, int level, int optname, const void *optval, socklen_t optlen)
+
+
+cdef class DatagramIO:
+    """``recvmmsg``/``sendmmsg`` on one datagram socket, with UDP GSO and GRO.
+
+    It owns ``fd``, a duplicate of the socket's descriptor (``os.dup``), so
+    the socket stays open for a call in flight even when its owner closes
+    it meanwhile, and the number can never name another file; :meth:`close`
+    closes it (after which calls raise ``OSError(EBADF)``).
+
+    ``slots`` datagrams of up to ``size`` bytes are read per call into
+    buffers this object owns, so one reading thread at a time may use
+    :meth:`recv` (the driver's receive lock); :meth:`send` may be called
+    from any thread holding the driver's send lock. The GIL is released
+    around every system call.
+
+    Segmentation offload, where the kernel has it (Linux 4.18 for GSO, 5.0
+    for GRO): :meth:`send` hands a run of equal-size datagrams to one
+    destination to the kernel as one buffer that it cuts into datagrams
+    (``UDP_SEGMENT``); with ``gro`` the socket accepts such runs coalesced
+    (``UDP_GRO``) and :meth:`recv` cuts them again, so what comes out is
+    always one bytes object per datagram sent. A kernel that refuses either
+    turns it off for this object, and the plain calls carry on
+    (:attr:`gso` and :attr:`gro` say what is on).
+    """
+
+    cdef int fd
+    cdef unsigned int slots
+    cdef size_t size
+    cdef char *buf
+    cdef mmsghdr *msgs
+    cdef iovec *iovs
+    cdef sockaddr_storage *names
+    cdef char *control
+    # The send side's own vectors: a send and a read may run at once in two threads.
+    cdef mmsghdr *smsgs
+    cdef iovec *siovs
+    cdef char *scontrol
+    cdef public bint gso
+    cdef public bint gro
+    #: Reads the kernel coalesced (GRO) and this object cut again, and segmented sends (GSO), so far.
+    cdef public unsigned long long coalesced
+    cdef public unsigned long long segmented
+    # The last source address read and its tuple: a peer's datagrams share one object.
+    cdef sockaddr_storage last_sa
+    cdef socklen_t last_len
+    cdef object last_addr
+
+    def __cinit__(self, int fd, unsigned int slots=32, size_t size=65536, bint gso=True, bint gro=True):
+        cdef int one = 1
+        self.fd = fd
+        self.slots = slots if slots > 0 else 1
+        self.size = size
+        self.buf = <char *>malloc(self.slots * size)
+        self.msgs = <mmsghdr *>malloc(self.slots * sizeof(mmsghdr))
+        self.iovs = <iovec *>malloc(self.slots * sizeof(iovec))
+        self.names = <sockaddr_storage *>malloc(self.slots * sizeof(sockaddr_storage))
+        self.control = <char *>malloc(self.slots * CONTROL_SIZE)
+        self.smsgs = <mmsghdr *>malloc(self.slots * sizeof(mmsghdr))
+        self.siovs = <iovec *>malloc(self.slots * GSO_MAX_SEGMENTS * sizeof(iovec))
+        self.scontrol = <char *>malloc(self.slots * CONTROL_SIZE)
+        if (not self.buf or not self.msgs or not self.iovs or not self.names or not self.control
+                or not self.smsgs or not self.siovs or not self.scontrol):
+            raise MemoryError()
+        self.last_len = 0
+        self.last_addr = None
+        self.gso = gso
+        # A coalesced read can be as large as a GSO send: only with whole-datagram buffers.
+        self.gro = gro and size >= 65536 and setsockopt(fd, SOL_UDP_, UDP_GRO_, &one, sizeof(one)) == 0
+
+    def close(self):
+        """Close the descriptor (the socket closes with its last descriptor)."""
+        if self.fd >= 0:
+            close(self.fd)
+            self.fd = -1
+
+    def __dealloc__(self):
+        if self.fd >= 0:
+            close(self.fd)
+        free(self.buf)
+        free(self.msgs)
+        free(self.iovs)
+        free(self.names)
+        free(self.control)
+        free(self.smsgs)
+        free(self.siovs)
+        free(self.scontrol)
+
+    def recv(self, unsigned int limit=0, bint wait=False):
+        """Up to ``limit`` (at most ``slots``) reads as ``[(bytes, addr), ...]``, one item per datagram sent.
+
+        Without ``wait`` the call never blocks; an empty list means nothing
+        was there. With ``wait`` it blocks until at least one datagram
+        arrives (the socket's timeout, SO_RCVTIMEO, bounds it). A read the
+        kernel coalesced (GRO) gives several items. A socket shut down
+        gives ``(b"", None)``.
+
+        Raises:
+            OSError: the system call failed (BlockingIOError on a timeout
+                while waiting).
+        """
+        cdef unsigned int count = self.slots if limit == 0 or limit > self.slots else limit
+        cdef unsigned int i
+        cdef int got, err = 0
+        cdef int flags = 0 if wait else MSG_DONTWAIT
+        if self.fd < 0:
+            raise OSError(EBADF, "closed")
+        memset(self.msgs, 0, count * sizeof(mmsghdr))
+        for i in range(count):
+            self.iovs[i].iov_base = self.buf + i * self.size
+            self.iovs[i].iov_len = self.size
+            self.msgs[i].msg_hdr.msg_iov = &self.iovs[i]
+            self.msgs[i].msg_hdr.msg_iovlen = 1
+            self.msgs[i].msg_hdr.msg_name = &self.names[i]
+            self.msgs[i].msg_hdr.msg_namelen = sizeof(sockaddr_storage)
+            self.names[i].ss_family = 0  # no address: a socket shut down (the tuple is None)
+            if self.gro:
+                self.msgs[i].msg_hdr.msg_control = self.control + i * CONTROL_SIZE
+                self.msgs[i].msg_hdr.msg_controllen = CONTROL_SIZE
+        while True:
+            with nogil:
+                # With wait, the first datagram blocks; the rest are only
+                # what is already there (MSG_WAITFORONE).
+                got = recvmmsg(self.fd, self.msgs, count, flags | (0x10000 if wait else 0), NULL)
+                if got < 0:
+                    err = errno
+            if got >= 0 or err != EINTR:
+                break
+            PyErr_CheckSignals()  # as the socket module: a handler may raise
+        if got < 0:
+            if err == EAGAIN:  # EWOULDBLOCK on Linux
+                if not wait:
+                    return []
+            raise OSError(err, "recvmmsg failed")
+        cdef list out = []
+        cdef socklen_t namelen
+        cdef size_t n, seg, off
+        cdef const char *data
+        for i in range(<unsigned int>got):
+            namelen = self.msgs[i].msg_hdr.msg_namelen
+            if namelen == 0:
+                out.append((b"", None))
+                continue
+            if namelen != self.last_len or memcmp(&self.names[i], &self.last_sa, namelen) != 0:
+                self.last_addr = _addr_tuple(&self.names[i], namelen)
+                memcpy(&self.last_sa, &self.names[i], namelen)
+                self.last_len = namelen
+            n = self.msgs[i].msg_len
+            data = self.buf + i * self.size
+            seg = _gro_size(&self.msgs[i].msg_hdr) if self.gro else 0
+            if seg == 0 or seg >= n:
+                out.append((PyBytes_FromStringAndSize(data, n), self.last_addr))
+                continue
+            self.coalesced += 1
+            off = 0
+            while off < n:
+                if seg > n - off:
+                    seg = n - off
+                out.append((PyBytes_FromStringAndSize(data + off, seg), self.last_addr))
+                off += seg
+        return out
+
+    def send(self, list datagrams, addr):
+        """Send ``datagrams`` (bytes) to ``addr`` in as few calls as possible; returns how many left.
+
+        Runs of equal-size datagrams (the last of a run may be shorter) go
+        as one segmented send each when GSO is on. Stops at the first
+        datagram the kernel refuses and raises its error when none left at
+        all; a caller compares the count with the list.
+
+        Raises:
+            OSError: the first datagram could not be sent.
+            ValueError: ``addr`` is not a numeric IPv4 or IPv6 address.
+        """
+        cdef sockaddr_storage sa
+        cdef socklen_t salen = 0
+        if self.fd < 0:
+            raise OSError(EBADF, "closed")
+        if not _fill_addr(addr, &sa, &salen):
+            raise ValueError(f"not a numeric address: {addr!r}")
+        # A tuple of our own: nothing can drop a datagram while the GIL is released.
+        cdef tuple held = tuple(datagrams)
+        cdef Py_ssize_t total = len(held)
+        cdef Py_ssize_t done = 0, k, first, run_bytes
+        cdef unsigned int groups, i, nseg, iov
+        cdef int sent, err = 0
+        cdef object d
+        cdef Py_ssize_t n, seg
+        cdef unsigned int counts[128]
+        cdef unsigned int maxgroups = self.slots if self.slots < 128 else 128
+        cdef cmsghdr *cm
+        for k in range(total):
+            if type(held[k]) is not bytes:
+                raise TypeError("datagrams must be bytes")
+        while done < total:
+            # Group the datagrams: a run of one size (the last may be
+            # shorter) to one segmented send, or one datagram per message.
+            memset(self.smsgs, 0, maxgroups * sizeof(mmsghdr))
+            groups = 0
+            iov = 0
+            k = done
+            while k < total and groups < maxgroups:
+                first = k
+                seg = PyBytes_GET_SIZE(held[k])
+                run_bytes = seg
+                nseg = 1
+                k += 1
+                if self.gso and seg > 0:
+                    while k < total and nseg < GSO_MAX_SEGMENTS:
+                        n = PyBytes_GET_SIZE(held[k])
+                        # An empty datagram cannot be a segment (it would vanish).
+                        if n == 0 or n > seg or run_bytes + n > GSO_MAX_BYTES:
+                            break
+                        run_bytes += n
+                        nseg += 1
+                        k += 1
+                        if n < seg:
+                            break  # a shorter one ends the run
+                for i in range(nseg):
+                    d = held[first + i]
+                    self.siovs[iov + i].iov_base = PyBytes_AS_STRING(d)
+                    self.siovs[iov + i].iov_len = PyBytes_GET_SIZE(d)
+                self.smsgs[groups].msg_hdr.msg_iov = &self.siovs[iov]
+                self.smsgs[groups].msg_hdr.msg_iovlen = nseg
+                self.smsgs[groups].msg_hdr.msg_name = &sa
+                self.smsgs[groups].msg_hdr.msg_namelen = salen
+                if nseg > 1:
+                    self.smsgs[groups].msg_hdr.msg_control = self.scontrol + groups * CONTROL_SIZE
+                    self.smsgs[groups].msg_hdr.msg_controllen = CMSG_SPACE(sizeof(unsigned short))
+                    cm = CMSG_FIRSTHDR(&self.smsgs[groups].msg_hdr)
+                    cm.cmsg_level = SOL_UDP_
+                    cm.cmsg_type = UDP_SEGMENT_
+                    cm.cmsg_len = CMSG_LEN(sizeof(unsigned short))
+                    (<unsigned short *>CMSG_DATA(cm))[0] = <unsigned short>seg
+                counts[groups] = nseg
+                iov += nseg
+                groups += 1
+            with nogil:
+                sent = sendmmsg(self.fd, self.smsgs, groups, 0)
+                if sent < 0:
+                    err = errno
+            if sent < 0:
+                if err == EINTR:
+                    PyErr_CheckSignals()
+                    continue
+                if self.gso and counts[0] > 1 and (err == EINVAL or err == EIO or err == ENOPROTOOPT):
+                    self.gso = False  # this kernel (or route) will not segment: plain sends from now on
+                    continue
+                if done == 0:
+                    raise OSError(err, "sendmmsg failed")
+                return done
+            for i in range(<unsigned int>sent):
+                done += counts[i]
+                if counts[i] > 1:
+                    self.segmented += 1
+            if <unsigned int>sent < groups:
+                return done
+        return done
+
+
+cdef size_t _gro_size(msghdr *msg) noexcept nogil:
+    # The segment size of a coalesced read (UDP_GRO control message), or 0.
+    cdef cmsghdr *cm = CMSG_FIRSTHDR(msg)
+    while cm != NULL:
+        if cm.cmsg_level == SOL_UDP_ and cm.cmsg_type == UDP_GRO_:
+            return (<int *>CMSG_DATA(cm))[0]
+        cm = CMSG_NXTHDR(msg, cm)
+    return 0

@@ -1,0 +1,403 @@
+"""The wheel and the sdist, built from a clean checkout and installed as users install them.
+
+What this covers, in fresh virtual environments:
+
+- ``python -m build`` on a copy of the tracked files (no .venv, no build
+  leftovers) makes an sdist, and a wheel from that sdist; their contents and
+  metadata (version, extras, classifiers, ``py.typed``, the ``cmq`` script)
+  are checked;
+- the wheel is a binary wheel for this platform carrying the compiled core
+  (``cmq._speedups``), and ``cmq.implementation()`` is ``"compiled"`` where
+  it is installed (where this machine has no C compiler, the test says so
+  and skips that check);
+- the sdist installed where no compiler works (``CC=/bin/false``) falls back
+  to the pure-Python core, saying so once in the install's output, and
+  ``cmq.implementation()`` is ``"python"`` there;
+- the wheel and the sdist, each installed with no extra: ``cmq --help``,
+  ``cmq --version``, every command's and verb's ``--help``, each command that
+  needs an extra failing with the one line naming it, importing an optional
+  part raising ``cmq.MissingExtra``, and messages pushed through
+  ``cmq send`` into ``cmq recv`` over loopback;
+- the wheel with the light extras added one at a time (``broker``, then
+  ``service``, then ``bench``): after each, what it brings works (the AMQP
+  listener starts, ``cmq serve`` answers ``/health``, the ZeroMQ peer is
+  available) and what the next one brings still fails in one line.
+
+What it does not cover: installing the ``lab`` extra (PySpark, pyarrow,
+pandas, matplotlib, moto: several hundred MB) — only its declared
+requirements are checked against pyproject.toml here; ``./bootstrap.sh``
+installs it (through ``all``) on every developer and CI machine, where the
+lab's own tests use it.
+
+The build backend and the dependencies of the core and the light extras are
+fetched once into a wheelhouse (from pip's cache when it is warm); every
+build and install after that is ``--no-index`` from it.
+"""
+
+from __future__ import annotations
+
+import email
+import json
+import os
+import queue
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tarfile
+import threading
+import tomllib
+import urllib.request
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from .cases import EXTRAS, help_argvs, needs_extra_argvs
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+PROJECT = PYPROJECT["project"]
+VERSION = PROJECT["version"]
+PIP = [sys.executable, "-m", "pip"]
+#: Extras installed for real, in this order (see the module docstring).
+LIGHT_EXTRAS = ("broker", "service", "bench")
+#: What setup.py says, once, when it cannot build the compiled core.
+FALLBACK_NOTE = "cmq: the compiled core was not built"
+#: Whether this machine can compile the extension at all.
+HAVE_CC = shutil.which((sysconfig.get_config_var("CC") or "cc").split()[0]) is not None
+#: A module of each extra's that cmq imports at module level, with the import
+#: that reaches it.
+OPTIONAL_IMPORTS = {
+    "service": "cmq.service.server",
+    "lab": "cmq.lab.records",
+}
+
+
+@dataclass(frozen=True)
+class Dists:
+    wheel: Path
+    sdist: Path
+    wheelhouse: Path
+    tmp: Path
+
+
+def _run(cmd: list[str | Path], *, timeout: float = 300, **kw: object) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout, **kw)  # type: ignore[call-overload]
+    assert proc.returncode == 0, f"{cmd} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    return proc  # type: ignore[no-any-return]
+
+
+def _offline_env(wheelhouse: Path) -> dict[str, str]:
+    drop = ("PYTHONPATH", "VIRTUAL_ENV", "CMQ_PURE_PYTHON")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env.update(PIP_NO_INDEX="1", PIP_FIND_LINKS=str(wheelhouse), PIP_DISABLE_PIP_VERSION_CHECK="1")
+    return env
+
+
+def _clean_checkout(dest: Path) -> None:
+    """Copy the tracked files as they are in the working tree (nothing untracked, no .venv)."""
+    listed = subprocess.run(
+        ["git", "-C", str(ROOT), "ls-files", "-z"], capture_output=True, check=False
+    )
+    if listed.returncode != 0:
+        pytest.skip("needs a git checkout of the project")
+    for name in listed.stdout.decode().split("\0"):
+        src = ROOT / name
+        if name and src.is_file():  # a tracked file deleted in the working tree is left out
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name)
+
+
+@pytest.fixture(scope="module")
+def dists(tmp_path_factory: pytest.TempPathFactory) -> Dists:
+    tmp = tmp_path_factory.mktemp("dist")
+    checkout, out, wheelhouse = tmp / "checkout", tmp / "dist", tmp / "wheelhouse"
+    _clean_checkout(checkout)
+    # One trip to the index: the build backend, the core's and the light
+    # extras' dependencies.
+    extras = PROJECT["optional-dependencies"]
+    needed = [*PYPROJECT["build-system"]["requires"], *PROJECT["dependencies"],
+              *(r for e in LIGHT_EXTRAS for r in extras[e] if _name(r) != "pycmq")]  # fmt: skip
+    _run([*PIP, "download", "-q", "--only-binary", ":all:", "-d", wheelhouse, *needed])
+    # The sdist, then the wheel built from it (as pip builds on a user's machine).
+    _run([sys.executable, "-m", "build", "--outdir", out, checkout], env=_offline_env(wheelhouse))
+    (wheel,) = out.glob("pycmq-*.whl")
+    (sdist,) = out.glob("pycmq-*.tar.gz")
+    sizes = {p.name: p.stat().st_size for p in (wheel, sdist)}
+    print(f"built {json.dumps(sizes)}")  # shown with -s: the sizes of the distributions
+    return Dists(wheel=wheel, sdist=sdist, wheelhouse=wheelhouse, tmp=tmp)
+
+
+class Venv:
+    """A fresh virtual environment (no pip of its own: the test's pip installs into it)."""
+
+    def __init__(self, path: Path, wheelhouse: Path) -> None:
+        _run([sys.executable, "-m", "venv", "--without-pip", path])
+        self.path, self.wheelhouse = path, wheelhouse
+        self.python = path / "bin" / "python"
+        self.env = _offline_env(wheelhouse)
+        self.env["PATH"] = f"{path / 'bin'}{os.pathsep}{self.env.get('PATH', '')}"
+
+    def install(self, *requirements: str | Path, env: dict[str, str] | None = None) -> str:
+        """Install; returns pip's verbose output (the build's, for an sdist)."""
+        cmd = [*PIP, "--python", self.python, "install", "-v", *requirements]
+        done = _run(cmd, env={**self.env, **(env or {})})
+        return done.stdout + done.stderr
+
+    def cmq(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(self.path / "bin" / "cmq"), *args], capture_output=True,
+                              text=True, timeout=timeout, env=self.env, cwd=self.path,
+                              stdin=subprocess.DEVNULL)  # fmt: skip
+
+    def popen(self, *args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen([str(self.path / "bin" / "cmq"), *args], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=self.env, cwd=self.path)  # fmt: skip
+
+    def python_code(self, code: str) -> str:
+        return _run([self.python, "-c", code], env=self.env, cwd=self.path).stdout
+
+
+def _lines(stream: object) -> queue.Queue[str]:
+    """The lines of a child's pipe, as a reader thread gets them ("" at its end)."""
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        for line in stream:  # type: ignore[attr-defined]
+            lines.put(line)
+        lines.put("")
+
+    threading.Thread(target=read, daemon=True).start()
+    return lines
+
+
+def _wait_for_line(lines: queue.Queue[str], pattern: str, timeout: float = 60) -> re.Match[str]:
+    seen: list[str] = []
+    while True:
+        line = lines.get(timeout=timeout)
+        match = re.search(pattern, line)
+        if match:
+            return match
+        seen.append(line)
+        assert line, f"ended without a line matching {pattern!r}: {seen}"
+
+
+@pytest.fixture
+def stop() -> Iterator[list[subprocess.Popen[str]]]:
+    procs: list[subprocess.Popen[str]] = []
+    yield procs
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+
+
+# -- what was built ----------------------------------------------------------------
+
+
+def _name(requirement: str) -> str:
+    return re.split(r"[\s\[<>=!~;(]", requirement, maxsplit=1)[0].lower()
+
+
+def _expanded(by_extra: dict[str, list[str]]) -> dict[str, set[str]]:
+    """Distribution names per extra, ``pycmq[a,b]`` replaced by what a and b bring.
+
+    Backends differ in whether they write a self-reference or its expansion
+    into the metadata; pip installs the same either way.
+    """
+
+    def names(extra: str) -> set[str]:
+        found: set[str] = set()
+        for req in by_extra.get(extra, []):
+            if _name(req) == "pycmq":
+                for inner in re.findall(r"[\w-]+", req.partition("[")[2].partition("]")[0]):
+                    found |= names(inner)
+            else:
+                found.add(_name(req))
+        return found
+
+    return {extra: names(extra) for extra in by_extra}
+
+
+def _requires(meta: email.message.Message) -> dict[str, set[str]]:
+    by_extra: dict[str, list[str]] = {}
+    for req in meta.get_all("Requires-Dist") or []:
+        extra = re.search(r"extra\s*==\s*['\"]([\w-]+)['\"]", req)
+        by_extra.setdefault(extra.group(1) if extra else "", []).append(req)
+    return _expanded(by_extra)
+
+
+def _declared() -> dict[str, set[str]]:
+    return _expanded({"": PROJECT["dependencies"], **PROJECT["optional-dependencies"]})
+
+
+def _package_files() -> set[str]:
+    """Every file of the package the repository tracks (modules, py.typed, templates, ...)."""
+    listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", "src/cmq"],
+                            capture_output=True, check=True).stdout.decode()  # fmt: skip
+    return {name.removeprefix("src/") for name in listed.split("\0") if name}
+
+
+def test_the_wheel_holds_the_package_and_its_metadata(dists: Dists) -> None:
+    with zipfile.ZipFile(dists.wheel) as zf:
+        names = set(zf.namelist())
+        info = next(n for n in names if n.endswith(".dist-info/METADATA"))
+        meta = email.message_from_bytes(zf.read(info))
+        entry_points = zf.read(info.replace("METADATA", "entry_points.txt")).decode()
+    assert _package_files() <= names  # every module and py.typed
+    assert not any(n.startswith(("tests/", "src/")) or n.endswith(".c") for n in names)
+    assert (meta["Name"], meta["Version"]) == ("pycmq", VERSION)
+    assert meta["Requires-Python"] == PROJECT["requires-python"]
+    assert set(meta.get_all("Classifier") or []) == set(PROJECT["classifiers"])
+    assert set(meta.get_all("Provides-Extra") or []) == set(PROJECT["optional-dependencies"])
+    # What pip will install for each extra is what pyproject.toml declares,
+    # the lab extra included (which this test does not install).
+    assert _requires(meta) == _declared()
+    assert re.search(r"^cmq\s*=\s*cmq\.cli:main$", entry_points, re.MULTILINE)
+
+
+def test_the_sdist_holds_the_sources(dists: Dists) -> None:
+    with tarfile.open(dists.sdist) as tf:
+        top = f"pycmq-{VERSION}/"
+        names = {n.removeprefix(top) for n in tf.getnames()}
+        pkg_info = tf.extractfile(top + "PKG-INFO")
+        assert pkg_info is not None
+        meta = email.message_from_bytes(pkg_info.read())
+    assert {"pyproject.toml", "setup.py", "README.md", "CHANGELOG.md"} <= names
+    assert "src/cmq/_speedups.pyx" in names
+    assert {f"src/{n}" for n in _package_files()} <= names
+    assert meta["Version"] == VERSION
+
+
+# -- installed with no extra -------------------------------------------------------
+
+
+def test_the_wheel_is_binary_and_carries_the_compiled_core(dists: Dists) -> None:
+    if not HAVE_CC:
+        pytest.skip("no C compiler on this machine: the wheel was built with the pure-Python core")
+    tag = dists.wheel.name.removesuffix(".whl").split("-")[-3:]
+    assert tag[:2] == [f"cp{sys.version_info.major}{sys.version_info.minor}"] * 2, tag
+    assert tag[2] != "any", tag
+    with zipfile.ZipFile(dists.wheel) as zf:
+        assert [n for n in zf.namelist() if re.fullmatch(r"cmq/_speedups\..*\.so", n)]
+
+
+@dataclass(frozen=True)
+class Installed:
+    venv: Venv
+    kind: str
+    log: str
+    """pip's verbose output of the install."""
+
+
+@pytest.fixture(scope="module", params=["wheel", "sdist"])
+def installed(request: pytest.FixtureRequest, dists: Dists) -> Installed:
+    kind = request.param
+    venv = Venv(dists.tmp / f"venv-{kind}", dists.wheelhouse)
+    # The sdist goes where no compiler works: it must fall back, not fail.
+    log = venv.install(getattr(dists, kind), env={"CC": "/bin/false"} if kind == "sdist" else None)
+    return Installed(venv, kind, log)
+
+
+@pytest.fixture
+def bare(installed: Installed) -> Venv:
+    return installed.venv
+
+
+def test_which_core_runs(installed: Installed) -> None:
+    core = installed.venv.python_code("import cmq; print(cmq.implementation())").strip()
+    if installed.kind == "wheel":
+        assert core == ("compiled" if HAVE_CC else "python")
+        assert FALLBACK_NOTE not in installed.log
+    else:
+        assert core == "python"
+        # Said once, with how to get the compiled core.
+        assert installed.log.count(FALLBACK_NOTE) == 1, installed.log
+        note = next(line for line in installed.log.splitlines() if FALLBACK_NOTE in line)
+        assert "pure-Python core" in note and "C compiler" in note, note
+
+
+def test_every_help_works_without_extras(bare: Venv) -> None:
+    top = bare.cmq("--help")
+    assert top.returncode == 0 and "commands:" in top.stdout
+    assert bare.cmq("--version").stdout == f"cmq {VERSION}\n"
+    for argv in help_argvs():
+        r = bare.cmq(*argv)
+        assert (r.returncode, r.stderr) == (0, ""), (argv, r.stderr)
+        assert r.stdout.strip(), argv
+
+
+def test_a_command_needing_an_extra_says_which_in_one_line(bare: Venv, tmp_path: Path) -> None:
+    for argv, extra in needs_extra_argvs(tmp_path):
+        r = bare.cmq(*argv)
+        assert r.returncode == 1, (argv, r.stdout, r.stderr)
+        assert len(r.stderr.splitlines()) == 1, (argv, r.stderr)  # no traceback
+        assert f"needs the {extra!r} extra" in r.stderr, (argv, r.stderr)
+        assert f"pip install 'pycmq[{extra}]'" in r.stderr, (argv, r.stderr)
+
+
+def test_importing_an_optional_part_raises_missing_extra(bare: Venv) -> None:
+    for extra, module in OPTIONAL_IMPORTS.items():
+        out = bare.python_code(
+            "import importlib, cmq\n"
+            f"try:\n    importlib.import_module({module!r})\n"
+            "except cmq.MissingExtra as exc:\n    print(exc.extra, exc)\n"
+        )
+        assert out.startswith(f"{extra} ") and f"pip install 'pycmq[{extra}]'" in out, out
+
+
+def test_push_and_get_over_loopback(bare: Venv, stop: list[subprocess.Popen[str]]) -> None:
+    recv = bare.popen("recv", "--port", "0", "--host", "127.0.0.1", "--count", "3")
+    stop.append(recv)
+    assert recv.stderr is not None
+    port = _wait_for_line(_lines(recv.stderr), r"receiving on 127\.0\.0\.1:(\d+)").group(1)
+    send = subprocess.run([str(bare.path / "bin" / "cmq"), "send", f"127.0.0.1:{port}"],
+                          input="one\ntwo\nthree\n", capture_output=True, text=True,
+                          timeout=60, env=bare.env)  # fmt: skip
+    assert send.returncode == 0, send.stderr
+    out, _ = recv.communicate(timeout=60)
+    assert (recv.returncode, out) == (0, "one\ntwo\nthree\n")
+
+
+# -- the light extras, one at a time -----------------------------------------------
+
+
+def test_each_light_extra_brings_what_it_says(
+    dists: Dists, tmp_path: Path, stop: list[subprocess.Popen[str]]
+) -> None:
+    assert set(LIGHT_EXTRAS) | {"lab"} == set(EXTRAS)
+    venv = Venv(tmp_path / "venv", dists.wheelhouse)
+    venv.install(dists.wheel)
+
+    venv.install(f"{dists.wheel}[broker]")
+    broker = venv.popen("broker", "--port", "0", "--amqp-port", "0", "--in-memory")
+    stop.append(broker)
+    assert broker.stdout is not None
+    _wait_for_line(_lines(broker.stdout), r"AMQP 0-9-1 on 127\.0\.0\.1:\d+")
+    broker.terminate()
+    assert broker.wait(30) == 0
+    still = venv.cmq("serve", "--port", "0", "--store", "memory:")
+    assert still.returncode == 1 and "pip install 'pycmq[service]'" in still.stderr
+
+    venv.install(f"{dists.wheel}[service]")
+    serve = venv.popen("serve", "--port", "0", "--store", "memory:")
+    stop.append(serve)
+    assert serve.stdout is not None
+    url = _wait_for_line(_lines(serve.stdout), r"listening on (http://\S+)").group(1)
+    with urllib.request.urlopen(f"{url}/health", timeout=30) as response:
+        assert response.status == 200
+    serve.terminate()
+    assert serve.wait(30) == 0
+    zmq = "from cmq.lab.systems import load; print(load('zmq').available())"
+    assert "pip install 'pycmq[bench]'" in venv.python_code(zmq)
+
+    venv.install(f"{dists.wheel}[bench]")
+    assert venv.python_code(zmq) == "None\n"
+    lab = venv.cmq("report", str(tmp_path))
+    assert lab.returncode == 1 and "pip install 'pycmq[lab]'" in lab.stderr

@@ -1,0 +1,42 @@
+"""One version, in pyproject.toml; the changelog and `cmq --version` agree with it."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+import cmq
+from cmq import cli
+
+ROOT = Path(__file__).resolve().parents[2]
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def test_the_installed_version_is_pyprojects() -> None:
+    # Fails on an install older than pyproject.toml: rerun ./bootstrap.sh.
+    assert cmq.__version__ == PROJECT["version"]
+
+
+def test_cmq_version_prints_it(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out == f"cmq {PROJECT['version']}\n"
+
+
+def test_the_changelog_names_the_version_first() -> None:
+    headings = re.findall(r"^## (\S+)", (ROOT / "CHANGELOG.md").read_text(), re.MULTILINE)
+    assert headings and headings[0] == PROJECT["version"]
+
+
+def test_the_changelog_and_readme_speak_to_users() -> None:
+    # Nothing in them points into the project's tracker.
+    for name in ("CHANGELOG.md", "README.md"):
+        text = (ROOT / name).read_text()
+        assert not re.search(r"(?i)\bissues?\s*#?\d", text), name
+
+
+def test_the_package_says_it_is_typed() -> None:
+    assert (ROOT / "src" / "cmq" / "py.typed").is_file()
+    assert "Typing :: Typed" in PROJECT["classifiers"]

@@ -1,0 +1,198 @@
+"""The same pika code against cmq's broker and against RabbitMQ, where behaviour can be compared.
+
+Each test runs twice: on a cmq broker it starts itself, and on the RabbitMQ
+at 127.0.0.1:5672 (guest/guest) when one is running there (skipped when
+not). Names carry a random suffix and everything made is deleted, so the
+RabbitMQ run leaves that broker as it found it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import secrets
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pika = pytest.importorskip("pika", reason="pika is not installed: pip install 'pycmq[test]'")
+pytest.importorskip("pamqp", reason="pamqp is not installed: pip install 'pycmq[broker]'")
+
+from cmq.routing import Broker, BrokerConfig  # noqa: E402
+from tests.routing.test_exchanges import HEADERS_TABLE  # noqa: E402
+
+pytestmark = pytest.mark.timeout(60)
+
+RABBITMQ = ("127.0.0.1", 5672)
+
+
+def _rabbitmq_up() -> bool:
+    try:
+        with socket.create_connection(RABBITMQ, timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(params=["cmq", "rabbitmq"])
+def address(request: pytest.FixtureRequest) -> Iterator[tuple[str, int]]:
+    if request.param == "rabbitmq":
+        if not _rabbitmq_up():
+            pytest.skip("no RabbitMQ on 127.0.0.1:5672")
+        yield RABBITMQ
+        return
+    with Broker(config=BrokerConfig(consumer_timeout=60.0), amqp_port=0).start() as b:
+        assert b.amqp_address is not None
+        yield b.amqp_address
+
+
+@pytest.fixture
+def channel(address: tuple[str, int]) -> Iterator[Any]:
+    params = pika.ConnectionParameters(*address, credentials=pika.PlainCredentials("guest", "guest"))
+    conn = pika.BlockingConnection(params)
+    ch = conn.channel()
+    ch.confirm_delivery()  # a confirmed publish is in its queues when basic_publish returns
+    yield ch
+    if conn.is_open:
+        conn.close()
+
+
+def name(what: str) -> str:
+    return f"cmq-parity-{what}-{secrets.token_hex(4)}"
+
+
+# pika cannot send a float in a table: those rows are checked in test_exchanges.py only.
+_PIKA_ROWS = [row for row in HEADERS_TABLE if not any(type(v) is float for v in (row[1] or {}).values())]
+
+
+def test_headers_exchange_routes_as_rabbitmq(channel: Any) -> None:
+    ex = name("headers")
+    channel.exchange_declare(ex, "headers", auto_delete=False)
+    try:
+        queues = []
+        for args, _, _ in _PIKA_ROWS:
+            q = channel.queue_declare("", exclusive=True).method.queue
+            channel.queue_bind(q, ex, arguments=args)
+            queues.append(q)
+        got = []
+        for i, (_, headers, _) in enumerate(_PIKA_ROWS):
+            channel.basic_publish(ex, "any.key", b"%d" % i, pika.BasicProperties(headers=headers))
+            method, _, _ = channel.basic_get(queues[i], auto_ack=True)
+            got.append(method is not None)
+            for q in queues:
+                channel.queue_purge(q)
+        assert got == [expected for _, _, expected in _PIKA_ROWS]
+    finally:
+        channel.exchange_delete(ex)
+
+
+def test_a_bad_x_match_is_refused_with_406(channel: Any) -> None:
+    ex = name("headers")
+    channel.exchange_declare(ex, "headers")
+    q = channel.queue_declare("", exclusive=True).method.queue
+    try:
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
+            channel.queue_bind(q, ex, arguments={"x-match": "some"})
+        assert info.value.reply_code == 406
+        assert "x-match" in info.value.reply_text
+    finally:
+        again = channel.connection.channel()
+        again.exchange_delete(ex)
+
+
+def test_x_death_as_rabbitmq_writes_it(channel: Any) -> None:
+    dlx, src, dlq = name("dlx"), name("src"), name("dlq")
+    channel.exchange_declare(dlx, "fanout")
+    try:
+        channel.queue_declare(dlq, exclusive=True)
+        channel.queue_bind(dlq, dlx)
+        channel.queue_declare(src, exclusive=True, arguments={"x-dead-letter-exchange": dlx})
+        before = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+        channel.basic_publish("", src, b"m", pika.BasicProperties(headers={"a": 1}, expiration="60000"))
+        method, _, _ = channel.basic_get(src)
+        channel.basic_reject(method.delivery_tag, requeue=False)
+        deaths = []
+        for _ in range(2):
+            method, props, body = channel.basic_get(dlq, auto_ack=True)
+            for _ in range(200):  # dead-lettering is asynchronous in RabbitMQ: a few round trips
+                if method is not None:
+                    break
+                method, props, body = channel.basic_get(dlq, auto_ack=True)
+            assert method is not None and body == b"m"
+            assert props.expiration is None  # the expiration goes with the death
+            deaths.append(props.headers)
+            # Its consumer sends it back as it came, and it dies the same way again.
+            channel.basic_publish("", src, body, props)
+            method, _, _ = channel.basic_get(src)
+            channel.basic_reject(method.delivery_tag, requeue=False)
+        first, second = deaths
+        assert first["a"] == 1
+        (record,) = first["x-death"]
+        assert record.pop("time") >= before
+        assert {k: (int(v) if isinstance(v, int) else v) for k, v in record.items()} == {
+            "count": 1, "reason": "rejected", "queue": src, "exchange": "", "routing-keys": [src],
+            "original-expiration": "60000"}  # fmt: skip
+        assert (first["x-first-death-queue"], first["x-first-death-reason"], first["x-first-death-exchange"]) == (
+            src, "rejected", "")  # fmt: skip
+        (record,) = second["x-death"]
+        assert int(record["count"]) == 2  # the same (queue, reason): counted, not repeated
+    finally:
+        channel.exchange_delete(dlx)
+
+
+def ready(channel: Any, queue: str) -> int:
+    return int(channel.queue_declare(queue, passive=True).method.message_count)
+
+
+def test_tx_publishes_wait_for_commit_and_rollback_drops_them(channel: Any) -> None:
+    q = channel.queue_declare("", exclusive=True).method.queue
+    tx = channel.connection.channel()
+    tx.tx_select()
+    for i in range(2):
+        tx.basic_publish("", q, b"%d" % i)
+    assert ready(channel, q) == 0  # not before the commit
+    tx.tx_commit()
+    assert ready(channel, q) == 2
+    tx.basic_publish("", q, b"dropped")
+    tx.tx_rollback()
+    tx.tx_commit()  # the rollback left nothing to commit
+    assert ready(channel, q) == 2
+    assert [channel.basic_get(q, auto_ack=True)[2] for _ in range(2)] == [b"0", b"1"]
+
+
+def test_tx_acks_wait_for_commit_and_a_rollback_gives_them_back_unsettled(channel: Any) -> None:
+    q = channel.queue_declare("", exclusive=True).method.queue
+    for i in range(2):
+        channel.basic_publish("", q, b"%d" % i)
+    tx = channel.connection.channel()
+    tx.tx_select()
+    first = tx.basic_get(q)[0].delivery_tag
+    second = tx.basic_get(q)[0].delivery_tag
+    tx.basic_ack(first)
+    tx.tx_rollback()  # the ack is undone: the message is still the channel's to settle, not redelivered
+    assert ready(channel, q) == 0
+    tx.basic_ack(first)  # the same tag again: outstanding once more, so no 406
+    tx.basic_reject(second, requeue=True)
+    assert ready(channel, q) == 0  # the reject waits for the commit too
+    tx.tx_commit()
+    assert ready(channel, q) == 1
+    tx.close()
+    assert [channel.basic_get(q, auto_ack=True)[2]] == [b"1"]  # the acked one is gone for good
+
+
+def test_tx_and_confirm_modes_exclude_each_other_and_commit_needs_select(address: tuple[str, int]) -> None:
+    params = pika.ConnectionParameters(*address, credentials=pika.PlainCredentials("guest", "guest"))
+    conn = pika.BlockingConnection(params)
+    try:
+        for setup, then in ((lambda c: None, lambda c: c.tx_commit()),
+                            (lambda c: None, lambda c: c.tx_rollback()),
+                            (lambda c: c.confirm_delivery(), lambda c: c.tx_select()),
+                            (lambda c: c.tx_select(), lambda c: c.confirm_delivery())):  # fmt: skip
+            ch = conn.channel()
+            setup(ch)
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
+                then(ch)
+            assert info.value.reply_code == 406
+    finally:
+        conn.close()

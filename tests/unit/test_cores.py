@@ -1,0 +1,299 @@
+"""The compiled core and the pure-Python core agree byte for byte.
+
+Each property feeds the same inputs to both twins (framing, splitting, a
+batcher's datagrams, a receiver's deliveries) and compares what comes out,
+errors included. The rest of the sans-IO suite runs on both cores too (the
+``core`` fixture).
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import cmq
+from cmq import QueueConfig, _impl
+from cmq._errors import ProtocolError
+from cmq.wire import frames
+from cmq.wire.batcher import Batcher, Stream
+from cmq.wire.receiver import Receiver
+
+if not _impl.available():
+    pytest.skip("the compiled core is not built here (no C compiler at install time)", allow_module_level=True)
+
+from cmq import _speedups  # type: ignore[attr-defined]
+
+payload_lists = st.lists(
+    st.one_of(st.binary(max_size=300), st.sampled_from([b"", b"x" * 254, b"y" * 255, b"z" * 256, b"w" * 1000])),
+    max_size=40,
+)
+
+
+def test_bootstrap_builds_the_compiled_core_where_gcc_is() -> None:
+    # Where a compiler is, the README's commands run the compiled core.
+    if shutil.which("gcc") is None:
+        pytest.skip("no gcc: the pure-Python core is what runs here")
+    assert _impl.available()
+    assert cmq.implementation() in ("compiled", "python")
+
+
+def test_implementation_names_the_selected_core() -> None:
+    saved = _impl.speedups
+    try:
+        _impl.use("python")
+        assert cmq.implementation() == "python"
+        _impl.use("compiled")
+        assert cmq.implementation() == "compiled"
+        with pytest.raises(ValueError, match="unknown core"):
+            _impl.use("fortran")
+    finally:
+        _impl.speedups = saved
+
+
+def test_compiled_stream_has_the_pure_streams_attributes() -> None:
+    pure = Stream(("127.0.0.1", 1), 3, 512, b"head")
+    compiled = _speedups.Stream(("127.0.0.1", 1), 3, 512, b"head")
+    for name in Stream.__slots__:
+        assert getattr(compiled, name) == getattr(pure, name) or name == "last_send"
+    assert compiled.pending == pure.pending == 0
+
+
+@given(
+    payloads=payload_lists,
+    seq=st.integers(0, 2**33),
+    mailbox=st.integers(0, 2**32 - 1),
+    sender=st.integers(1, 2**32 - 1),
+    flags=st.sampled_from([0, frames.FLAG_MSGPACK]),
+    reliable=st.booleans(),
+    epoch=st.integers(0, 2**32 - 1),
+)
+@settings(max_examples=300, deadline=None)
+def test_frame_is_byte_for_byte_the_pure_twin_and_encode_frames(
+    payloads: list[bytes], seq: int, mailbox: int, sender: int, flags: int, reliable: bool, epoch: int
+) -> None:
+    version = frames.VERSION_2 if reliable else frames.VERSION
+    head = frames.stream_head(flags, sender, mailbox, version)
+    ext = frames.extension(epoch, frames.R_ORDERED) if reliable else b""
+    compiled = _speedups.frame(payloads, head, seq, ext)
+    assert compiled == frames.frame(payloads, head, seq, ext)
+    assert compiled == frames.encode_frames(payloads, flags, sender, mailbox, seq & 0xFFFFFFFF, ext=ext)
+
+
+def test_frame_refuses_what_is_not_bytes() -> None:
+    with pytest.raises(TypeError):
+        _speedups.frame([bytearray(b"x")], b"h" * 12, 0, b"")
+
+
+def _split(fn: object, data: bytes, start: int, end: int) -> tuple[str, object]:
+    try:
+        return "ok", fn(data, start, end)  # type: ignore[operator]
+    except ProtocolError as exc:
+        return "error", str(exc)
+
+
+@given(data=st.binary(max_size=600), cut=st.integers(0, 20))
+@settings(max_examples=500, deadline=None)
+def test_split_agrees_on_any_bytes(data: bytes, cut: int) -> None:
+    start = min(cut, len(data))
+    assert _split(_speedups.split_frames, data, start, len(data)) == _split(frames.split_frames, data, start, len(data))
+
+
+@given(payloads=payload_lists)
+@settings(max_examples=300, deadline=None)
+def test_split_inverts_frame_on_both_cores(payloads: list[bytes]) -> None:
+    data = frames.frame(payloads, b"h" * 12, 7, b"")
+    assert _speedups.split_frames(data, 16, len(data)) == payloads
+    assert frames.split_frames(data, 16, len(data)) == payloads
+
+
+@contextmanager
+def using(core: str) -> Iterator[None]:
+    """Objects made inside run on ``core``; the selection is restored after."""
+    saved = _impl.speedups
+    _impl.use(core)
+    try:
+        yield
+    finally:
+        _impl.speedups = saved
+
+
+def _datagrams(core: str, sizes: list[int], qthresh: int, reliable: bool) -> list[bytes]:
+    with using(core):
+        b = Batcher(QueueConfig(qthresh=qthresh, idle_gap=float("inf"), max_datagram=2000), sender=9)
+    s = b.stream(("127.0.0.1", 4000), 2, reliable=reliable)
+    if reliable:
+        s.ext = frames.extension(5, frames.R_SYN)
+    out: list[bytes] = []
+    for i, n in enumerate(sizes):
+        payload = bytes([i % 251]) * n
+        r = b.push(s, payload)
+        if r == 3:  # LARGE
+            out += b.fragments(s, payload, float(i))
+        elif r == 2:  # FULL
+            out += b.take(s, float(i))
+    out += b.take(s, float(len(sizes)))
+    return out
+
+
+@given(
+    sizes=st.lists(st.one_of(st.integers(0, 40), st.integers(200, 300), st.integers(1900, 2100)), max_size=80),
+    qthresh=st.sampled_from([1, 64, 512, 1500]),
+    reliable=st.booleans(),
+)
+@settings(max_examples=150, deadline=None)
+def test_batchers_of_both_cores_emit_the_same_datagrams(
+    sizes: list[int], qthresh: int, reliable: bool
+) -> None:
+    assert _datagrams("compiled", sizes, qthresh, reliable) == _datagrams("python", sizes, qthresh, reliable)
+
+
+def _deliveries(core: str, datagrams: list[bytes]) -> tuple[list[object], dict[str, int]]:
+    with using(core):
+        rx = Receiver(QueueConfig())
+    for d in datagrams:
+        rx.datagram_received(d, ("127.0.0.1", 1), 0.0)
+    return rx.mailbox(0).take(1 << 20), dict(rx.dropped)
+
+
+@given(
+    chunks=st.lists(payload_lists, max_size=8),
+    garbage=st.lists(st.binary(min_size=16, max_size=80), max_size=3),
+)
+@settings(max_examples=150, deadline=None)
+def test_receivers_of_both_cores_deliver_the_same(
+    chunks: list[list[bytes]], garbage: list[bytes]
+) -> None:
+    head = frames.stream_head(0, 3, 0)
+    datagrams = [frames.frame(p, head, seq, b"") for seq, p in enumerate(chunks)]
+    # Valid headers with bodies that may not split: the fast path's errors.
+    datagrams += [head + bytes(4) + g for g in garbage]
+    assert _deliveries("compiled", datagrams) == _deliveries("python", datagrams)
+
+
+def _pair() -> tuple[socket.socket, socket.socket]:
+    a = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    b = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    a.bind(("127.0.0.1", 0))
+    b.bind(("127.0.0.1", 0))
+    # A blocking read gives up after 5 s (a lost datagram fails the test, not hangs it).
+    b.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 5, 0))
+    return a, b
+
+
+def test_datagram_io_sends_and_reads_many_per_call_with_the_socket_modules_addresses() -> None:
+    a, b = _pair()
+    with a, b:
+        tx = _speedups.DatagramIO(socket.dup(a.fileno()), 4, 65536)
+        rx = _speedups.DatagramIO(socket.dup(b.fileno()), 4, 65536)
+        try:
+            datagrams = [bytes([i]) * (i * 100) for i in range(10)]
+            assert tx.send(datagrams, b.getsockname()) == 10
+            got: list[tuple[bytes, object]] = []
+            while len(got) < 10:
+                got += rx.recv(0, True)  # blocks for the first, takes what is there (at most 4)
+            assert [d for d, _ in got] == datagrams
+            assert {addr for _, addr in got} == {a.getsockname()}
+            assert rx.recv() == []  # nothing left: never blocks
+        finally:
+            tx.close()
+            rx.close()
+        with pytest.raises(OSError):
+            rx.recv()
+
+
+def test_datagram_io_keeps_the_socket_open_until_closed_and_reports_shutdown() -> None:
+    a, b = _pair()
+    with a:
+        rx = _speedups.DatagramIO(socket.dup(b.fileno()), 2, 2048)
+        where = b.getsockname()
+        b.close()  # the duplicate keeps the socket (and its port) open
+        a.sendto(b"still here", where)
+        assert rx.recv(0, True) == [(b"still here", a.getsockname())]
+        rx.close()
+
+
+def test_datagram_io_refuses_a_name_that_is_not_an_address() -> None:
+    a, _b = _pair()
+    with a, _b:
+        tx = _speedups.DatagramIO(socket.dup(a.fileno()))
+        with pytest.raises(ValueError, match="not a numeric address"):
+            tx.send([b"x"], ("localhost", 9))
+        tx.close()
+
+
+def _receive_all(rx: object, n: int) -> list[bytes]:
+    got: list[bytes] = []
+    while len(got) < n:
+        got += [d for d, _ in rx.recv(0, True)]  # type: ignore[attr-defined]
+    return got
+
+
+@given(
+    sizes=st.lists(st.sampled_from([0, 1, 100, 1400, 1400, 1400, 1472, 9000]), min_size=1, max_size=150).filter(
+        lambda sizes: sum(sizes) <= 100_000  # within the kernel's default receive buffer
+    )
+)
+@settings(max_examples=40, deadline=None)
+def test_segmented_sends_arrive_as_the_datagrams_sent(sizes: list[int]) -> None:
+    # GSO on the sending side, GRO (coalesced reads, cut again) on the
+    # receiving one: whatever the kernel does, each datagram arrives whole.
+    a, b = _pair()
+    with a, b:
+        tx = _speedups.DatagramIO(socket.dup(a.fileno()), 8, 65536)
+        rx = _speedups.DatagramIO(socket.dup(b.fileno()), 8, 65536)
+        try:
+            datagrams = [bytes([i % 256]) * n for i, n in enumerate(sizes)]
+            assert tx.send(datagrams, b.getsockname()) == len(datagrams)
+            assert _receive_all(rx, len(datagrams)) == datagrams
+        finally:
+            tx.close()
+            rx.close()
+
+
+def test_segmented_sends_reach_a_plain_socket_one_datagram_per_read() -> None:
+    a, b = _pair()
+    with a, b:
+        tx = _speedups.DatagramIO(socket.dup(a.fileno()), 8, 65536)
+        datagrams = [bytes([i]) * 1400 for i in range(20)] + [b"tail"]
+        assert tx.send(datagrams, b.getsockname()) == 21
+        assert tx.gso and tx.segmented >= 1  # this kernel segments (Linux 4.18 and later)
+        assert [b.recvfrom(65536)[0] for _ in datagrams] == datagrams
+        tx.close()
+
+
+def test_coalesced_reads_are_cut_and_counted() -> None:
+    a, b = _pair()
+    with a, b:
+        tx = _speedups.DatagramIO(socket.dup(a.fileno()), 8, 65536)
+        rx = _speedups.DatagramIO(socket.dup(b.fileno()), 8, 65536)
+        datagrams = [bytes([i]) * 1000 for i in range(30)]
+        tx.send(datagrams, b.getsockname())
+        assert _receive_all(rx, 30) == datagrams
+        assert rx.gro and rx.coalesced >= 1  # loopback coalesces a segmented send (Linux 5.0 and later)
+        tx.close()
+        rx.close()
+
+
+def test_queues_with_small_datagrams_deliver_everything_in_order_on_both_cores() -> None:
+    # Small datagrams make runs the compiled core sends segmented and reads
+    # coalesced, on the threaded driver's every read path (drain, get).
+    for core in ("compiled", "python"):
+        with (
+            using(core),
+            cmq.Queue(port=0, host="127.0.0.1", max_datagram=1200) as rx,
+            cmq.Queue(port=0, host="127.0.0.1", max_datagram=1200) as tx,
+        ):
+            msgs = [b"%06d" % i + bytes(200) for i in range(3000)]
+            send = tx.sender(rx.address)
+            for m in msgs:
+                send(m)
+            assert tx.drain(10)
+            got = [rx.get(timeout=5) for _ in msgs]
+            assert got == msgs, core
