@@ -57,8 +57,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 @contextlib.contextmanager
 def _store(kind: str) -> Iterator[str | None]:
-    from cmq.lab.bench.sqs import sqlite_store
     from cmq.lab.bench.redis_local import LocalRedisCluster
+    from cmq.lab.bench.sqs import sqlite_store
 
     if kind == "moto":
         yield None

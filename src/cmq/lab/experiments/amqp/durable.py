@@ -37,8 +37,8 @@ from typing import Any, Final
 
 from cmq._errors import CmqError
 from cmq.lab._child import child_env
-from cmq.lab.experiments.amqp.transport import AMQP_URL, rabbit_available
 from cmq.lab.experiments import register_page
+from cmq.lab.experiments.amqp.transport import AMQP_URL, rabbit_available
 from cmq.pipeline.report import Claim, Experiment, ReportData, Section, Table, Verdict
 
 __all__ = [
