@@ -17,7 +17,7 @@ import statistics
 import tempfile
 import time
 
-from cmq.service.bench import _call, _Conn, start_cmq
+from cmq.lab.bench.sqs import _call, _Conn, start_cmq
 
 
 async def _sends(conn: _Conn, url: str, n: int) -> list[float]:

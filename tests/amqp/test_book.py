@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cmq import ConfigError, ProtocolError
-from cmq.lab.stockex.book import (
+from cmq.lab.experiments.stockex.book import (
     Cancel,
     Cancelled,
     Command,
@@ -19,7 +19,7 @@ from cmq.lab.stockex.book import (
     Side,
     Trade,
 )
-from cmq.lab.stockex.codec import decode, encode
+from cmq.lab.experiments.stockex.codec import decode, encode
 
 B, S = Side.BUY, Side.SELL
 
@@ -265,7 +265,7 @@ def test_the_engines_batch_path_publishes_what_the_event_path_says(
     orders: list[tuple[Side, int, int]], split: int
 ) -> None:
     """The engine's tuple-and-struct path (any batch split) equals handle() + encode()."""
-    from cmq.lab.stockex.roles import _match, _Reporter
+    from cmq.lab.experiments.stockex.roles import _match, _Reporter
 
     bodies = [encode(Order(id=i, side=side, price=p, qty=n)) for i, (side, p, n) in enumerate(orders)]
     bodies.append(b"\x09junk")  # counted bad, nothing published

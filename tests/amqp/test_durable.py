@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from cmq.lab.amqp import durable
 from cmq.lab.experiments import experiments
+from cmq.lab.experiments import pages as report_experiments
 from cmq.lab.experiments._record import RunBook
+from cmq.lab.experiments.amqp import durable
 from cmq.lab.records import read_table
-from cmq.pipeline.report import experiments as report_experiments
 
 pytestmark = pytest.mark.timeout(120)
 

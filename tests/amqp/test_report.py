@@ -7,9 +7,11 @@ from typing import Any
 
 import pytest
 
-from cmq.lab.amqp.report import RATIO_TARGET, ratio_claim
-from cmq.lab.stockex.report import EXPERIMENT_ID as STOCKEX
-from cmq.pipeline.report import ReportData, get_experiment, render_html
+from cmq.lab.experiments import page as get_experiment
+from cmq.lab.experiments import pages
+from cmq.lab.experiments.amqp.report import RATIO_TARGET, ratio_claim
+from cmq.lab.experiments.stockex.report import EXPERIMENT_ID as STOCKEX
+from cmq.pipeline.report import ReportData, render_html
 
 
 def row(experiment: str, system: str, size: int, msgs: float, **params: Any) -> dict[str, Any]:
@@ -119,7 +121,7 @@ def test_every_section_renders_without_spark() -> None:
                for s in ("cmq", "rabbitmq") for k in (1, 8)]  # fmt: skip
     data = stockex({1000: 2.0}, {1000: True})
     page = render_html(
-        ReportData(summary=[*summary, *data.summary], samples=[*samples, *data.samples])
+        ReportData(summary=[*summary, *data.summary], samples=[*samples, *data.samples]), pages()
     )
     for exp in (
         "amqp-de-spsc",

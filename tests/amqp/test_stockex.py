@@ -10,11 +10,11 @@ import pytest
 
 from cmq import ConfigError
 from cmq.lab.experiments._record import RunBook
+from cmq.lab.experiments.stockex.report import EXPERIMENT_ID, write_records
+from cmq.lab.experiments.stockex.reporter import python_stats, rates, spark_stats
+from cmq.lab.experiments.stockex.roles import kept, marker
+from cmq.lab.experiments.stockex.run import SimConfig, SimResult, run_simulation
 from cmq.lab.records import read_table
-from cmq.lab.stockex.report import EXPERIMENT_ID, write_records
-from cmq.lab.stockex.reporter import python_stats, rates, spark_stats
-from cmq.lab.stockex.roles import kept, marker
-from cmq.lab.stockex.run import SimConfig, SimResult, run_simulation
 
 
 def test_config_is_validated() -> None:

@@ -10,27 +10,26 @@ from pathlib import Path
 import pytest
 
 from cmq import ConfigError
-from cmq.lab.amqp import plans
-from cmq.lab.amqp._worker import body, read_stamps, seq_of, write_stamps
-from cmq.lab.amqp.plans import AMQP_PROFILES, AmqpProfile, amqp_profile, measure, points
-from cmq.lab.amqp.report import collapse
-from cmq.lab.amqp.suite import Point, Stream, sync_every
-from cmq.lab.amqp.transport import rabbit_available
-from cmq.lab.experiments import PROFILES, experiments
+from cmq.lab.experiments import PROFILES, experiments, pages
 from cmq.lab.experiments._record import RunBook
+from cmq.lab.experiments.amqp import plans
+from cmq.lab.experiments.amqp._worker import body, read_stamps, seq_of, write_stamps
+from cmq.lab.experiments.amqp.plans import AMQP_PROFILES, AmqpProfile, amqp_profile, measure, points
+from cmq.lab.experiments.amqp.report import collapse
+from cmq.lab.experiments.amqp.suite import Point, Stream, sync_every
+from cmq.lab.experiments.amqp.transport import rabbit_available
 from cmq.lab.records import read_table
-from cmq.pipeline.report import experiments as report_experiments
 
 TINY = AMQP_PROFILES["tiny"]
 BENCHES = ("de-spsc", "de-mpmc", "de-pp", "fe-spmc", "te-spsc")
 
 
-def test_every_benchmark_and_the_simulation_are_lab_and_report_experiments() -> None:
+def test_every_benchmark_and_the_simulation_are_lab_and_pages() -> None:
     ids = {f"amqp-{b}" for b in BENCHES} | {"amqp-stockex"}
     lab = {e.id: e for e in experiments()}
     assert ids <= set(lab)
     assert {a for i in ids for a in lab[i].aliases} == {*BENCHES, "stockex"}
-    reports = {e.id: e for e in report_experiments()}
+    reports = {e.id: e for e in pages()}
     assert ids <= set(reports)
     for i in ids:
         assert reports[i].claims, i

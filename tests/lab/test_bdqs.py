@@ -18,11 +18,12 @@ from typing import Any
 import pytest
 
 from cmq import ConfigError
-from cmq.lab.experiments import PROFILE_NAMES, PROFILES, Context, bdqs, get, resolve
+from cmq.lab.bench.sqs import moto_server
+from cmq.lab.experiments import PROFILE_NAMES, PROFILES, Context, bdqs, get, pages, resolve
+from cmq.lab.experiments import page as lab_page
 from cmq.lab.records import read_table
 from cmq.pipeline import report
 from cmq.pipeline.report import ReportData, render_html
-from cmq.service.bench import moto_server
 
 MOTO = moto_server() is not None
 
@@ -49,7 +50,7 @@ def test_both_experiments_are_registered_with_the_lab_and_the_report() -> None:
     ]
     for exp in bdqs.EXPERIMENTS:
         assert not exp.multi_system
-        section = report.get_experiment(exp.id)
+        section = lab_page(exp.id)
         assert section is not None and section.claims
         for name in PROFILE_NAMES:
             assert exp.steps(_ctx(Path("/nonexistent"), name)) >= 1
@@ -295,7 +296,7 @@ def _replace(rows: list[dict[str, Any]], t: int, k: str, mode: str, by: list[tup
 def _verdicts(
     exp_id: str, rows: list[dict[str, Any]], samples: list[dict[str, Any]] | None = None
 ) -> list[str]:
-    exp = report.get_experiment(exp_id)
+    exp = lab_page(exp_id)
     assert exp is not None
     data = ReportData(summary=rows, samples=samples or [])
     return [c.judge(data).status for c in exp.claims]
@@ -381,7 +382,7 @@ def _cpu_series(system: str, per_round: list[tuple[float, float]]) -> list[dict[
 
 
 def _per_cpu_verdict(sqlite: list[tuple[float, float]], redis: list[tuple[float, float]]) -> str:
-    exp = report.get_experiment("bdqs-throughput")
+    exp = lab_page("bdqs-throughput")
     assert exp is not None
     data = ReportData(series=_cpu_series("cmq-sqlite", sqlite)
                       + _cpu_series("cmq-redis-cluster", redis))  # fmt: skip
@@ -411,7 +412,7 @@ def test_sections_render_with_figures_and_tables() -> None:
         _tp_row("cmq-sqlite", 1, 700.0),
         _tp_row("cmq-sqlite", 2, 590.0),
     ]
-    page = render_html(ReportData(summary=rows))
+    page = render_html(ReportData(summary=rows), pages())
     for exp_id in ("bdqs-order", "bdqs-throughput"):
         start = page.index(f'<section id="{exp_id}">')
         section = page[start : page.index("</section>", start)]

@@ -58,9 +58,13 @@ def test_a_tiny_lab_run_writes_records_and_the_report(
         assert f'<section id="{section}">' in page
     assert page.count("<svg") >= 3
     assert not re.search(r"<script|https?://(?!www\.w3\.org)", page)
+    # The page says which profile made it and how long each experiment took.
+    assert "<b>lab profile:</b> tiny (custom)" in page
+    assert re.search(r"<b>time per experiment:</b> cmq-fig5 \d+ s, cmq-fig6 \d+ s, scalability \d+ s", page)
 
     summary = captured.out
     assert "tiny (custom) profile, 3 experiments" in summary
+    assert re.search(r"time per experiment: cmq-fig5 \d+s, cmq-fig6 \d+s, scalability \d+s", summary)
     assert "ping-pong 512 B, median round trip (runs): " in summary
     # A tiny run has one run a side and a short range: its verdicts say what
     # they lack rather than pass or fail on too little.

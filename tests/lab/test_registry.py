@@ -10,12 +10,24 @@ import pytest
 
 import cmq.lab.experiments as lab_experiments
 from cmq import ConfigError
-from cmq.lab.experiments import PROFILES, Context, LabExperiment, Profile, get, register, resolve
+from cmq.lab.experiments import (
+    PROFILES,
+    Context,
+    LabExperiment,
+    Profile,
+    get,
+    page,
+    register,
+    resolve,
+)
 from cmq.lab.systems import SYSTEMS
-from cmq.pipeline import report
 
+# Every experiment: a module of the package, or a folder's ``experiment`` module.
 MODULES = sorted(
-    m.name for m in pkgutil.iter_modules(lab_experiments.__path__) if not m.name.startswith("_")
+    f"{m.name}.experiment" if (Path(lab_experiments.__path__[0]) / m.name / "experiment.py").exists()
+    else m.name
+    for m in pkgutil.iter_modules(lab_experiments.__path__)
+    if not m.name.startswith("_")
 )
 
 
@@ -42,7 +54,7 @@ def _check_shape(exp: LabExperiment) -> None:
     # Registered with the lab under its id, and with the report (its claims
     # and figures) under the same id.
     assert get(exp.id) is exp
-    assert report.get_experiment(exp.id) is not None, f"{exp.id} has no report section"
+    assert page(exp.id) is not None, f"{exp.id} has no report section"
     # The three functions answer for every profile without running anything.
     for profile in PROFILES.values():
         ctx = Context(out=Path("/nonexistent"), profile=profile,
@@ -105,3 +117,51 @@ def test_profile_validation(change: dict[str, object], match: str) -> None:
 def test_context_validation() -> None:
     with pytest.raises(ConfigError, match="probability"):
         Context(out=Path("."), profile=PROFILES["tiny"], systems=("cmq",), loss=1.0)
+
+
+def _imports(path: Path) -> set[str]:
+    import ast
+
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found |= {f"{node.module}.{a.name}" for a in node.names}
+    return found
+
+
+SRC = Path(lab_experiments.__file__).parents[2]
+# The stock-exchange simulation runs its processes on the AMQP suite's
+# worker harness and cites the same paper: its one import of another experiment.
+SHARED = {("stockex", "amqp")}
+
+
+def test_the_pipeline_imports_nothing_from_the_lab() -> None:
+    for path in (SRC / "pipeline").rglob("*.py"):
+        lab = [m for m in _imports(path) if m == "cmq.lab" or m.startswith("cmq.lab.")]
+        assert not lab, f"{path.name} imports {lab}"
+
+
+def test_only_the_registry_imports_an_experiment_by_name() -> None:
+    names = {e.split(".")[0] for e in MODULES}
+    for path in SRC.rglob("*.py"):
+        if path == SRC / "lab" / "experiments" / "__init__.py":
+            continue
+        rel = path.relative_to(SRC / "lab" / "experiments").parts if "experiments" in path.parts else ()
+        home = rel[0].removesuffix(".py") if rel else None
+        for module in _imports(path):
+            parts = module.split(".")
+            if parts[:3] != ["cmq", "lab", "experiments"] or len(parts) < 4:
+                continue
+            name = parts[3]
+            if name in names and name != home and (home, name) not in SHARED:
+                raise AssertionError(f"{path.relative_to(SRC)} imports experiment {name!r}")
+
+
+def test_benchmarks_and_test_servers_live_in_the_lab_not_in_library_packages() -> None:
+    for package in ("service", "routing", "pipeline", "net", "patterns"):
+        found = [p.name for p in (SRC / package).rglob("*.py") if "bench" in p.name or p.name == "redis_local.py"]
+        assert not found, f"cmq.{package} holds {found}"
+    assert (SRC / "lab" / "bench" / "sqs.py").exists()

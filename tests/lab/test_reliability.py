@@ -19,7 +19,7 @@ import pytest
 
 from cmq import ConfigError
 from cmq.lab import netns
-from cmq.lab.experiments import PROFILES, Context, get
+from cmq.lab.experiments import PROFILES, Context, get, pages
 from cmq.lab.experiments.reliability import EXPERIMENT, REPORT, measure
 from cmq.lab.experiments.reliability import claims as C
 from cmq.lab.experiments.reliability.section import render
@@ -240,7 +240,7 @@ def test_the_section_draws_both_figures_and_tables() -> None:
     assert reliable_3[9] == "80%" and reliable_3[10] == "600" and reliable_3[12] == "0.4%"
     assert reliable_3[15] == "2.90%"
     assert any(r[0] == "tcp" and r[2] == "1.4%" for r in rt.rows)
-    page = render_html(data)
+    page = render_html(data, pages())
     assert f'<section id="{C.EXPERIMENT_ID}">' in page and not re.search(r"<script", page)
 
 

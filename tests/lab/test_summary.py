@@ -57,13 +57,14 @@ def test_headline_figures() -> None:
 def test_summary_layout() -> None:
     result = LabResult(
         out=Path("/tmp/x"), report=Path("/tmp/x/report.html"), profile="quick",
-        experiments=("cmq-fig5",), seconds=250.3, pipeline_seconds=55.4,
+        experiments=("cmq-fig5",), seconds=250.3, pipeline_seconds=55.4, times={"cmq-fig5": 190.2},
         runs={"ok": 21, "skipped": 2}, skipped=("nats: no nats-server: apt-get install nats-server",),
         failures=(), headlines=("ping-pong 512 B, mean round trip: udp 44.2 µs",),
         verdicts=(Verdict(experiment="cmq-fig5", claim="c", status="pass", result="r"),),
     )  # fmt: skip
     assert _summary(result).splitlines() == [
         "cmq lab: quick profile, 1 experiments, runs: 21 ok, 2 skipped; 4m10.3s (pipeline 55.4s)",
+        "  time per experiment: cmq-fig5 190s",
         "  ping-pong 512 B, mean round trip: udp 44.2 µs",
         "claims:",
         "  [pass] cmq-fig5: r",

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from cmq.lab.experiments import page as get_experiment
 from cmq.lab.experiments import tuning
-from cmq.pipeline.report import ReportData, get_experiment
+from cmq.pipeline.report import ReportData
 
 
 def _row(timeout: float, idle_gap: float | str, mean_us: float) -> dict[str, Any]:

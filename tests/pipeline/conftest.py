@@ -23,12 +23,13 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     pytest.importorskip("pyspark", reason="PySpark is in the 'lab' extra")
-    from cmq.pipeline.session import SessionConfig, build_session
+    from cmq.pipeline.session import QUICK_START_JAVA_OPTIONS, SessionConfig, build_session
 
     session = build_session(
         SessionConfig(
-            master="local[1]", shuffle_partitions=1, driver_memory="1g", app_name="cmq-tests"
+            master="local[1]", shuffle_partitions=1, driver_memory="1g", app_name="cmq-tests",
+            driver_java_options=QUICK_START_JAVA_OPTIONS,
         )
-    )
+    )  # fmt: skip
     yield session
     session.stop()

@@ -13,14 +13,14 @@ from typing import Any
 import pytest
 
 from cmq import ConfigError
-from cmq.pipeline.claims import link_rate, zmq_step
+from cmq.lab.experiments import page as lab_page
+from cmq.lab.experiments import pages, register_page
+from cmq.lab.experiments.zmq_throughput import link_rate, zmq_step
 from cmq.pipeline.report import (
     Claim,
     Experiment,
     ReportData,
     Verdict,
-    get_experiment,
-    register,
     render_html,
 )
 
@@ -62,7 +62,7 @@ def fig6_runs(system: str, loss: float, p50_us: list[float], mean_x: float = 1.0
 
 
 def test_fig6_verdicts_use_the_baseline_of_the_same_namespaces() -> None:
-    exp = get_experiment("cmq-fig6")
+    exp = lab_page("cmq-fig6")
     assert exp is not None
     unaffected, about_4x, sd_512 = exp.claims
     assert all(c.rule for c in exp.claims)
@@ -107,7 +107,7 @@ def runs(system: str, scenario: str, size: int, p50s: list[float], **kw: Any) ->
 
 
 def test_fig5_judges_medians_over_runs_and_shows_stalls_without_excusing_them() -> None:
-    exp = get_experiment("cmq-fig5")
+    exp = lab_page("cmq-fig5")
     assert exp is not None
     (claim,) = exp.claims
     assert "bootstrap" in claim.rule and "1.10" in claim.rule
@@ -137,7 +137,7 @@ def test_fig5_judges_medians_over_runs_and_shows_stalls_without_excusing_them() 
 
 
 def test_push_cost_is_flat_only_over_the_claimed_range() -> None:
-    exp = get_experiment("scalability")
+    exp = lab_page("scalability")
     assert exp is not None
     push = exp.claims[0]
 
@@ -157,7 +157,7 @@ def test_push_cost_is_flat_only_over_the_claimed_range() -> None:
 
 def test_registry_refuses_duplicates_and_bad_ids() -> None:
     with pytest.raises(ConfigError):
-        register(Experiment(id="cmq-fig5", title="again"))
+        register_page(Experiment(id="cmq-fig5", title="again"))
     with pytest.raises(ConfigError):
         Experiment(id="Bad Id", title="x")
 
@@ -166,15 +166,12 @@ def test_a_judge_that_crashes_shows_as_inconclusive() -> None:
     def broken(_data: ReportData) -> Verdict:
         raise KeyError("qthresh")
 
-    register(
-        Experiment(id="test-broken", title="Broken judge", claims=[Claim(text="c", judge=broken)]),
-        replace=True,
-    )
+    broken_page = Experiment(id="test-broken", title="Broken judge", claims=[Claim(text="c", judge=broken)])
     row = summary_row("test-broken", "cmq", "x", 4, 1.0, 0.0) | {
         "loss_rate": 0.0, "duplicates": 0, "out_of_order": 0, "p50_ns": 1, "p99_ns": 1, "msgs_per_s": None,
         "delivered": 100, "rate_source": "records",
     }  # fmt: skip
-    page = render_html(ReportData(summary=[row]))
+    page = render_html(ReportData(summary=[row]), [broken_page])
     assert "could not judge: KeyError" in page
 
 
@@ -184,7 +181,7 @@ def report(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     out = tmp_path_factory.mktemp("lab-out")
     write_synthetic(out)
-    return build_report(out, spark=spark)
+    return build_report(out, pages(), spark=spark)
 
 
 @pytest.mark.spark

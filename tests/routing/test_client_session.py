@@ -8,7 +8,7 @@ import pytest
 
 import cmq.routing
 from cmq import ConfigError, RemoteError
-from cmq.routing._bench import MATCHING_KEY, non_matching
+from cmq.lab.bench.broker import MATCHING_KEY, non_matching
 from cmq.routing._client import _ConsumerState, _new_consumer, _parse_address, _Session
 from cmq.routing._core import BrokerConfig, BrokerCore
 from cmq.routing._protocol import (

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from cmq.service.redis_local import LocalRedisCluster
+from cmq.lab.bench.redis_local import LocalRedisCluster
 from tests.service.helpers import Node
 
 STORES = ["memory", "sqlite", "redis"]

@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 from botocore.exceptions import BotoCoreError, ClientError
 
-from cmq.service.redis_local import LocalRedisCluster
+from cmq.lab.bench.redis_local import LocalRedisCluster
 from tests.service.conftest import store_url, unique
 from tests.service.helpers import Node, wait_until
 

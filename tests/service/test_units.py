@@ -411,7 +411,7 @@ def _rec(seq: int, t: int, receiver: int = 0, count: int = 1) -> dict[str, Any]:
 
 
 def test_summarise_known_answers() -> None:
-    from cmq.service.bench import lab_rows, summarise
+    from cmq.lab.bench.sqs import lab_rows, summarise
 
     [in_order] = summarise([_rec(i, i) for i in range(10)])
     assert in_order["out_of_order_rate"] == 0 and in_order["duplication_rate"] == 0
@@ -433,7 +433,7 @@ def test_summarise_known_answers() -> None:
 def test_lab_rows_fit_the_lab_schema() -> None:
     records = pytest.importorskip("cmq.lab.records")
     pa = pytest.importorskip("pyarrow")
-    from cmq.service.bench import lab_rows
+    from cmq.lab.bench.sqs import lab_rows
 
     table = pa.Table.from_pylist(
         lab_rows([_rec(1, 2), {**_rec(2, 3), "request_ns": 1}], "r"),
@@ -445,7 +445,7 @@ def test_lab_rows_fit_the_lab_schema() -> None:
 
 @pytest.mark.slow
 def test_throughput_counts_from_when_every_connection_has_warmed_up() -> None:
-    from cmq.service.bench import _cycles, start_cmq
+    from cmq.lab.bench.sqs import _cycles, start_cmq
 
     servers = start_cmq("memory:")
     try:
@@ -459,7 +459,7 @@ def test_throughput_counts_from_when_every_connection_has_warmed_up() -> None:
 
 @pytest.mark.slow
 def test_order_experiment_runs_end_to_end() -> None:
-    from cmq.service.bench import order_experiment, summarise
+    from cmq.lab.bench.sqs import order_experiment, summarise
 
     records = order_experiment("memory:", t_recvs=(1,), ks=(1, 1_000_000), n=30)
     assert len(records) == 60
@@ -482,7 +482,7 @@ def test_decode_form_never_raises_anything_else(body: bytes, path: str) -> None:
 
 @pytest.mark.slow
 def test_throughput_benchmark_runs_end_to_end() -> None:
-    from cmq.service.bench import throughput
+    from cmq.lab.bench.sqs import throughput
 
     row = throughput("memory:", seconds=0.5, concurrency=4)
     assert row["cycles"] > 0 and row["errors"] == 0
@@ -499,7 +499,7 @@ def test_cpu_used_counts_every_thread_of_a_process_and_ended_ones_by_ticks() -> 
     import threading
     import time
 
-    from cmq.service.bench import _cpu_reading, _cpu_used
+    from cmq.lab.bench.sqs import _cpu_reading, _cpu_used
     from tests.waiting import wait_until
 
     spent: list[float] = []
@@ -536,8 +536,8 @@ def test_wrk_generator_counts_every_cycle_it_completes() -> None:
     requests in flight when it stopped."""
     import asyncio
 
-    from cmq.service import bench
-    from cmq.service.wrk_load import wrk_cycles, wrk_path
+    from cmq.lab.bench import sqs as bench
+    from cmq.lab.bench.wrk_load import wrk_cycles, wrk_path
 
     if wrk_path() is None:
         pytest.skip("wrk is not installed (apt-get install wrk)")

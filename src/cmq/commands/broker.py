@@ -416,11 +416,11 @@ def run(args: argparse.Namespace) -> int:
     if args.verb is None:
         return _serve(args)
     if args.verb == "bench":
-        from cmq.routing._bench import main as bench
+        from cmq.lab.bench.broker import main as bench
 
         return bench(args)
     if args.verb == "bench-durable":
-        from cmq.routing._bench_durable import main as bench_durable
+        from cmq.lab.bench.broker_durable import main as bench_durable
 
         return bench_durable(args)
     return _client_verb(args)

@@ -128,6 +128,11 @@ def _summary(result: LabResult) -> str:
         f"runs: {runs or 'none'}; {int(minutes)}m{seconds:04.1f}s "
         f"(pipeline {result.pipeline_seconds:.1f}s)"
     )
+    if result.times:
+        # Where the minutes went: what to trim when a profile runs long.
+        lines.append(
+            "  time per experiment: " + ", ".join(f"{k} {v:.0f}s" for k, v in result.times.items())
+        )
     for text in result.headlines:
         lines.append(f"  {text}")
     if result.verdicts:

@@ -32,9 +32,12 @@ def run(args: argparse.Namespace) -> int:
         ConfigError: DIR is not a directory.
         MissingExtra: PySpark (the ``lab`` extra) is not installed.
     """
+    from cmq.lab.experiments import pages
+    from cmq.lab.orchestrate import read_facts
     from cmq.pipeline.report import build_report
 
-    path = build_report(args.dir, master=args.master, path=args.out, title=args.title)
+    path = build_report(args.dir, pages(), master=args.master, path=args.out, title=args.title,
+                        facts=read_facts(args.dir))  # fmt: skip
     print(path)
     print(f"open file://{path.resolve()}", file=sys.stderr)
     return 0

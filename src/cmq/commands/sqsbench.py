@@ -57,8 +57,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 @contextlib.contextmanager
 def _store(kind: str) -> Iterator[str | None]:
-    from cmq.service.bench import sqlite_store
-    from cmq.service.redis_local import LocalRedisCluster
+    from cmq.lab.bench.redis_local import LocalRedisCluster
+    from cmq.lab.bench.sqs import sqlite_store
 
     if kind == "moto":
         yield None
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         require("the aiohttp client", "aiohttp")
     if args.out and not args.out.endswith(".jsonl"):
         require("writing Parquet", "pyarrow")
-    from cmq.service import bench
+    from cmq.lab.bench import sqs as bench
 
     rows: list[dict[str, Any]] = []
     if args.what == "throughput":

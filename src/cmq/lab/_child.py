@@ -1,7 +1,7 @@
 """Child processes of the lab whose output is read line by line on a thread.
 
 Both the lab's own roles (:mod:`cmq.lab.experiments._proc`) and the AMQP
-suite's workers (:mod:`cmq.lab.amqp.suite`) run Python children that print
+suite's workers (:mod:`cmq.lab.experiments.amqp.suite`) run Python children that print
 ``TAG {json}`` lines. :class:`LineProcess` starts one with this tree's ``cmq``
 importable, reads its stdout on a thread (so the parent can wait with a
 timeout and never hangs on a stuck child) and keeps its stderr for the

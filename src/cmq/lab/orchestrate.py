@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import shutil
 import statistics
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -153,6 +154,8 @@ class LabResult:
     seconds: float
     """Wall time of the whole run, experiments and pipeline."""
     pipeline_seconds: float
+    times: dict[str, float] = field(default_factory=dict)
+    """Wall seconds of each experiment that ran, by id, in run order."""
     runs: dict[str, int] = field(default_factory=dict)
     """Runs by status (``ok``, ``skipped``, ``failed``)."""
     skipped: tuple[str, ...] = ()
@@ -328,14 +331,41 @@ def _prepare_out(out: Path, overwrite: bool) -> None:
     # Only our own directories and page are removed, never anything else in out.
     for directory in existing:
         shutil.rmtree(directory)
-    with contextlib.suppress(FileNotFoundError):
-        (out / "report.html").unlink()
+    for name in ("report.html", FACTS):
+        with contextlib.suppress(FileNotFoundError):
+            (out / name).unlink()
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigError(f"cannot create {out}: {exc.strerror}") from exc
     if not os.access(out, os.W_OK):
         raise ConfigError(f"cannot write to {out}")
+
+
+#: What the page says about the run besides its records: the profile and
+#: the time each experiment took (written by :func:`run_lab`, read back by
+#: ``cmq report``).
+FACTS: Final = "lab.json"
+
+
+def write_facts(out: Path, profile: str, times: Mapping[str, float]) -> None:
+    """Write ``out/lab.json``: the profile's name and each experiment's seconds."""
+    payload = {"profile": profile, "experiment_seconds": {k: round(v, 1) for k, v in times.items()}}
+    (out / FACTS).write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+
+
+def read_facts(out: Path) -> dict[str, str]:
+    """The lines the page shows about the run (from ``out/lab.json``); empty
+    for records written without it."""
+    try:
+        payload = json.loads((out / FACTS).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    facts = {"lab profile": str(payload.get("profile", "unknown"))}
+    times = payload.get("experiment_seconds") or {}
+    if isinstance(times, dict) and times:
+        facts["time per experiment"] = ", ".join(f"{k} {float(v):.0f} s" for k, v in times.items())
+    return facts
 
 
 def _system_skips(systems: Sequence[str], ui: Ui) -> dict[str, str]:
@@ -392,8 +422,10 @@ def run_lab(
             skipped.append(f"{exp.id}: {why}")
 
     total = sum(exp.steps(ctx) for exp, ctx, why in plans if why is None) or 1
+    times: dict[str, float] = {}
     with ui.session(total):
         for exp, ctx, why in plans:
+            exp_started = time.monotonic()
             exp_systems = systems if exp.multi_system else ("cmq",)
             if why is not None:
                 with RunBook(out, exp.id, pin=config.pin) as book:
@@ -417,6 +449,7 @@ def run_lab(
                 ui.say(f"cmq lab: {text}")
                 failures.append(text)
             counter.finish()
+            times[exp.id] = time.monotonic() - exp_started
 
     from cmq.lab.records import read_table
 
@@ -427,6 +460,7 @@ def run_lab(
         if r["status"] == "failed":
             failures.append(f"{r['experiment']} {r['system']}: {r['reason']}")
 
+    write_facts(out, profile.name, times)
     report_path: Path | None = None
     verdicts: list[Verdict] = []
     headlines: list[str] = []
@@ -449,6 +483,7 @@ def run_lab(
         experiments=tuple(e.id for e in chosen),
         seconds=time.monotonic() - started,
         pipeline_seconds=pipeline_seconds,
+        times=times,
         runs=counts,
         skipped=tuple(skipped),
         failures=tuple(failures),
@@ -461,12 +496,13 @@ def _report(
     out: Path, *, spark: SparkSession | None, master: str | None
 ) -> tuple[Path, ReportData]:
     """Aggregate on Spark, write ``out/report.html``; the page's path and data."""
+    from cmq.lab.experiments import pages
     from cmq.pipeline.report import collect, render_html
 
     if spark is None:
         spark = _start_spark(out, master)
     data = collect(spark, out)
-    page = render_html(data, source=str(out))
+    page = render_html(data, pages(), source=str(out), facts=read_facts(out))
     target = out / "report.html"
     tmp = target.with_name(f".{target.name}.tmp")
     tmp.write_text(page, encoding="utf-8")
@@ -498,10 +534,10 @@ def _start_spark(out: Path, master: str | None) -> SparkSession:
 
 
 def _verdicts(data: ReportData, ran: set[str]) -> list[Verdict]:
-    from cmq.pipeline.report import experiments
+    from cmq.lab.experiments import pages
 
     found = []
-    for exp in experiments():
+    for exp in pages():
         if exp.id not in ran:
             continue
         for claim in exp.claims:

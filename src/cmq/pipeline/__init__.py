@@ -3,10 +3,10 @@
 - :mod:`cmq.pipeline.session`: build the SparkSession (local or ``--master``).
 - :mod:`cmq.pipeline.jobs`: pure DataFrame -> DataFrame aggregates of the
   records whose contract is :mod:`cmq.pipeline.schema`.
-- :mod:`cmq.pipeline.report`: the self-contained HTML report and the
-  registry of experiments; :mod:`cmq.pipeline.claims` registers the
-  built-in ones (the CMQ and ØMQ papers' claims).
-- :mod:`cmq.pipeline.bench`: what the pipeline itself costs, 1M to 10M records.
+- :mod:`cmq.pipeline.report`: the self-contained HTML page, drawn from the
+  experiments it is handed (the lab's registry has them; this package
+  imports nothing from the lab).
+- :mod:`cmq.pipeline.stats`: intervals over runs and the verdict rules.
 - :mod:`cmq.pipeline.source`: ``format("cmq")``, a Structured Streaming
   source of received cmq messages and a sink that pushes rows.
 

@@ -152,14 +152,16 @@ def flag_deliveries(records: DataFrame) -> DataFrame:
     lost = F.col("lost")
     order = Window.partitionBy(*STREAM_KEYS).orderBy(F.desc("seq"), F.desc_nulls_last("recv_ns"))
     before = order.rowsBetween(Window.unboundedPreceding, -1)
-    duplicate = (
-        ~lost
-        & F.coalesce(F.lead("seq").over(order) == F.col("seq"), F.lit(False))
-        & ~F.coalesce(F.lead("lost").over(order), F.lit(True))
-    )
+    # Both window expressions in one select, so Spark evaluates them in one
+    # Window operator over one buffer of each stream (written as two
+    # withColumn calls they became two operators, each buffering every
+    # stream again: most of the summary job's time, by its plan and timings).
+    # The next row is a delivered copy of this seq: one lead, not two.
+    next_delivered_seq = F.lead(F.when(~lost, F.col("seq"))).over(order)
+    duplicate = ~lost & F.coalesce(next_delivered_seq == F.col("seq"), F.lit(False))
     earliest_higher = F.min(F.when(~lost, F.col("recv_ns"))).over(before)
-    flagged = records.withColumn("duplicate", duplicate).withColumn(
-        "_earliest_higher", earliest_higher
+    flagged = records.select(
+        *records.columns, duplicate.alias("duplicate"), earliest_higher.alias("_earliest_higher")
     )
     out_of_order = (
         ~lost
@@ -186,10 +188,15 @@ def _ratio(numerator: Column, denominator: Column) -> Column:
 
 
 def latency_stats(records: DataFrame, keys: Sequence[str] = GROUP_KEYS) -> DataFrame:
-    """Counts, loss, duplicates, out-of-order and latency per ``keys`` (:data:`GROUP_KEYS`)."""
+    """Counts, loss, duplicates, out-of-order and latency per ``keys`` (:data:`GROUP_KEYS`).
+
+    ``records`` may be :func:`flag_deliveries`'s output already (it has a
+    ``duplicate`` column): it is then not flagged again, so a caller that
+    needs several of these aggregates can flag once and cache the result.
+    """
     from pyspark.sql import functions as F
 
-    flagged = flag_deliveries(records)
+    flagged = records if "duplicate" in records.columns else flag_deliveries(records)
     first = ~F.col("lost") & ~F.col("duplicate")
     latency = F.when(first, F.col("latency_ns"))
     agg = flagged.groupBy(*keys).agg(

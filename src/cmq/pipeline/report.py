@@ -1,4 +1,4 @@
-"""The lab's report: one self-contained HTML page, and the experiment registry.
+"""The lab's report: one self-contained HTML page, drawn from the experiments it is handed.
 
 Theory of operation
 -------------------
@@ -6,15 +6,14 @@ Theory of operation
    output directory and collects their (small) results into a
    :class:`ReportData`: plain Python rows, so that everything after this
    point is ordinary, Spark-free code that tests can feed by hand.
-2. Each experiment is an :class:`Experiment` in a registry keyed by its id
-   (``"cmq-fig5"``, ...): a title, the paper, its :class:`Claim` objects (the
-   paper's words and a ``judge`` that turns the data into our result and a
-   verdict: pass, fail or inconclusive) and a ``render`` function that draws
-   its figures and tables as a :class:`Section`. The built-in experiments
-   live in :mod:`cmq.pipeline.claims`; an experiment module of a later issue
-   calls :func:`register` at import (modules in the package
-   ``cmq.lab.experiments`` are imported automatically). An experiment with
-   records but no registration still gets a generic section.
+2. Each experiment the page shows is an :class:`Experiment`: a title, the
+   paper, its :class:`Claim` objects (the paper's words, the rule, and a
+   ``judge`` that turns the data into our result and a verdict: pass, fail,
+   inconclusive or context) and a ``render`` function that draws its
+   figures and tables as a :class:`Section`. This module knows none of
+   them: the lab's registry (``cmq.lab.experiments.pages()``) hands the
+   list to :func:`render_html` and :func:`build_report`. An experiment with
+   records but no page still gets a generic section.
 3. :func:`render_html` lays the sections out in one page: inline CSS, figures
    as inline SVG, no scripts and no external references, so the file can be
    mailed, archived or opened offline.
@@ -25,12 +24,10 @@ Theory of operation
 from __future__ import annotations
 
 import html
-import importlib
 import io
 import json
 import math
 import os
-import pkgutil
 import platform
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -56,11 +53,9 @@ __all__ = [
     "Verdict",
     "build_report",
     "collect",
-    "experiments",
     "generic_section",
     "latency_figure",
     "latency_table",
-    "register",
     "render_html",
     "svg",
 ]
@@ -71,8 +66,6 @@ __all__ = [
 Status = Literal["pass", "fail", "inconclusive", "context"]
 Row = dict[str, Any]
 
-#: Packages whose modules are imported so that their experiments register.
-EXPERIMENT_PACKAGES: Final = ("cmq.pipeline.claims", "cmq.lab.experiments")
 
 
 # -- data ------------------------------------------------------------------
@@ -151,13 +144,15 @@ def collect(spark: SparkSession, out: str | os.PathLike[str]) -> ReportData:
     import pyspark
     from pyspark.sql import functions as F
 
-    from cmq.pipeline.jobs import load_tables, run_stats, sample_stats, summary
+    from cmq.pipeline.jobs import flag_deliveries, load_tables, run_stats, sample_stats, summary
 
     tables = load_tables(spark, out)
-    summary_rows = [
-        _with_params(r.asDict()) for r in summary(tables.records, tables.totals).collect()
-    ]
-    per_run_rows = [_with_params(r.asDict()) for r in run_stats(tables.records).collect()]
+    # The summary and the per-run statistics both need every stream sorted
+    # and flagged (the costly part): do it once, cached for both.
+    flagged = flag_deliveries(tables.records).persist()
+    summary_rows = [_with_params(r.asDict()) for r in summary(flagged, tables.totals).collect()]
+    per_run_rows = [_with_params(r.asDict()) for r in run_stats(flagged).collect()]
+    flagged.unpersist()
     sample_rows = [_with_params(r.asDict()) for r in sample_stats(tables.samples).collect()]
     timed = tables.samples.where(F.col("t_ns").isNotNull())
     start = F.min("t_ns").over(_run_window())
@@ -207,7 +202,7 @@ def _with_params(row: Row) -> Row:
     return row
 
 
-# -- registry --------------------------------------------------------------
+# -- experiments -------------------------------------------------------------
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -289,55 +284,6 @@ class Experiment:
             )
         if not self.title:
             raise ConfigError(f"experiment {self.id!r} needs a title")
-
-
-_REGISTRY: dict[str, Experiment] = {}
-_loaded = False
-
-
-def register(experiment: Experiment, *, replace: bool = False) -> Experiment:
-    """Add an experiment to the report; returns it (usable as a decorator helper).
-
-    Raises:
-        ConfigError: the id is registered already and ``replace`` is false.
-    """
-    if experiment.id in _REGISTRY and not replace:
-        raise ConfigError(f"experiment {experiment.id!r} is registered already")
-    _REGISTRY[experiment.id] = experiment
-    return experiment
-
-
-def _load_experiment_modules() -> None:
-    # Import once: built-in claims, then every module of the lab's experiment
-    # package (which register themselves). A package that does not exist yet
-    # is simply absent; an experiment module that fails to import is a bug
-    # and raises.
-    global _loaded
-    if _loaded:
-        return
-    _loaded = True
-    for name in EXPERIMENT_PACKAGES:
-        try:
-            package = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name is not None and name.startswith(exc.name):
-                continue
-            raise
-        for module in pkgutil.iter_modules(getattr(package, "__path__", [])):
-            if not module.name.startswith("_"):  # helpers register nothing
-                importlib.import_module(f"{name}.{module.name}")
-
-
-def experiments() -> list[Experiment]:
-    """Every registered experiment, in report order."""
-    _load_experiment_modules()
-    return sorted(_REGISTRY.values(), key=lambda e: (e.order, e.id))
-
-
-def get_experiment(experiment_id: str) -> Experiment | None:
-    """The registered experiment with this id, if any."""
-    _load_experiment_modules()
-    return _REGISTRY.get(experiment_id)
 
 
 # -- figures and tables ----------------------------------------------------
@@ -704,11 +650,20 @@ def _pipeline_sentence(data: ReportData) -> str:
     )
 
 
-def render_html(data: ReportData, *, title: str = "cmq lab report", source: str = "") -> str:
+def render_html(
+    data: ReportData,
+    experiments: Sequence[Experiment],
+    *,
+    title: str = "cmq lab report",
+    source: str = "",
+    facts: Mapping[str, str] | None = None,
+) -> str:
     """The whole page as a string: one section per experiment that has data
-    (registered ones in registry order, then unregistered ones), a verdict
-    overview, the skipped systems and the environment."""
-    registered = experiments()
+    (those of ``experiments`` in their order, then any others the records
+    name, with a generic section), a verdict overview, the skipped systems
+    and the environment. ``facts`` are lines about how the records were made
+    (the lab's profile, its time per experiment), shown under the title."""
+    registered = list(experiments)
     present = set(data.experiment_ids())
     shown = [e for e in registered if e.id in present]
     known = {e.id for e in registered}
@@ -736,6 +691,7 @@ def render_html(data: ReportData, *, title: str = "cmq lab report", source: str 
         f"{len(data.runs)} runs, {sum(r['messages'] or 0 for r in data.summary):,} messages in "
         f"{len(data.summary)} groups.</p>",
         f'<p class="meta">{_e(_pipeline_sentence(data))}</p>',
+        *(f'<p class="meta"><b>{_e(k)}:</b> {_e(v)}</p>' for k, v in (facts or {}).items()),
         f"<nav>{nav}</nav>",
     ]
     body = []
@@ -769,14 +725,17 @@ def render_html(data: ReportData, *, title: str = "cmq lab report", source: str 
 
 def build_report(
     out: str | os.PathLike[str],
+    experiments: Sequence[Experiment],
     *,
     spark: SparkSession | None = None,
     master: str | None = None,
     path: str | os.PathLike[str] | None = None,
     title: str = "cmq lab report",
+    facts: Mapping[str, str] | None = None,
 ) -> Path:
     """Aggregate ``out``'s records on Spark and write the page (default
-    ``out/report.html``); returns its path. Starts a session on ``master``
+    ``out/report.html``) with a section per experiment of ``experiments``;
+    returns its path. Starts a session on ``master``
     (default local) unless ``spark`` is given.
 
     Raises:
@@ -791,7 +750,7 @@ def build_report(
 
         spark = build_session(SessionConfig(master=master) if master else SessionConfig())
     data = collect(spark, out_dir)
-    page = render_html(data, title=title, source=str(out_dir))
+    page = render_html(data, experiments, title=title, source=str(out_dir), facts=facts)
     target = Path(path) if path is not None else out_dir / "report.html"
     tmp = target.with_name(f".{target.name}.tmp")
     tmp.write_text(page, encoding="utf-8")

@@ -4,13 +4,13 @@
     BDQS Figure 2. A queue is filled with numbered messages, then T_recv
     receivers in {1, 2, 3}, spread over several ``cmq serve`` nodes, drain it
     concurrently, one message per receive, each deleted after it is received
-    (:func:`cmq.service.bench.order_experiment`), for K in {1, 2, 3,
+    (:func:`cmq.lab.bench.sqs.order_experiment`), for K in {1, 2, 3,
     no-order} and both receive modes: ``lock-free`` (the paper's design,
     where racing receivers can take the same message) and ``atomic`` (cmq's
     default). Every cell is run several times on fresh queues, so that the
     claims are judged on 95 % confidence intervals of the per-run rates.
     Every receipt becomes one per-message record; the PySpark pipeline
-    (:mod:`cmq.pipeline.jobs`), not :func:`~cmq.service.bench.summarise`,
+    (:mod:`cmq.pipeline.jobs`), not :func:`~cmq.lab.bench.sqs.summarise`,
     computes the duplication and out-of-order rates of each run. Systems:
     ``cmq-sqlite``, ``cmq-redis-cluster`` (a throwaway local cluster; skipped
     with the reason when ``redis-server`` is missing) and ``moto``, moto's
@@ -19,7 +19,7 @@
 ``bdqs-throughput`` [sqs-throughput]
     send+receive+delete cycles against 1, 2 and 4 ``cmq serve`` nodes over
     one store, with moto's server measured in the same rounds
-    (:func:`cmq.service.bench.throughput`, an asyncio HTTP load generator:
+    (:func:`cmq.lab.bench.sqs.throughput`, an asyncio HTTP load generator:
     boto3's client CPU would be the bottleneck on two cores). It measures
     both cycles per second (total) and cycles per CPU-second consumed by all
     of the service's processes (the nodes, and the redis-server processes
@@ -69,7 +69,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from cmq._errors import CmqError, ConfigError
 from cmq._extras import unavailable
-from cmq.lab.experiments import Context, LabExperiment, register
+from cmq.lab.experiments import Context, LabExperiment, register, register_page
 from cmq.lab.experiments._record import RunBook
 from cmq.pipeline import report
 from cmq.pipeline.report import (
@@ -263,7 +263,7 @@ def _redis_missing() -> str | None:
 
 
 def _moto_missing() -> str | None:
-    from cmq.service.bench import MOTO_MISSING, moto_server
+    from cmq.lab.bench.sqs import MOTO_MISSING, moto_server
 
     return MOTO_MISSING if moto_server() is None else None
 
@@ -280,8 +280,8 @@ def _store(kind: str) -> Iterator[tuple[str, list[int]]]:
     """A store of ``kind`` for one experiment and the PIDs of its own
     processes: a fresh SQLite file (none: it runs inside the nodes), or a
     local Redis Cluster (3 masters, 1 replica each) stopped afterwards."""
-    from cmq.service.bench import sqlite_store
-    from cmq.service.redis_local import LocalRedisCluster
+    from cmq.lab.bench.redis_local import LocalRedisCluster
+    from cmq.lab.bench.sqs import sqlite_store
 
     if kind == "sqlite":
         with sqlite_store() as url:
@@ -295,7 +295,7 @@ def _store(kind: str) -> Iterator[tuple[str, list[int]]]:
 
 
 def _k_label(k: int) -> str:
-    from cmq.service.bench import NO_ORDER_K
+    from cmq.lab.bench.sqs import NO_ORDER_K
 
     if k <= 0:
         return "n/a"
@@ -361,7 +361,7 @@ def _order_steps(ctx: Context) -> int:
 
 
 def _run_order(ctx: Context) -> None:
-    from cmq.service.bench import order_experiment
+    from cmq.lab.bench.sqs import order_experiment
 
     c = order_config(ctx)
     with RunBook(ctx.out, ORDER.id, params={"n": c.n, "moto_n": c.moto_n}) as book:
@@ -393,7 +393,7 @@ def _run_order(ctx: Context) -> None:
 
 
 def _run_order_moto(ctx: Context, c: OrderConfig, book: RunBook) -> None:
-    from cmq.service.bench import order_experiment
+    from cmq.lab.bench.sqs import order_experiment
 
     why = _moto_missing()
     if why is not None:
@@ -467,7 +467,7 @@ def _one_throughput(
     store: tuple[str, list[int]] | None,
     round_ns: int,
 ) -> None:
-    from cmq.service.bench import sqlite_store, throughput
+    from cmq.lab.bench.sqs import sqlite_store, throughput
 
     system = SYSTEM_NAMES[kind]
     concurrency = c.concurrency_per_node * nodes
@@ -1039,7 +1039,7 @@ def _throughput_section(data: ReportData, experiment: str) -> Section:
 
 def register_report() -> None:
     """Register both experiments' report sections (idempotent)."""
-    report.register(
+    register_page(
         report.Experiment(
             id=ORDER.id,
             title="BDQS Figure 2: out-of-order and duplicate deliveries against K and receivers",
@@ -1074,7 +1074,7 @@ def register_report() -> None:
         ),
         replace=True,
     )  # fmt: skip
-    report.register(
+    register_page(
         report.Experiment(
             id=THROUGHPUT.id,
             title="Queue service throughput: total and per CPU-second against nodes, beside moto",

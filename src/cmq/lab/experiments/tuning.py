@@ -36,15 +36,34 @@ import itertools
 import math
 import statistics
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from cmq._config import DEFAULT_IDLE_GAP
 from cmq.lab import runner
-from cmq.lab.experiments import Context, LabExperiment, Profile, register
+from cmq.lab.experiments import Context, LabExperiment, Profile, register, register_page
+from cmq.lab.experiments._common import (
+    CMQ_PAPER,
+    inconclusive,
+)
 from cmq.lab.experiments._proc import READY_TIMEOUT, WorkerError, pair
 from cmq.lab.experiments._record import RunBook
 from cmq.lab.records import params_json
 from cmq.pipeline import report
+from cmq.pipeline.report import (
+    Claim,
+    Experiment,
+    ReportData,
+    Row,
+    Section,
+    Table,
+    Verdict,
+    latency_table,
+    new_figure,
+    svg,
+)
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 __all__ = ["EXPERIMENT", "IDLE_ID", "TIMEOUT"]
 
@@ -254,7 +273,7 @@ def _idle_section(data: report.ReportData, experiment: str) -> report.Section:
     )
 
 
-report.register(
+register_page(
     report.Experiment(
         id=IDLE_ID,
         title="Tuning: does cmq's idle-send rule make the batch timeout matter?",
@@ -270,5 +289,107 @@ report.register(
             )
         ],
         render=_idle_section,
+    )
+)
+
+
+# -- the report's section and claims --------------------
+def _grid(rows: Sequence[Row], value: str) -> dict[tuple[float, float], float]:
+    if value == "msgs_per_s" and any(r["scenario"] == "throughput" for r in rows):
+        # Throughput comes from the throughput runs, not from the rate at
+        # which a latency probe happened to send.
+        rows = [r for r in rows if r["scenario"] == "throughput"]
+    cells: dict[tuple[float, float], list[float]] = {}
+    for r in rows:
+        p = r["p"]
+        if "qthresh" in p and "timeout" in p and r[value] is not None:
+            cells.setdefault((float(p["qthresh"]), float(p["timeout"])), []).append(float(r[value]))
+    return {k: statistics.fmean(v) for k, v in cells.items()}
+
+
+def _short(v: float) -> str:
+    """A cell label: 3 significant digits with k/M, no exponent notation."""
+    for scale, suffix in ((1e6, "M"), (1e3, "k")):
+        if abs(v) >= scale:
+            return f"{v / scale:.3g}{suffix}"
+    return f"{v:.3g}"
+
+
+def _heatmap(ax: Axes, grid: dict[tuple[float, float], float], title: str) -> None:
+    qs = sorted({q for q, _ in grid})
+    ts = sorted({t for _, t in grid})
+    matrix = [[grid.get((q, t), float("nan")) for t in ts] for q in qs]
+    image = ax.imshow(matrix, origin="lower", aspect="auto", cmap="viridis")
+    ax.set_xticks(range(len(ts)), [f"{t * 1e3:g}" for t in ts], fontsize=7)
+    ax.set_yticks(range(len(qs)), [f"{q:g}" for q in qs], fontsize=7)
+    ax.set_xlabel("timeout (ms)")
+    ax.set_ylabel("qthresh (bytes)")
+    ax.set_title(title, fontsize=10)
+    for i, row in enumerate(matrix):
+        for j, v in enumerate(row):
+            if v == v:  # not NaN
+                ax.text(j, i, _short(v), ha="center", va="center", fontsize=7, color="w")
+    ax.figure.colorbar(image, ax=ax, shrink=0.8)
+
+
+def _tuning_section(data: ReportData, experiment: str) -> Section:
+    rows = data.rows(experiment)
+    # Latency rows have a msgs/s too (ping-ping's pace): the rate is throughput's.
+    rates = _grid([r for r in rows if r["scenario"] == "throughput"], "msgs_per_s")
+    latency = _grid(rows, "mean_ns")
+    panels = [
+        (g, t)
+        for g, t in (
+            (rates, "messages/s"),
+            ({k: v / 1e3 for k, v in latency.items()}, "mean latency (µs)"),
+        )
+        if g
+    ]
+    figures = []
+    if panels:
+        fig, axes = new_figure(len(panels), height=4.2)
+        for ax, (grid, title) in zip(axes, panels, strict=True):
+            _heatmap(ax, grid, title)
+        figures.append(svg(fig))
+    table = Table(
+        caption="qthresh x timeout",
+        columns=["qthresh (B)", "timeout (ms)", "messages/s", "mean latency µs"],
+        rows=[[f"{q:g}", f"{t * 1e3:g}", f"{rates.get((q, t), float('nan')):,.0f}", f"{latency.get((q, t), float('nan')) / 1e3:,.1f}"]
+              for q, t in sorted(set(rates) | set(latency))],
+    )  # fmt: skip
+    return Section(figures=figures, tables=[table, latency_table(rows, "All tuning groups")])
+
+
+def _judge_tuning(data: ReportData) -> Verdict:
+    rates = _grid(data.rows("tuning", scenario="throughput"), "msgs_per_s")
+    if len({q for q, _ in rates}) < 2 or len({t for _, t in rates}) < 2:
+        return inconclusive("Needs throughput over at least 2 qthresh and 2 timeout values.")
+    best = max(rates, key=lambda k: rates[k])
+    q_best = best[0]
+    by_timeout = [v for (q, _t), v in rates.items() if q == q_best]
+    spread = max(by_timeout) / min(by_timeout) - 1
+    text = (
+        f"Best: qthresh {best[0]:g} B, timeout {best[1] * 1e3:g} ms ({rates[best]:,.0f} msgs/s). "
+        f"At qthresh {q_best:g} B the timeout moves throughput by {100 * spread:.0f}% "
+        f"({'it matters' if spread > 0.1 else 'the idle-send rule makes it matter little'})."
+    )
+    if (512.0, 0.2) not in rates:
+        return inconclusive(text + " The grid lacks the paper's 512 B / 200 ms cell.")
+    return Verdict(status="pass" if best == (512.0, 0.2) else "fail", result=text)
+
+
+PAGE: Final = register_page(
+    Experiment(
+        id="tuning",
+        title="Tuning: cmq throughput and latency over qthresh x timeout",
+        paper=f"{CMQ_PAPER}, tuning of qthresh and timeout",
+        order=30,
+        claims=[
+            Claim(
+                text="qthresh 512 B with a 200 ms timeout gives the best performance.",
+                judge=_judge_tuning,
+            )
+        ],
+        render=_tuning_section,
     )
 )

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from cmq.lab.experiments import Context, LabExperiment, register
+from cmq.lab.experiments import Context, LabExperiment, register, register_page
 from cmq.lab.experiments.reliability import measure
 from cmq.lab.experiments.reliability.claims import CLAIMS, EXPERIMENT_ID
 from cmq.lab.experiments.reliability.section import render
@@ -57,7 +57,7 @@ EXPERIMENT: Final = register(
     )
 )
 
-REPORT: Final = report.register(
+REPORT: Final = register_page(
     report.Experiment(
         id=EXPERIMENT_ID,
         title="Reliable delivery under 0-10 % packet loss, by delivery mode",

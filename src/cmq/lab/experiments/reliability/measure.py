@@ -26,7 +26,7 @@ Round trips (scenario ``"pingpong"``)
     :mod:`cmq.lab.systems`), as Figure 6 runs it: cmq in each delivery mode
     and, beside it, TCP and ZeroMQ. The brokers (nats) run in the host's
     namespace, out of reach of the lossy ones, and are skipped with
-    :data:`cmq.lab.experiments.fig6.BROKER_REASON`.
+    :data:`cmq.lab.experiments._common.BROKER_REASON`.
 
 Rows carry ``{"delivery": mode, "loss": p}`` (peers ``{"loss": p}``) as
 params, so the pipeline keeps every (mode, loss) apart; each (loss, repeat)
@@ -57,9 +57,9 @@ from cmq.lab import netns, runner
 from cmq.lab import systems as lab_systems
 from cmq.lab._child import LineProcess
 from cmq.lab.experiments import PROFILES, Context, Profile
+from cmq.lab.experiments._common import BROKER_REASON, BROKERS, DATAGRAM_TIMEOUT, STREAM_TIMEOUT
 from cmq.lab.experiments._proc import GRACE, READY_TIMEOUT, Child, WorkerError
 from cmq.lab.experiments._record import RunBook
-from cmq.lab.experiments.fig6 import BROKER_REASON, BROKERS, DATAGRAM_TIMEOUT, STREAM_TIMEOUT
 from cmq.lab.experiments.reliability import loopback
 from cmq.lab.experiments.reliability.claims import (
     EXPERIMENT_ID,

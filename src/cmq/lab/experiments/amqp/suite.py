@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 A *point* is one measurement: an exchange of one kind with its queues and
 bindings, some publishers and some consumers, each in a worker process of
-its own (:mod:`cmq.lab.amqp._worker`), the broker in another (``cmq broker``
+its own (:mod:`cmq.lab.experiments.amqp._worker`), the broker in another (``cmq broker``
 started here; RabbitMQ already running). :func:`run_point` declares the
 topology, starts the consumers and waits until each is attached, starts the
 publishers, releases them together, and collects every message's stamps:
@@ -49,8 +49,8 @@ from typing import Any, Final
 
 from cmq._errors import CmqError, ConfigError
 from cmq.lab._child import LineProcess, child_env
-from cmq.lab.amqp._worker import read_stamps
-from cmq.lab.amqp.transport import AMQP_URL, Transport, open_transport
+from cmq.lab.experiments.amqp._worker import read_stamps
+from cmq.lab.experiments.amqp.transport import AMQP_URL, Transport, open_transport
 
 __all__ = [
     "PREFETCH",
@@ -102,12 +102,12 @@ class Worker(LineProcess):
     """One worker process: commands as JSON lines in, ``TAG {json}`` lines out.
 
     ``argv`` runs another program with the same line protocol (default: the
-    suite's worker, :mod:`cmq.lab.amqp._worker`).
+    suite's worker, :mod:`cmq.lab.experiments.amqp._worker`).
     """
 
     def __init__(self, argv: Sequence[str] | None = None) -> None:
         super().__init__(
-            argv or [sys.executable, "-m", "cmq.lab.amqp._worker"], stdin=subprocess.PIPE
+            argv or [sys.executable, "-m", "cmq.lab.experiments.amqp._worker"], stdin=subprocess.PIPE
         )
 
     def send(self, line: str) -> None:
@@ -124,7 +124,7 @@ class Worker(LineProcess):
             raise WorkerError(f"worker {self.proc.pid} is gone{self._tail()}") from exc
 
     def command(self, params: Mapping[str, Any]) -> None:
-        """Start a role (see :mod:`cmq.lab.amqp._worker`)."""
+        """Start a role (see :mod:`cmq.lab.experiments.amqp._worker`)."""
         self.send(json.dumps(params))
 
     def line(self, timeout: float, tags: Sequence[str]) -> tuple[str, dict[str, Any]]:

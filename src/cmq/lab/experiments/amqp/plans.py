@@ -1,6 +1,6 @@
 """The AMQP suite as lab measurements: profiles, point plans, records.
 
-Each ``measure_*`` function runs one benchmark of :mod:`cmq.lab.amqp.suite`
+Each ``measure_*`` function runs one benchmark of :mod:`cmq.lab.experiments.amqp.suite`
 for every system given (``"cmq"``, the cmq broker; ``"rabbitmq"``) and
 writes its records through a :class:`~cmq.lab.experiments._record.RunBook`:
 
@@ -18,7 +18,7 @@ count), and the whole plan is run ``repeat`` times over (its rows then
 carry ``"repeat": k`` in their params, one group each), so that a
 neighbour's burst on the shared machine does not land on one system or one
 point only; the report takes the median repeat
-(:func:`cmq.lab.amqp.report.collapse`).
+(:func:`cmq.lab.experiments.amqp.report.collapse`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from cmq._errors import CmqError, ConfigError
-from cmq.lab.amqp.suite import (
+from cmq.lab.bench.broker import MATCHING_BINDING, MATCHING_KEY, non_matching
+from cmq.lab.experiments._record import RunBook
+from cmq.lab.experiments.amqp.suite import (
     BrokerProcess,
     Point,
     PointResult,
@@ -42,9 +44,7 @@ from cmq.lab.amqp.suite import (
     run_pingpong,
     run_point,
 )
-from cmq.lab.amqp.transport import Transport
-from cmq.lab.experiments._record import RunBook
-from cmq.routing._bench import MATCHING_BINDING, MATCHING_KEY, non_matching
+from cmq.lab.experiments.amqp.transport import Transport
 
 __all__ = [
     "AMQP_PROFILES",

@@ -1,7 +1,7 @@
-"""The simulation's processes: ``python -m cmq.lab.stockex.roles ROLE JSON``.
+"""The simulation's processes: ``python -m cmq.lab.experiments.stockex.roles ROLE JSON``.
 
 ``engine``
-    The matching engine (:class:`~cmq.lab.stockex.book.OrderBook`) on the
+    The matching engine (:class:`~cmq.lab.experiments.stockex.book.OrderBook`) on the
     broker: takes orders from the ``orders`` queue and publishes every event
     to the exchange with routing key ``conf`` (order confirmations and
     cancels), ``trade`` or ``quote``. Prints ``READY``, then ``RESULT``
@@ -29,7 +29,7 @@ publishes the confirmations, trades and quotes as one batch per routing key,
 and the broker routes each batch once.
 Both processes push measurement messages (JSON, one per ``interval`` and
 role) straight to the statistics reporter's cmq endpoint
-(``report``), the input of its Spark query (:mod:`cmq.lab.stockex.reporter`);
+(``report``), the input of its Spark query (:mod:`cmq.lab.experiments.stockex.reporter`);
 the orders and their answers go through the broker.
 """
 
@@ -43,8 +43,8 @@ from array import array
 from typing import Any, Final
 
 from cmq._errors import CmqError, ConfigError, ProtocolError, Timeout
-from cmq.lab.stockex.book import MAX_QTY, OrderBook, Quote, Side, Trade
-from cmq.lab.stockex.codec import (
+from cmq.lab.experiments.stockex.book import MAX_QTY, OrderBook, Quote, Side, Trade
+from cmq.lab.experiments.stockex.codec import (
     IHH,
     IHH_SIZE,
     KIND_CONFIRM,
@@ -277,7 +277,7 @@ class _Step:
 
 
 def _gateway(p: dict[str, Any]) -> None:
-    from cmq.lab.amqp._worker import write_stamps
+    from cmq.lab.experiments.amqp._worker import write_stamps
     from cmq.net import Queue
     from cmq.routing import BrokerClient
 
@@ -372,7 +372,7 @@ def main(argv: list[str]) -> int:
     """Run one role; 2 on bad usage."""
     if len(argv) != 2 or argv[0] not in _ROLES:
         print(
-            f"usage: python -m cmq.lab.stockex.roles {{{','.join(_ROLES)}}} JSON", file=sys.stderr
+            f"usage: python -m cmq.lab.experiments.stockex.roles {{{','.join(_ROLES)}}} JSON", file=sys.stderr
         )
         return 2
     _ROLES[argv[0]](json.loads(argv[1]))

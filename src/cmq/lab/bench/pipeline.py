@@ -1,12 +1,14 @@
 """What the pipeline costs: time of the summary job on 1M and 10M records.
 
-Run ``python -m cmq.pipeline.bench`` (options: ``--records 1000000
+Run ``python -m cmq.lab.bench.pipeline`` (options: ``--records 1000000
 10000000``, ``--master URL``, ``--dir DIR``, ``--json FILE``).
 
 It starts one SparkSession (timed on its own), generates synthetic records
 with Spark itself straight into Parquet (timed on its own), runs the summary
-job once on the smallest set to warm the JVM, then times the job
-(read Parquet -> :func:`cmq.pipeline.jobs.summary` -> collect) once per size.
+job :data:`WARM_UP` times on the smallest set to warm the JVM (C2 compiles
+the hot code over the first jobs), then times the job (read Parquet ->
+:func:`cmq.pipeline.jobs.summary` -> collect) ``--repeat`` times per size,
+each on a fresh DataFrame, and reports the median.
 Spark's start-up is thus outside every per-record figure, and the figures
 show how the cost grows with the number of records.
 
@@ -21,6 +23,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -41,6 +44,10 @@ DEFAULT_RECORDS: Final = (1_000_000, 10_000_000)
 _SYSTEMS: Final = ("cmq", "udp", "tcp", "zmq")
 _SIZES: Final = (4, 16, 64, 256, 512, 1024, 4096, 16384)
 _BASE_NS: Final = 1_700_000_000_000_000_000
+#: Untimed jobs before the first timed one.
+WARM_UP: Final = 2
+#: Timed jobs per size; the figure is their median.
+DEFAULT_REPEAT: Final = 3
 
 
 @dataclass(frozen=True)
@@ -51,6 +58,9 @@ class BenchResult:
     groups: int
     generate_s: float
     job_s: float
+    """Median of the timed jobs."""
+    job_times: tuple[float, ...] = ()
+    """Every timed job, in order."""
 
     @property
     def records_per_s(self) -> float:
@@ -100,15 +110,22 @@ def _job(spark: SparkSession, out: Path) -> int:
 
 
 def run_bench(
-    spark: SparkSession, sizes: Sequence[int], directory: Path, *, log: bool = True
+    spark: SparkSession,
+    sizes: Sequence[int],
+    directory: Path,
+    *,
+    log: bool = True,
+    repeat: int = DEFAULT_REPEAT,
 ) -> list[BenchResult]:
     """Generate and time each size (see the module docstring).
 
     Raises:
-        ConfigError: a size below 1.
+        ConfigError: a size below 1, or ``repeat`` below 1.
     """
     if not sizes or min(sizes) < 1:
         raise ConfigError(f"record counts must be positive, got {list(sizes)}")
+    if repeat < 1:
+        raise ConfigError(f"repeat must be at least 1, got {repeat}")
     results = []
     sizes = sorted(sizes)
     for k, n in enumerate(sizes):
@@ -117,14 +134,19 @@ def run_bench(
         generate(spark, n, out)
         generate_s = time.perf_counter() - t0
         if k == 0:
-            _job(spark, out)  # warm-up: class loading and JIT, not counted
-        t0 = time.perf_counter()
-        groups = _job(spark, out)
-        job_s = time.perf_counter() - t0
-        result = BenchResult(records=n, groups=groups, generate_s=generate_s, job_s=job_s)
+            for _ in range(WARM_UP):  # class loading and JIT, not counted
+                _job(spark, out)
+        times = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            groups = _job(spark, out)
+            times.append(time.perf_counter() - t0)
+        result = BenchResult(records=n, groups=groups, generate_s=generate_s,
+                             job_s=statistics.median(times), job_times=tuple(times))  # fmt: skip
         if log:
             print(
-                f"{n:>12,} records: generate {generate_s:6.1f} s, summary job {job_s:6.2f} s "
+                f"{n:>12,} records: generate {generate_s:6.1f} s, summary job median "
+                f"{result.job_s:6.2f} s of {', '.join(f'{t:.2f}' for t in times)} "
                 f"= {result.records_per_s:,.0f} records/s ({groups} groups)",
                 file=sys.stderr,
             )
@@ -134,7 +156,7 @@ def run_bench(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; prints a table and optionally writes JSON."""
-    parser = argparse.ArgumentParser(prog="python -m cmq.pipeline.bench", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m cmq.lab.bench.pipeline", description=__doc__)
     parser.add_argument("--records", type=int, nargs="+", default=list(DEFAULT_RECORDS))
     parser.add_argument("--master", default="local[*]", help="Spark master URL (default local[*])")
     parser.add_argument("--driver-memory", default="3g")
@@ -144,6 +166,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="where to write the synthetic records (default: a temp dir, removed)",
     )
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
+    parser.add_argument("--repeat", type=int, default=DEFAULT_REPEAT,
+                        help=f"timed jobs per size, the median is reported (default {DEFAULT_REPEAT})")  # fmt: skip
     args = parser.parse_args(argv)
 
     directory = args.dir or Path(tempfile.mkdtemp(prefix="cmq-pipeline-bench-"))
@@ -160,12 +184,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"SparkSession start-up (incl. first trivial job): {startup_s:.1f} s", file=sys.stderr
         )
         cores = spark.sparkContext.defaultParallelism
-        results = run_bench(spark, args.records, directory)
+        results = run_bench(spark, args.records, directory, repeat=args.repeat)
         spark.stop()
     finally:
         if args.dir is None:
             shutil.rmtree(directory, ignore_errors=True)
-    print("| records | summary job (warm) | records/s | generate |")
+    print("| records | summary job (warm, median) | records/s | generate |")
     print("|---:|---:|---:|---:|")
     for r in results:
         print(

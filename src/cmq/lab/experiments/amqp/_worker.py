@@ -1,4 +1,4 @@
-"""Worker processes of the AMQP suite: ``python -m cmq.lab.amqp._worker``.
+"""Worker processes of the AMQP suite: ``python -m cmq.lab.experiments.amqp._worker``.
 
 A worker reads one JSON command per line on stdin and answers with ``TAG
 {json}`` lines on stdout, then waits for the next command (so one pool of
@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
-    from cmq.lab.amqp.transport import Transport
+    from cmq.lab.experiments.amqp.transport import Transport
 
 __all__ = ["body", "main", "read_stamps", "seq_of", "write_stamps"]
 
@@ -191,7 +191,7 @@ _ROLES: Final = {"consume": _consume, "publish": _publish, "echo": _echo, "ping"
 
 def main() -> int:
     """Serve commands from stdin until it closes."""
-    from cmq.lab.amqp.transport import open_transport
+    from cmq.lab.experiments.amqp.transport import open_transport
 
     for line in sys.stdin:
         if not line.strip():

@@ -16,6 +16,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
+from cmq.lab.experiments import register_page
 from cmq.pipeline.report import (
     Claim,
     Experiment,
@@ -29,7 +30,6 @@ from cmq.pipeline.report import (
     latency_table,
     new_figure,
     rate_figure,
-    register,
     svg,
 )
 
@@ -491,5 +491,5 @@ def register_reports() -> None:
                                 target=True))  # fmt: skip
         claims.append(ratio_claim(exp_id))
         claims.append(ratio_claim(exp_id, "cmq-pika", PIKA_RATIO_TARGET))
-        register(Experiment(id=exp_id, title=title, paper=PAPER, order=order, claims=claims,
+        register_page(Experiment(id=exp_id, title=title, paper=PAPER, order=order, claims=claims,
                             render=render), replace=True)  # fmt: skip

@@ -1,9 +1,9 @@
 """The AMQP paper's stock-exchange simulation as a lab experiment (``amqp-stockex`` [stockex]).
 
 Gateway, matching engine and broker in processes of their own
-(:mod:`cmq.lab.stockex.run`), the statistics reporter a Spark Structured
+(:mod:`cmq.lab.experiments.stockex.run`), the statistics reporter a Spark Structured
 Streaming query in the lab's process; records and report section in
-:mod:`cmq.lab.stockex.report`. The rates come from :data:`PROFILES` by the
+:mod:`cmq.lab.experiments.stockex.report`. The rates come from :data:`PROFILES` by the
 lab profile's name: the paper's 1000 .. 8000 orders/s, then upward until
 a rate is not kept. The tiny profile (tests) sums the reporter's messages
 in Python instead of starting Spark.
@@ -16,8 +16,8 @@ from typing import Final
 
 from cmq.lab.experiments import Context, LabExperiment, register
 from cmq.lab.experiments._record import RunBook
-from cmq.lab.stockex.report import EXPERIMENT_ID, register_report, write_records
-from cmq.lab.stockex.run import PAPER_RATES, SimConfig, StepResult, run_simulation
+from cmq.lab.experiments.stockex.report import EXPERIMENT_ID, register_report, write_records
+from cmq.lab.experiments.stockex.run import PAPER_RATES, SimConfig, StepResult, run_simulation
 
 __all__ = ["EXPERIMENT", "PROFILES", "sim_config"]
 

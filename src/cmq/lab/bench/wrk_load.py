@@ -1,6 +1,6 @@
 """A compiled load generator for the throughput benchmark: wrk with a Lua script.
 
-The asyncio generator of :mod:`cmq.service.bench` spends about 0.2 ms of
+The asyncio generator of :mod:`cmq.lab.bench.sqs` spends about 0.2 ms of
 client CPU a cycle; on two cores that is CPU the node under test does not
 get. wrk (Debian's ``wrk`` package, C with LuaJIT) drives the same
 send+receive+delete cycles of the SQS JSON protocol with less (the

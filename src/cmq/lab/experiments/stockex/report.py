@@ -24,10 +24,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from cmq.lab.amqp.report import PAPER
+from cmq.lab.experiments import register_page
 from cmq.lab.experiments._record import RunBook
-from cmq.lab.stockex.reporter import rates
-from cmq.lab.stockex.run import SimResult
+from cmq.lab.experiments.amqp.report import PAPER
+from cmq.lab.experiments.stockex.reporter import rates
+from cmq.lab.experiments.stockex.run import SimResult
 from cmq.pipeline.report import (
     Claim,
     Experiment,
@@ -37,7 +38,6 @@ from cmq.pipeline.report import (
     Table,
     Verdict,
     new_figure,
-    register,
     svg,
 )
 
@@ -239,7 +239,7 @@ def _section(data: ReportData, experiment: str) -> Section:
 
 def register_report() -> None:
     """Register the section (idempotent)."""
-    register(Experiment(
+    register_page(Experiment(
         id=EXPERIMENT_ID, title="AMQP stock-exchange simulation: gateway, matching engine, statistics reporter",
         paper=PAPER, order=65, render=_section,
         claims=[

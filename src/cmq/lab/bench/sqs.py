@@ -309,7 +309,7 @@ async def _cycles(
     setup.close()
     path = qurl.split("/", 3)[3]  # account/name: the same queue through any node
     if client == "wrk":
-        from cmq.service.wrk_load import wrk_cycles
+        from cmq.lab.bench.wrk_load import wrk_cycles
 
         if on_start is not None:
             on_start()

@@ -7,5 +7,5 @@
 - :mod:`.run`: one run: broker, engine, gateway, reporter.
 - :mod:`.report`: its records, report section and claims.
 
-The lab experiment is :mod:`cmq.lab.experiments.amqp_stockex` (``cmq lab --only stockex``).
+The lab experiment is :mod:`cmq.lab.experiments.stockex.experiment` (``cmq lab --only stockex``).
 """

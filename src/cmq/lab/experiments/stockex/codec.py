@@ -25,7 +25,7 @@ import struct
 from typing import Final
 
 from cmq._errors import ConfigError, ProtocolError
-from cmq.lab.stockex.book import (
+from cmq.lab.experiments.stockex.book import (
     MAX_QTY,
     Cancel,
     Cancelled,

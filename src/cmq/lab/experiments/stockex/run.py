@@ -7,10 +7,10 @@ exchange with two queues (``orders``: key ``order``, read by the engine;
 the gateway's: keys ``conf``, ``trade`` and ``quote``), opens the
 statistics reporter's cmq endpoint (a :class:`~cmq.pipeline.source.SpoolReceiver`),
 starts the engine and the gateway as processes of their own
-(:mod:`cmq.lab.stockex.roles`) and follows the gateway's rate steps. The
+(:mod:`cmq.lab.experiments.stockex.roles`) and follows the gateway's rate steps. The
 gateway stops after the first rate it could not keep (after ``retries``
 further attempts at it). Then the reporter's
-query (:mod:`cmq.lab.stockex.reporter`: Spark Structured Streaming, or the
+query (:mod:`cmq.lab.experiments.stockex.reporter`: Spark Structured Streaming, or the
 same sums in Python without Spark) turns the measurement messages into
 per-step rates. Everything is torn down on the way out, whatever happened.
 """
@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from cmq._errors import ConfigError
-from cmq.lab.amqp._worker import read_stamps
-from cmq.lab.amqp.suite import READY_TIMEOUT, Worker, WorkerError, cmq_broker
-from cmq.lab.stockex import reporter as stats
+from cmq.lab.experiments.amqp._worker import read_stamps
+from cmq.lab.experiments.amqp.suite import READY_TIMEOUT, Worker, WorkerError, cmq_broker
+from cmq.lab.experiments.stockex import reporter as stats
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -140,7 +140,7 @@ class SimResult:
 
 
 def _role(role: str, params: dict[str, Any]) -> Worker:
-    return Worker([sys.executable, "-m", "cmq.lab.stockex.roles", role, json.dumps(params)])
+    return Worker([sys.executable, "-m", "cmq.lab.experiments.stockex.roles", role, json.dumps(params)])
 
 
 def run_simulation(
@@ -226,12 +226,12 @@ def run_simulation(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m cmq.lab.stockex.run``: one sweep, a table on stdout (no records)."""
+    """``python -m cmq.lab.experiments.stockex.run``: one sweep, a table on stdout (no records)."""
     import argparse
 
-    from cmq.lab.stockex.reporter import rates as reporter_rates
+    from cmq.lab.experiments.stockex.reporter import rates as reporter_rates
 
-    parser = argparse.ArgumentParser(prog="python -m cmq.lab.stockex.run", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m cmq.lab.experiments.stockex.run", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--rates", default=",".join(map(str, SimConfig().rates)),
                         help="orders/s of each step, comma separated (default: %(default)s)")  # fmt: skip

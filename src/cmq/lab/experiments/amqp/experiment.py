@@ -2,8 +2,8 @@
 
 ``amqp-de-spsc`` [de-spsc], ``amqp-de-mpmc`` [de-mpmc], ``amqp-de-pp``
 [de-pp], ``amqp-fe-spmc`` [fe-spmc] and ``amqp-te-spsc`` [te-spsc]: one
-experiment each (:mod:`cmq.lab.amqp.plans` says what each measures and
-records, :mod:`cmq.lab.amqp.report` how the report shows and judges it).
+experiment each (:mod:`cmq.lab.experiments.amqp.plans` says what each measures and
+records, :mod:`cmq.lab.experiments.amqp.report` how the report shows and judges it).
 Publishers, consumers and the broker run in separate processes.
 
 Systems: ``cmq`` (a ``cmq broker`` started for the experiment) always,
@@ -11,7 +11,7 @@ Systems: ``cmq`` (a ``cmq broker`` started for the experiment) always,
 RabbitMQ) with ``rabbitmq``, and ``rabbitmq`` when it is among the lab's systems (``--systems``; the quick
 and full profiles have it) and its server answers; otherwise RabbitMQ is
 written as a skipped run with the reason. Scale comes from
-:data:`cmq.lab.amqp.plans.AMQP_PROFILES` by the lab profile's name;
+:data:`cmq.lab.experiments.amqp.plans.AMQP_PROFILES` by the lab profile's name;
 ``--sizes`` sets the DE-SPSC and DE-PP sizes.
 """
 
@@ -21,12 +21,12 @@ import importlib.util
 from collections.abc import Callable
 from typing import Final
 
-from cmq.lab.amqp import durable
-from cmq.lab.amqp.plans import MEASURES, amqp_profile, measure, points
-from cmq.lab.amqp.report import register_reports
-from cmq.lab.amqp.transport import rabbit_available
 from cmq.lab.experiments import Context, LabExperiment, register
 from cmq.lab.experiments._record import RunBook
+from cmq.lab.experiments.amqp import durable
+from cmq.lab.experiments.amqp.plans import MEASURES, amqp_profile, measure, points
+from cmq.lab.experiments.amqp.report import register_reports
+from cmq.lab.experiments.amqp.transport import rabbit_available
 
 __all__ = ["EXPERIMENTS", "systems_for"]
 
@@ -78,7 +78,7 @@ _TITLES: Final = {
 }
 
 def _durable_experiment() -> LabExperiment:
-    """``amqp-durable`` [durable]: see :mod:`cmq.lab.amqp.durable`."""
+    """``amqp-durable`` [durable]: see :mod:`cmq.lab.experiments.amqp.durable`."""
 
     def plan(ctx: Context) -> tuple[float, int]:
         return durable.PROFILES.get(getattr(ctx.profile, "name", ""), durable.PROFILES["quick"])

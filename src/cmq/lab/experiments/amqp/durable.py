@@ -37,8 +37,9 @@ from typing import Any, Final
 
 from cmq._errors import CmqError
 from cmq.lab._child import child_env
-from cmq.lab.amqp.transport import AMQP_URL, rabbit_available
-from cmq.pipeline.report import Claim, Experiment, ReportData, Section, Table, Verdict, register
+from cmq.lab.experiments import register_page
+from cmq.lab.experiments.amqp.transport import AMQP_URL, rabbit_available
+from cmq.pipeline.report import Claim, Experiment, ReportData, Section, Table, Verdict
 
 __all__ = [
     "DURABLE_TARGET",
@@ -304,5 +305,5 @@ def register_report() -> None:
               rule="pass when every kill-9 run finds every confirmed message after the restart; fail on any "
               "missing one."),
     ]  # fmt: skip
-    register(Experiment(id=EXPERIMENT_ID, title="AMQP durable: confirmed persistent publishes and kill -9",
+    register_page(Experiment(id=EXPERIMENT_ID, title="AMQP durable: confirmed persistent publishes and kill -9",
                         order=66, claims=claims, render=_section), replace=True)  # fmt: skip
