@@ -523,7 +523,10 @@ cdef class DatagramIO:
     destination to the kernel as one buffer that it cuts into datagrams
     (``UDP_SEGMENT``); with ``gro`` the socket accepts such runs coalesced
     (``UDP_GRO``) and :meth:`recv` cuts them again, so what comes out is
-    always one bytes object per datagram sent. A kernel that refuses either
+    always one bytes object per datagram sent. GRO is a property of the
+    socket: with it on, every read of the socket must go through
+    :meth:`recv` (a plain ``recvfrom`` would get a coalesced run as one
+    datagram), which is why it is off unless asked for. A kernel that refuses either
     turns it off for this object, and the plain calls carry on
     (:attr:`gso` and :attr:`gro` say what is on).
     """
@@ -550,7 +553,7 @@ cdef class DatagramIO:
     cdef socklen_t last_len
     cdef object last_addr
 
-    def __cinit__(self, int fd, unsigned int slots=32, size_t size=65536, bint gso=True, bint gro=True):
+    def __cinit__(self, int fd, unsigned int slots=32, size_t size=65536, bint gso=True, bint gro=False):
         cdef int one = 1
         self.fd = fd
         self.slots = slots if slots > 0 else 1
