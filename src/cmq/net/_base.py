@@ -53,8 +53,6 @@ __all__ = ["Endpoint", "OnTimeout", "message_of", "send_error"]
 _MAX_MAILBOX: Final = ENVELOPE_BIT - 1
 #: Unacknowledged bytes past which a pushing thread reads acknowledgements itself.
 _ACK_POLL_BYTES: Final = 64 * 1024
-#: The least time between two such reads by a pushing thread (seconds).
-_ACK_POLL_GAP: Final = 100e-6
 #: Delivery failures kept for :meth:`Endpoint.failures`.
 _KEEP_FAILURES: Final = 1024
 
@@ -165,7 +163,6 @@ class Endpoint(ABC):
         # the I/O thread to get the interpreter delays repairs, and a
         # receiver holds everything after a gap until its repair arrives.
         self._ack_poll_at = min(cfg.send_buffer // 4, _ACK_POLL_BYTES)
-        self._acks_polled_at = float("-inf")
         self._failures: deque[DeliveryFailure] = deque(maxlen=_KEEP_FAILURES)
         self._mailboxes = self._receiver.mailboxes
         self._raw = cfg.codec == "raw"
@@ -445,17 +442,10 @@ class Endpoint(ABC):
         st = s.rel
         if st is not None and (st.nbytes >= self._ack_poll_at or self._rel.total >= self._send_total):
             # Much is unacknowledged: read the acknowledgements here rather
-            # than wait for another thread to get the interpreter; not more
-            # often than every _ACK_POLL_GAP (a STATUS comes every few
-            # hundred microseconds at most; a read finding none costs a
-            # system call), unless the window is full.
-            full = self._full(st)
-            now = self._now()
-            if full or now - self._acks_polled_at >= _ACK_POLL_GAP:
-                self._acks_polled_at = now
-                self._poll_acks()
-                if full and self._full(st):
-                    self._backpressure(s, payload)
+            # than wait for another thread to get the interpreter.
+            self._poll_acks()
+            if self._full(st):
+                self._backpressure(s, payload)
         with self._timer_lock:
             out = self._batcher.advance(s, self._now)
             if out is None:
