@@ -48,6 +48,14 @@ def test_a_send_is_answered_only_after_the_wal_fsync_that_follows_its_commit(
         try:
             await store.create_queue(QueueRecord(name="q", created_at=T0, modified_at=T0))
             monkeypatch.setattr(sqlite_store.os, "fdatasync", held_fdatasync)
+            answered: list[int] = []
+            real_answer = sqlite_store._answer
+
+            def recorded_answer(batch: Any, results: Any) -> None:
+                answered.append(len(batch))
+                real_answer(batch, results)
+
+            monkeypatch.setattr(sqlite_store, "_answer", recorded_answer)
             send = asyncio.ensure_future(
                 store.send("q", [NewMessage(message_id="m", payload="p", visible_at=T0)], T0)
             )
@@ -55,8 +63,8 @@ def test_a_send_is_answered_only_after_the_wal_fsync_that_follows_its_commit(
             # the message), and the answer waits for it.
             assert await asyncio.to_thread(entered.wait, 10)
             assert _rows(path) == 1
-            await asyncio.sleep(0)
-            assert not send.done() and not synced
+            # No thread has answered the batch (which is what resolves the send).
+            assert not answered and not send.done() and not synced
             gate.set()
             [result] = await send
             assert result.seq == 1 and synced
