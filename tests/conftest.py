@@ -20,9 +20,5 @@ def core(request: pytest.FixtureRequest) -> Iterator[str]:
     Objects take their core when they are made, so everything a test makes
     runs on the core named by the test's id.
     """
-    saved = _impl.speedups
-    _impl.use(request.param)
-    try:
+    with _impl.using(request.param):
         yield request.param
-    finally:
-        _impl.speedups = saved

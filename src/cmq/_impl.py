@@ -16,10 +16,12 @@ suite under both this way).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import ModuleType
 from typing import Final
 
-__all__ = ["ENV", "available", "implementation", "speedups", "use"]
+__all__ = ["ENV", "available", "implementation", "speedups", "use", "using"]
 
 #: Set to anything but "" or "0" to run the pure-Python core.
 ENV: Final = "CMQ_PURE_PYTHON"
@@ -65,3 +67,15 @@ def use(name: str) -> None:
         speedups = module
     else:
         raise ValueError(f"unknown core {name!r}: expected 'compiled' or 'python'")
+
+
+@contextmanager
+def using(name: str) -> Iterator[None]:
+    """:func:`use` ``name`` for what is made inside the block; the selection before it comes back after."""
+    global speedups
+    saved = speedups
+    use(name)
+    try:
+        yield
+    finally:
+        speedups = saved

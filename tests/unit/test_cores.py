@@ -11,8 +11,6 @@ from __future__ import annotations
 import shutil
 import socket
 import struct
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
 from hypothesis import given, settings
@@ -45,16 +43,13 @@ def test_bootstrap_builds_the_compiled_core_where_gcc_is() -> None:
 
 
 def test_implementation_names_the_selected_core() -> None:
-    saved = _impl.speedups
-    try:
-        _impl.use("python")
+    with _impl.using("python"):
         assert cmq.implementation() == "python"
-        _impl.use("compiled")
-        assert cmq.implementation() == "compiled"
-        with pytest.raises(ValueError, match="unknown core"):
-            _impl.use("fortran")
-    finally:
-        _impl.speedups = saved
+        with _impl.using("compiled"):
+            assert cmq.implementation() == "compiled"
+        assert cmq.implementation() == "python"
+    with pytest.raises(ValueError, match="unknown core"):
+        _impl.use("fortran")
 
 
 def test_compiled_stream_has_the_pure_streams_attributes() -> None:
@@ -113,19 +108,8 @@ def test_split_inverts_frame_on_both_cores(payloads: list[bytes]) -> None:
     assert frames.split_frames(data, 16, len(data)) == payloads
 
 
-@contextmanager
-def using(core: str) -> Iterator[None]:
-    """Objects made inside run on ``core``; the selection is restored after."""
-    saved = _impl.speedups
-    _impl.use(core)
-    try:
-        yield
-    finally:
-        _impl.speedups = saved
-
-
 def _datagrams(core: str, sizes: list[int], qthresh: int, reliable: bool) -> list[bytes]:
-    with using(core):
+    with _impl.using(core):
         b = Batcher(QueueConfig(qthresh=qthresh, idle_gap=float("inf"), max_datagram=2000), sender=9)
     s = b.stream(("127.0.0.1", 4000), 2, reliable=reliable)
     if reliable:
@@ -155,7 +139,7 @@ def test_batchers_of_both_cores_emit_the_same_datagrams(
 
 
 def _deliveries(core: str, datagrams: list[bytes]) -> tuple[list[object], dict[str, int]]:
-    with using(core):
+    with _impl.using(core):
         rx = Receiver(QueueConfig())
     for d in datagrams:
         rx.datagram_received(d, ("127.0.0.1", 1), 0.0)
@@ -286,7 +270,7 @@ def test_queues_with_small_datagrams_deliver_everything_in_order_on_both_cores()
     # receiver reads them through every read path of the threaded driver.
     for core in ("compiled", "python"):
         with (
-            using(core),
+            _impl.using(core),
             cmq.Queue(port=0, host="127.0.0.1", max_datagram=1200) as rx,
             cmq.Queue(port=0, host="127.0.0.1", max_datagram=1200) as tx,
         ):

@@ -810,35 +810,30 @@ def run_push_cost(*, count: int = 1_000_000, size: int = 4, repeat: int = 3) -> 
     payload = b"x" * size
     best: dict[tuple[str, str], float] = {}
     loop = math.inf
-    saved = _impl.speedups
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sink:
         sink.bind(("127.0.0.1", 0))
         dest = sink.getsockname()
-        try:
-            for _ in range(repeat):
-                for core in cores:
-                    _impl.use(core)
-                    with cmq.Queue(
-                        port=0, host="127.0.0.1", delivery="best-effort", idle_gap=float("inf"), timeout=60.0
-                    ) as q:
-                        send, push = q.sender(dest), q.push
-                        for call in ("sender", "push"):
-                            gc.collect()
-                            t0 = time.thread_time_ns()
-                            if call == "sender":
-                                for m in times(payload, count):
-                                    send(m)
-                            else:
-                                for m in times(payload, count):
-                                    push(dest, m)
-                            ns = (time.thread_time_ns() - t0) / count
-                            best[core, call] = min(best.get((core, call), math.inf), ns)
-                t0 = time.thread_time_ns()
-                for m in times(payload, count):
-                    len(m)
-                loop = min(loop, (time.thread_time_ns() - t0) / count)
-        finally:
-            _impl.speedups = saved
+        for _ in range(repeat):
+            for core in cores:
+                with _impl.using(core), cmq.Queue(
+                    port=0, host="127.0.0.1", delivery="best-effort", idle_gap=float("inf"), timeout=60.0
+                ) as q:
+                    send, push = q.sender(dest), q.push
+                    for call in ("sender", "push"):
+                        gc.collect()
+                        t0 = time.thread_time_ns()
+                        if call == "sender":
+                            for m in times(payload, count):
+                                send(m)
+                        else:
+                            for m in times(payload, count):
+                                push(dest, m)
+                        ns = (time.thread_time_ns() - t0) / count
+                        best[core, call] = min(best.get((core, call), math.inf), ns)
+            t0 = time.thread_time_ns()
+            for m in times(payload, count):
+                len(m)
+            loop = min(loop, (time.thread_time_ns() - t0) / count)
     return [
         PushCostResult(core=core, call=call, size=size, messages=count, ns_per_msg=ns, loop_ns=loop)
         for (core, call), ns in best.items()

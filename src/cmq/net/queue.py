@@ -455,10 +455,10 @@ class Queue(Endpoint):
 
         With ``backlog``, stop once that many messages wait in the mailboxes.
         """
-        received = self._receiver.datagram_received
-        count = 0
         if self._mmsg is not None:
             return self._drain_many(limit, backlog)
+        received = self._receiver.datagram_received
+        count = 0
         while count < limit:
             try:
                 data, addr = self._recv(socket.MSG_DONTWAIT)
@@ -496,17 +496,17 @@ class Queue(Endpoint):
                 if self._closed:
                     break
                 continue  # e.g. an ICMP error reported on the socket: nothing to read
-            if not batch:
-                break
+            shut = False
             for data, addr in batch:
                 if addr is None:
-                    break  # shut down by close()
+                    shut = True  # shut down by close()
+                    break
                 received(data, addr, _monotonic())
-            else:
-                count += len(batch)
-                if backlog is None or receiver.queued() < backlog:
-                    continue
-            break
+            if shut or not batch:
+                break
+            count += len(batch)
+            if backlog is not None and receiver.queued() >= backlog:
+                break
         self._after_read(_monotonic())
         return count
 

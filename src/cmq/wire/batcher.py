@@ -497,24 +497,20 @@ class Batcher:
             return []
         del frames[: len(chunk)]
         s.gen += 1
+        sizes = s.sizes
+        s.sizes = []
+        s.counted = s.size = 0
+        s.last_send = now
+        self.messages_sent += len(chunk)
         if self._cut is not None:
             # The compiled core measures, cuts and frames the batch in one call.
-            s.sizes = []
-            s.counted = s.size = 0
-            s.last_send = now
-            self.messages_sent += len(chunk)
             cut: list[bytes] = self._cut(chunk, s.head, s.seq, s.ext, self._max_body)
             s.seq = (s.seq + len(cut)) & 0xFFFFFFFF
             self.datagrams_sent += len(cut)
             self.bytes_sent += sum(map(len, cut))
             return cut
-        sizes = s.sizes
         if len(sizes) < len(chunk):
             sizes += map(len, chunk[len(sizes) :])
-        s.sizes = []
-        s.counted = s.size = 0
-        s.last_send = now
-        self.messages_sent += len(chunk)
         limit = self._max_body
         n = sizes[0]
         if sizes.count(n) == len(sizes):
