@@ -421,7 +421,10 @@ def test_a_tiny_run_in_lossy_namespaces(tmp_path: Path) -> None:
             if r["metric"] == "link_drop_rate"}  # fmt: skip
     # The baseline has the same rule, at probability 0.
     assert {v for x, v in drop if x == 0.0} == {0.0}
-    assert all(0 < v < 0.2 for x, v in drop if x == 0.03)
+    # At 3 % some runs of a few dozen round trips lose nothing (0.97**80 is
+    # 9 %): the rule dropped packets across the runs, none at a wild rate.
+    lossy = [v for x, v in drop if x == 0.03]
+    assert lossy and all(0 <= v < 0.2 for v in lossy) and max(lossy) > 0
 
 
 # -- the loopback claims on hand-made rows ------------------------------------------
