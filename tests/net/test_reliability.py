@@ -9,13 +9,14 @@ order for "reliable"), or an honest report of what is in doubt.
 from __future__ import annotations
 
 import itertools
+import pickle
 import random
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
-from cmq import WouldBlock
+from cmq import DeliveryFailure, WouldBlock
 from cmq.wire.frames import Status, encode_control
 
 from .harness import Datagram, SimEndpoint, SimNetwork
@@ -364,6 +365,36 @@ def test_receiver_restart_reports_exactly_the_unacknowledged_messages(net: SimNe
     net.run(limit=5.0)
     assert b2.received == later  # nothing of the old epoch delivered again
     assert len(a.failures()) == 1
+
+
+def test_a_failure_is_reported_before_its_messages_are_decoded_and_reads_like_a_value(
+    net: SimNetwork,
+) -> None:
+    """Giving up on a window reports at once: the failure keeps the datagrams
+    and names their messages (a fragmented one once, whole; MessagePack
+    values decoded) the first time they are read."""
+    reported: list[Any] = []
+    a = net.add(on_failure=reported.append, codec="msgpack", **SMALL)
+    b = net.add(codec="msgpack", **SMALL)
+    push_all(a, b, messages(10, start=100))
+    assert net.run(until=lambda: a.unacknowledged() == 0)  # acknowledged: no SYN any more
+    mute = net.drop(lambda d: d.src == b.addr)  # nothing b says reaches a
+    big = b"B" * 2500  # five fragments of 600-byte datagrams
+    msgs: list[Any] = [*messages(30), big, {"k": [1, 2]}, *messages(5, start=30)]
+    push_all(a, b, msgs, gap=1e-4)
+    b.crash()
+    net.heal(mute)
+    net.add(addr=b.addr, codec="msgpack", **SMALL)
+    assert net.run(until=lambda: bool(reported))
+    (failure,) = reported
+    assert failure._messages is None  # not decoded yet
+    assert failure.messages == tuple(msgs)
+    assert failure == DeliveryFailure(dest=b.addr, mailbox=0, reason="peer_reset", messages=tuple(msgs))
+    assert pickle.loads(pickle.dumps(failure)) == failure
+    assert repr(failure).startswith(f"DeliveryFailure(dest={b.addr!r}, mailbox=0, reason='peer_reset'")
+    with pytest.raises(AttributeError):
+        failure.reason = "closed"  # type: ignore[misc]
+    assert a.stats().in_doubt == len(msgs)
 
 
 @pytest.mark.parametrize("outage", [0.01, 0.2, 1.5])

@@ -53,8 +53,8 @@ from __future__ import annotations
 
 import heapq
 import secrets
+import threading
 from collections import deque
-from dataclasses import dataclass
 from typing import Any, Final
 
 import msgpack
@@ -126,7 +126,6 @@ def _in_ranges(seq: int, ranges: tuple[tuple[int, int], ...]) -> bool:
     return any(0 <= seq_diff(seq, start) < length for start, length in ranges)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
 class DeliveryFailure:
     """Messages that were pushed reliably but whose delivery is in doubt.
 
@@ -138,12 +137,109 @@ class DeliveryFailure:
     will be sent again. Delivery is to the receiving *endpoint*: a message
     it acknowledged is not in doubt, even if its process then died before
     its application took it (at most ``max_buffered_bytes`` of them).
+
+    ``messages`` are the payloads as the application pushed them, in push
+    order. A failure the endpoint reports keeps the datagrams it gave up on
+    and decodes them the first time ``messages`` is read, so that giving up
+    on a large window never holds the endpoint's I/O up. Failures are
+    immutable, compare equal by their four fields, and are safe to read
+    from any thread.
     """
+
+    __slots__ = ("_datagrams", "_messages", "dest", "mailbox", "reason")
 
     dest: Any
     mailbox: int
     reason: str
-    messages: tuple[Any, ...]
+    _messages: tuple[Any, ...] | None
+    _datagrams: tuple[dict[int, list[Any]], dict[int, bytes]] | None
+
+    def __init__(self, *, dest: Any, mailbox: int, reason: str, messages: tuple[Any, ...] = ()) -> None:
+        init = object.__setattr__
+        init(self, "dest", dest)
+        init(self, "mailbox", mailbox)
+        init(self, "reason", reason)
+        init(self, "_messages", tuple(messages))
+        init(self, "_datagrams", None)
+
+    @classmethod
+    def _of(cls, dest: Any, mailbox: int, reason: str, buf: dict[int, list[Any]], wholes: dict[int, bytes]) -> DeliveryFailure:
+        """A failure naming what the datagrams of a stream's buffer ``buf``
+        (in seq order: as :meth:`ReliableSender.outgoing` inserted them)
+        carry, decoded when first read; ``wholes`` by message id, the
+        payloads of fragmented messages."""
+        f = cls(dest=dest, mailbox=mailbox, reason=reason)
+        object.__setattr__(f, "_messages", None)
+        object.__setattr__(f, "_datagrams", (buf, wholes))
+        return f
+
+    @property
+    def messages(self) -> tuple[Any, ...]:
+        """The messages in doubt, in push order."""
+        source = self._datagrams  # read first: once it is None, _messages is set
+        messages = self._messages
+        if messages is None:
+            assert source is not None
+            messages = tuple(_payloads(*source))
+            object.__setattr__(self, "_messages", messages)
+            object.__setattr__(self, "_datagrams", None)
+        return messages
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"DeliveryFailure is immutable: cannot set {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"DeliveryFailure is immutable: cannot delete {name!r}")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, DeliveryFailure):
+            return NotImplemented
+        return (self.dest, self.mailbox, self.reason, self.messages) == (
+            other.dest,
+            other.mailbox,
+            other.reason,
+            other.messages,
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # messages may be unhashable
+
+    def __repr__(self) -> str:
+        return (
+            f"DeliveryFailure(dest={self.dest!r}, mailbox={self.mailbox!r}, "
+            f"reason={self.reason!r}, messages={self.messages!r})"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_failure, (self.dest, self.mailbox, self.reason, self.messages))
+
+
+def _rebuild_failure(dest: Any, mailbox: int, reason: str, messages: tuple[Any, ...]) -> DeliveryFailure:
+    return DeliveryFailure(dest=dest, mailbox=mailbox, reason=reason, messages=messages)
+
+
+def _payloads(buf: dict[int, list[Any]], wholes: dict[int, bytes]) -> list[Any]:
+    """The messages the datagrams of ``buf`` carry, in order, as the application pushed them."""
+    out: list[Any] = []
+    seen_ids: set[int] = set()
+    for e in buf.values():
+        try:
+            header, body = decode(e[0])
+        except ProtocolError:  # pragma: no cover - we encoded it
+            continue
+        if isinstance(body, Fragment):
+            if body.message_id in seen_ids:
+                continue
+            seen_ids.add(body.message_id)
+            whole = wholes.get(body.message_id)
+            if whole is None:
+                continue
+            payloads: list[Any] = [whole]
+        else:
+            payloads = list(body)
+        if header.flags & FLAG_MSGPACK:
+            payloads = [msgpack.unpackb(p, raw=False, strict_map_key=False) for p in payloads]
+        out.extend(payloads)
+    return out
 
 
 class SendStream:
@@ -238,7 +334,9 @@ class ReliableSender:
         self.retransmits = 0
         self.probes = 0
         self.status_received = 0
-        self.in_doubt = 0
+        self._in_doubt = 0
+        self._uncounted: deque[DeliveryFailure] = deque()  # reported, messages not yet counted
+        self._count_lock = threading.Lock()
         self.dead_streams = 0
         self.epoch_resets = 0
 
@@ -281,36 +379,22 @@ class ReliableSender:
         self.epoch_resets += 1
 
     def _report(self, st: SendStream, reason: str) -> None:
+        """Give up on ``st``'s buffer: a failure that owns it (decoded when
+        read), and an empty buffer for the stream."""
         if not st.buf:
             return
-        messages = self._messages(st)
-        self.in_doubt += len(messages)
-        self.failures.append(DeliveryFailure(dest=st.addr, mailbox=st.mailbox, reason=reason, messages=tuple(messages)))
+        self._uncounted.append(DeliveryFailure._of(st.addr, st.mailbox, reason, st.buf, st.wholes))
+        self.failures.append(self._uncounted[-1])
+        st.buf = {}
+        st.wholes = {}
 
-    def _messages(self, st: SendStream) -> list[Any]:
-        """The messages in ``st``'s buffer, in order, as the application pushed them."""
-        out: list[Any] = []
-        seen_ids: set[int] = set()
-        for seq in sorted(st.buf, key=lambda q: seq_diff(q, st.una)):
-            data = st.buf[seq][0]
-            try:
-                header, body = decode(data)
-            except ProtocolError:  # pragma: no cover - we encoded it
-                continue
-            if isinstance(body, Fragment):
-                if body.message_id in seen_ids:
-                    continue
-                seen_ids.add(body.message_id)
-                whole = st.wholes.get(body.message_id)
-                if whole is None:
-                    continue
-                payloads: list[Any] = [whole]
-            else:
-                payloads = list(body)
-            if header.flags & FLAG_MSGPACK:
-                payloads = [msgpack.unpackb(p, raw=False, strict_map_key=False) for p in payloads]
-            out.extend(payloads)
-        return out
+    @property
+    def in_doubt(self) -> int:
+        """Messages reported in doubt so far (counting decodes the failures not yet counted)."""
+        with self._count_lock:
+            while self._uncounted:
+                self._in_doubt += len(self._uncounted.popleft().messages)
+            return self._in_doubt
 
     # -- sending -----------------------------------------------------------
 
@@ -537,7 +621,6 @@ class ReliableSender:
         """Report everything still unacknowledged as in doubt (the endpoint closes)."""
         for st in list(self.streams.values()):
             self._report(st, "closed")
-            st.buf.clear()
             st.nbytes = 0
         self.total = 0
 
