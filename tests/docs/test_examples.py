@@ -52,6 +52,8 @@ def _clean_env() -> dict[str, str]:
     for name in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON"):
         env.pop(name, None)  # a reader's shell has neither; register(spark) must cope
     env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    # The reader's shell has the environment's bin/ on its PATH (the `cmq` command).
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     return env
 
 
