@@ -66,6 +66,7 @@ def test_site_builds_strict(tmp_path: Path) -> None:
     assert "This build's lab run" not in results
     reference = (tmp_path / "site" / "reference" / "index.html").read_text(encoding="utf-8")
     assert "AsyncQueue" in reference and "Send everything batched" in reference
+    assert ":class:" not in reference and ":meth:" not in reference  # roles shown as code
 
 
 def test_results_page_renders_a_given_lab_run(tmp_path: Path) -> None:
