@@ -8,9 +8,10 @@ profile, every experiment's runs by system (done or skipped, and why), and
 the run's own report page, copied into the site as ``lab-report.html``.
 The checked-in figures follow, for comparison.
 
-Only the lab's run metadata (``DIR/runs/*.parquet``, ``DIR/lab.json``) is
-read, with pyarrow: no Spark at build time. The figures themselves are the
-report page's, which Spark computed when the lab ran.
+The page reads the run's metadata (``DIR/runs/*.parquet``, ``DIR/lab.json``)
+and, for one headline table, CMQ Figure 5's round-trip records, with
+pyarrow: no Spark at build time. Every other figure is on the run's report
+page, which the lab's PySpark jobs computed when it ran.
 """
 
 from __future__ import annotations
@@ -74,7 +75,51 @@ def render(out: Path) -> str:
             skip_text = f"{skipped} ({'; '.join(why)})" if why else str(skipped)
             secs = f"{float(seconds[exp]):.0f}" if i == 0 and exp in seconds else ""
             lines.append(f"| {exp if i == 0 else ''} | {secs} | {system} | {done} | {skip_text} |")
+    lines += ["", *_round_trips(out)]
     return "\n".join(lines) + "\n"
+
+
+def _round_trips(out: Path) -> list[str]:
+    """CMQ Figure 5's round trips from the records: the median per scenario, size and system."""
+    import statistics
+
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    from cmq.pipeline.schema import RECORDS_SCHEMA, table_paths
+
+    paths = table_paths(out, "records")
+    if not paths:
+        return []
+    wanted = (
+        (pc.field("experiment") == "cmq-fig5") & pc.field("round_trip")
+        & ~pc.field("lost") & pc.field("recv_ns").is_valid()
+    )  # fmt: skip
+    rows = ds.dataset(paths, schema=RECORDS_SCHEMA, format="parquet").to_table(
+        columns=["system", "scenario", "size", "send_ns", "recv_ns"], filter=wanted
+    ).to_pylist()
+    if not rows:
+        return []
+    cells: dict[tuple[str, int], dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        cells[(r["scenario"], r["size"])][r["system"]].append(r["recv_ns"] - r["send_ns"])
+    systems = sorted({r["system"] for r in rows})
+    lines = [
+        "### Round trips (CMQ Figure 5), from the records",
+        "",
+        "The median of every round trip recorded, in µs, all of a cell's runs "
+        "pooled (the report page gives each statistic as its claim's rule asks).",
+        "",
+        "| scenario | size (B) | " + " | ".join(systems) + " |",
+        "|---|---|" + "---|" * len(systems),
+    ]
+    for (scenario, size), by_system in sorted(cells.items()):
+        figures = [
+            f"{statistics.median(by_system[s]) / 1000:,.1f}" if by_system.get(s) else "-"
+            for s in systems
+        ]
+        lines.append(f"| {scenario} | {size:,} | " + " | ".join(figures) + " |")
+    return [*lines, ""]
 
 
 def _out() -> Path | None:

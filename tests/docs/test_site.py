@@ -53,6 +53,26 @@ def _lab_run(out: Path) -> None:
                 if r[f.name] is None:
                     r[f.name] = default.get(f.type, "")
     pq.write_table(pa.Table.from_pylist(rows, schema=schema), out / "runs" / "part-0.parquet")
+    # Round trips of 10, 20 and 30 µs (cmq) and 5 µs (udp), a lost one, and another experiment's.
+    t0 = 1_000_000_000
+    records = [
+        {"experiment": "cmq-fig5", "run_id": "r0", "system": "cmq", "scenario": "ping-pong",
+         "params": "{}", "size": 512, "seq": i, "send_ns": t0, "recv_ns": t0 + us * 1000,
+         "lost": False, "round_trip": True, "stream": "", "receiver": "", "request_ns": None}
+        for i, us in enumerate([10, 30, 20])
+    ] + [
+        {"experiment": "cmq-fig5", "run_id": "r1", "system": "udp", "scenario": "ping-pong",
+         "params": "{}", "size": 512, "seq": 0, "send_ns": t0, "recv_ns": t0 + 5000,
+         "lost": False, "round_trip": True, "stream": "", "receiver": "", "request_ns": None},
+        {"experiment": "cmq-fig5", "run_id": "r1", "system": "udp", "scenario": "ping-pong",
+         "params": "{}", "size": 512, "seq": 1, "send_ns": t0, "recv_ns": None,
+         "lost": True, "round_trip": True, "stream": "", "receiver": "", "request_ns": None},
+        {"experiment": "tuning", "run_id": "r2", "system": "cmq", "scenario": "ping-pong",
+         "params": "{}", "size": 512, "seq": 0, "send_ns": t0, "recv_ns": t0 + 9_000_000,
+         "lost": False, "round_trip": True, "stream": "", "receiver": "", "request_ns": None},
+    ]  # fmt: skip
+    (out / "records").mkdir()
+    pq.write_table(pa.Table.from_pylist(records, schema=TABLES["records"]), out / "records" / "part-0.parquet")
     (out / "lab.json").write_text(json.dumps({"profile": "quick", "experiment_seconds": {"cmq-fig5": 41.0}}))
     (out / "report.html").write_text("<html><body>the run's own page</body></html>")
 
@@ -83,6 +103,8 @@ def test_results_page_renders_a_given_lab_run(tmp_path: Path) -> None:
     assert "profile: quick" in text
     assert "| cmq-fig5 | 41 | cmq | 1 | 0 |" in text
     assert "| nats | 0 | 1 (nothing answers on 127.0.0.1:4222) |" in text
+    assert "| scenario | size (B) | cmq | udp |" in text  # only Figure 5's records
+    assert "| ping-pong | 512 | 20.0 | 5.0 |" in text  # medians; the lost one left out
     with pytest.raises(FileNotFoundError):
         docs_results.render(tmp_path / "empty")
 
