@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up everything cmq needs on a fresh machine: a virtual environment in
-# .venv with the package and its extras, and, when run as root on Debian, the
+# .venv with the package and its extras (the test extra includes the docs
+# extra: MkDocs, to build the documentation site), and, when run as root on Debian, the
 # few system tools the lab and tests use (iptables for packet loss, redis-server
 # for Redis Cluster tests, chromium to check the lab's report page, wrk as the
 # queue service benchmark's compiled load generator). Safe to

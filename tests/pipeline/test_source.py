@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 import cmq
+from cmq import ConfigError
 from cmq.pipeline.source import SpoolReceiver, _send_rows, committed_offset, read_spool, register
 
 N = 300
@@ -181,3 +182,20 @@ def test_the_spool_cli_refuses_a_bad_option_in_one_line(tmp_path: Path) -> None:
         "python -m cmq.pipeline.source: max_buffered_bytes=10: must hold at least one datagram"
     )
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.spark
+def test_register_refuses_workers_that_cannot_import_cmq(spark: Any, tmp_path: Path) -> None:
+    """A local session whose workers are set to a Python without cmq fails at once, saying what to set.
+
+    (A session with nothing set gets this interpreter instead: the Spark guide's
+    example runs on a plain session, with PYSPARK_PYTHON unset, in tests/docs.)
+    """
+    conf = spark.sparkContext._jsc.sc().conf()
+    conf.set("spark.pyspark.python", str(tmp_path / "no-such-python"))
+    try:
+        with pytest.raises(ConfigError, match=r"cannot import cmq: set PYSPARK_PYTHON="):
+            register(spark)
+    finally:
+        conf.remove("spark.pyspark.python")
+    register(spark)  # the session's own PYSPARK_PYTHON (this interpreter) is fine

@@ -682,8 +682,59 @@ class CmqDataSource(DataSource):
 
 
 def register(spark: SparkSession) -> None:
-    """Make ``format("cmq")`` available in ``spark``."""
+    """Make ``format("cmq")`` available in ``spark``, with workers that can import cmq.
+
+    The source is planned and read in Spark's Python workers, which run
+    ``spark.pyspark.python``, else the ``PYSPARK_PYTHON`` the session started
+    with, else whatever ``python3`` is on the PATH (which usually lacks
+    cmq). In a local session (master ``local`` or ``local[...]``) with
+    neither set, this sets the session's ``spark.pyspark.python`` to this
+    interpreter, so the workers run the Python that imported cmq. On a
+    cluster it changes nothing: the executors' Python is the cluster's to set.
+
+    Raises:
+        ConfigError: a local session's workers are set to run a Python that
+            cannot import cmq; the message names it and what to set instead.
+    """
+    _local_workers_find_cmq(spark)
     spark.dataSource.register(CmqDataSource)
+
+
+_PYSPARK_PYTHON: Final = "spark.pyspark.python"
+
+
+def _local_workers_find_cmq(spark: SparkSession) -> None:
+    try:
+        sc = spark.sparkContext
+        master = str(sc.master)
+        jvm_conf = sc._jsc.sc().conf()  # the live SparkConf the Python workers are started from
+        jvm: Any = sc._jvm
+        jvm_env = jvm.java.lang.System.getenv("PYSPARK_PYTHON")
+    except Exception:  # noqa: BLE001 - Spark Connect and the like: no JVM here to look at
+        return
+    if master != "local" and not master.startswith("local["):
+        return
+    configured = jvm_conf.get(_PYSPARK_PYTHON, None) or jvm_env
+    if not configured:
+        jvm_conf.set(_PYSPARK_PYTHON, sys.executable)
+        sc.pythonExec = sys.executable  # what this side hands the JVM for RDD functions
+        return
+    if configured == sys.executable:
+        return
+    import subprocess
+
+    try:
+        found = subprocess.run(
+            [configured, "-c", "import cmq"], capture_output=True, timeout=60
+        ).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        found = False
+    if not found:
+        raise ConfigError(
+            f"Spark's Python workers run {configured!r}, which cannot import cmq: "
+            f"set PYSPARK_PYTHON={sys.executable} before the session starts, "
+            f"or .config({_PYSPARK_PYTHON!r}, {sys.executable!r}) on its builder"
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
