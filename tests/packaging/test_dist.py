@@ -250,10 +250,15 @@ def test_the_wheel_holds_the_package_and_its_metadata(dists: Dists) -> None:
         info = next(n for n in names if n.endswith(".dist-info/METADATA"))
         meta = email.message_from_bytes(zf.read(info))
         entry_points = zf.read(info.replace("METADATA", "entry_points.txt")).decode()
+        license_text = zf.read(info.replace("METADATA", "licenses/LICENSE"))
     assert _package_files() <= names  # every module and py.typed
     assert not any(n.startswith(("tests/", "src/")) or n.endswith(".c") for n in names)
     assert (meta["Name"], meta["Version"]) == ("pycmq", VERSION)
     assert meta["Requires-Python"] == PROJECT["requires-python"]
+    # The license: its SPDX expression, and its text in the .dist-info.
+    assert meta["License-Expression"] == PROJECT["license"]
+    assert meta.get_all("License-File") == PROJECT["license-files"] == ["LICENSE"]
+    assert license_text == (ROOT / "LICENSE").read_bytes()
     assert set(meta.get_all("Classifier") or []) == set(PROJECT["classifiers"])
     assert set(meta.get_all("Provides-Extra") or []) == set(PROJECT["optional-dependencies"])
     # What pip will install for each extra is what pyproject.toml declares,
@@ -269,7 +274,8 @@ def test_the_sdist_holds_the_sources(dists: Dists) -> None:
         pkg_info = tf.extractfile(top + "PKG-INFO")
         assert pkg_info is not None
         meta = email.message_from_bytes(pkg_info.read())
-    assert {"pyproject.toml", "setup.py", "README.md", "CHANGELOG.md"} <= names
+    assert {"pyproject.toml", "setup.py", "README.md", "CHANGELOG.md", "LICENSE"} <= names
+    assert meta["License-Expression"] == PROJECT["license"]
     assert "src/cmq/_speedups.pyx" in names
     assert {f"src/{n}" for n in _package_files()} <= names
     assert meta["Version"] == VERSION

@@ -40,3 +40,11 @@ def test_the_changelog_and_readme_speak_to_users() -> None:
 def test_the_package_says_it_is_typed() -> None:
     assert (ROOT / "src" / "cmq" / "py.typed").is_file()
     assert "Typing :: Typed" in PROJECT["classifiers"]
+
+
+def test_the_license_file_is_the_mit_text_pyproject_names() -> None:
+    # The wheel and the sdist carry this file (test_dist.py checks both).
+    assert PROJECT["license"] == "MIT" and PROJECT["license-files"] == ["LICENSE"]
+    text = (ROOT / "LICENSE").read_text()
+    assert text.startswith("MIT License\n\nCopyright (c) the cmq developers\n")
+    assert "WITHOUT WARRANTY OF ANY KIND" in text
