@@ -4,8 +4,8 @@ What this covers, in fresh virtual environments:
 
 - ``python -m build`` on a copy of the tracked files (no .venv, no build
   leftovers) makes an sdist, and a wheel from that sdist; their contents and
-  metadata (version, extras, classifiers, ``py.typed``, the ``cmq`` script)
-  are checked;
+  metadata (version, extras, classifiers, the license and its text,
+  ``py.typed``, the ``cmq`` script) are checked;
 - the wheel is a binary wheel for this platform carrying the compiled core
   (``cmq._speedups``), and ``cmq.implementation()`` is ``"compiled"`` where
   it is installed (where this machine has no C compiler, the test says so
@@ -15,17 +15,18 @@ What this covers, in fresh virtual environments:
   ``cmq.implementation()`` is ``"python"`` there;
 - the wheel and the sdist, each installed with no extra: ``cmq --help``,
   ``cmq --version``, every command's and verb's ``--help``, each command that
-  needs an extra failing with the one line naming it, importing an optional
-  part raising ``cmq.MissingExtra``, and messages pushed through
-  ``cmq send`` into ``cmq recv`` over loopback;
+  needs an extra failing with the one line naming it, every module of the
+  package importing or raising ``cmq.MissingExtra`` with that line, and
+  messages pushed through ``cmq send`` into ``cmq recv`` over loopback;
 - the wheel with each extra added in turn (``broker``, ``service``,
   ``bench``, then ``lab``): after each, what it brings works (the AMQP
   listener starts, ``cmq serve`` answers ``/health``, the ZeroMQ peer is
   available; ``cmq lab --help`` lists the experiments, a tiny ``cmq lab``
   run writes its Parquet records, ``cmq report`` aggregates them on Spark
   and draws the page's figures with matplotlib, and no peer of the lab asks
-  for an extra) and what the next one brings still fails in one line; ``pip
-  check`` finds every requirement met.
+  for an extra) and what the next one brings still fails in one line; with
+  all four in, every module of the package imports and ``pip check`` finds
+  every requirement met.
 
 The build backend and every dependency of the core and the extras are put
 once into a wheelhouse; every build and install after that is
@@ -60,7 +61,7 @@ from pathlib import Path
 
 import pytest
 
-from .cases import EXTRAS, help_argvs, needs_extra_argvs
+from .cases import EXTRAS, IMPORT_EVERY_MODULE, help_argvs, needs_extra_argvs
 
 pytestmark = pytest.mark.slow
 
@@ -186,8 +187,13 @@ class Venv:
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env=self.env, cwd=self.path)  # fmt: skip
 
-    def python_code(self, code: str) -> str:
-        return _run([self.python, "-c", code], env=self.env, cwd=self.path).stdout
+    def python_code(self, code: str, *args: str) -> str:
+        return _run([self.python, "-c", code, *args], env=self.env, cwd=self.path).stdout
+
+    def import_every_module(self) -> dict[str, list[str]]:
+        """What importing each module of the installed cmq did (see cases.IMPORT_EVERY_MODULE)."""
+        found: dict[str, list[str]] = json.loads(self.python_code(IMPORT_EVERY_MODULE, "[]"))
+        return found
 
 
 def _lines(stream: object) -> queue.Queue[str]:
@@ -382,6 +388,12 @@ def test_importing_an_optional_part_raises_missing_extra(bare: Venv) -> None:
             "except cmq.MissingExtra as exc:\n    print(exc.extra, exc)\n"
         )
         assert out.startswith(f"{extra} ") and f"pip install 'pycmq[{extra}]'" in out, out
+    # Every module of the package imports, or names its extra in one line;
+    # here, with the extras really absent (not only blocked, as in
+    # test_extras.py), a module of another distribution that cmq imports
+    # without listing it would show up too.
+    found = bare.import_every_module()
+    assert found["bad"] == [] and found["missing"], found
 
 
 def test_push_and_get_over_loopback(bare: Venv, stop: list[subprocess.Popen[str]]) -> None:
@@ -456,4 +468,6 @@ def test_each_extra_brings_what_it_says(
     peers = "from cmq.lab.systems import *\nfor s in SYSTEMS: print(load(s).available())"
     # A peer's server may be missing here; its Python client may not.
     assert "pip install 'pycmq[" not in venv.python_code(peers)
+    # With every extra in, every module of the package imports.
+    assert venv.import_every_module() == {"bad": [], "missing": []}
     shutil.rmtree(venv.path)  # 1.3 GB; kept only when the test fails
