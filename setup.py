@@ -15,10 +15,13 @@ import sys
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
+# pip's cache keeps the wheel built without the compiled core: a plain
+# reinstall would install that wheel again.
 _NOTE = (
     "cmq: the compiled core was not built ({why}); cmq will use its pure-Python core. "
     "For the compiled core install a C compiler and the Python headers "
-    "(Debian: apt install gcc python3-dev) and reinstall."
+    "(Debian: apt install gcc python3-dev) and reinstall without pip's cache "
+    "(pip install --no-cache-dir --force-reinstall pycmq)."
 )
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import cmq
-from cmq import cli
+from cmq import _impl, cli
 
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
@@ -20,9 +20,22 @@ def test_the_installed_version_is_pyprojects() -> None:
     assert cmq.__version__ == PROJECT["version"]
 
 
-def test_cmq_version_prints_it(capsys: pytest.CaptureFixture[str]) -> None:
+def test_cmq_version_prints_it_and_the_core(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     assert cli.main(["--version"]) == 0
-    assert capsys.readouterr().out == f"cmq {PROJECT['version']}\n"
+    core = "compiled core" if cmq.implementation() == "compiled" else "pure-Python core: "
+    assert capsys.readouterr().out.startswith(f"cmq {PROJECT['version']} ({core}")
+    # Each reason the pure-Python core runs is named.
+    monkeypatch.setattr(_impl, "speedups", None)
+    monkeypatch.setattr(_impl, "available", lambda: True)
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out.endswith(" (pure-Python core: CMQ_PURE_PYTHON is set)\n")
+    monkeypatch.setattr(_impl, "available", lambda: False)
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out.endswith(
+        " (pure-Python core: the compiled core was not built when cmq was installed)\n"
+    )
 
 
 def test_the_changelog_names_the_version_first() -> None:
