@@ -6,10 +6,12 @@ What this covers, in fresh virtual environments:
   leftovers) makes an sdist, and a wheel from that sdist; their contents and
   metadata (version, extras, classifiers, the license and its text,
   ``py.typed``, the ``cmq`` script) are checked;
-- the wheel is a binary wheel for this platform carrying the compiled core
-  (``cmq._speedups``), and ``cmq.implementation()`` is ``"compiled"`` where
-  it is installed (where this machine has no C compiler, the test says so
-  and skips that check);
+- the wheel, built by the README's command (``CMQ_REQUIRE_COMPILED=1
+  python -m build``), is a binary wheel for this platform carrying the
+  compiled core (``cmq._speedups``), and ``cmq.implementation()`` is
+  ``"compiled"`` where it is installed (where this machine has no C
+  compiler, the test says so and skips that check); the same command where
+  no compiler works fails, saying why, and makes no wheel;
 - the sdist installed where no compiler works (``CC=/bin/false``) falls back
   to the pure-Python core, saying so once in the install's output, and
   ``cmq.implementation()`` is ``"python"`` there;
@@ -75,6 +77,8 @@ PIP = [sys.executable, "-m", "pip"]
 LIGHT_EXTRAS = ("broker", "service", "bench")
 #: What setup.py says, once, when it cannot build the compiled core.
 FALLBACK_NOTE = "cmq: the compiled core was not built"
+#: Set, a build fails where it cannot compile the core (setup.py).
+REQUIRE_COMPILED = "CMQ_REQUIRE_COMPILED"
 #: Whether this machine can compile the extension at all.
 HAVE_CC = shutil.which((sysconfig.get_config_var("CC") or "cc").split()[0]) is not None
 #: A module of each extra's that cmq imports at module level, with the import
@@ -91,6 +95,7 @@ class Dists:
     sdist: Path
     wheelhouse: Path
     tmp: Path
+    checkout: Path
 
     def add_lab(self) -> None:
         """Put the lab extra's requirements, and theirs, into the wheelhouse."""
@@ -141,13 +146,16 @@ def dists(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dists]:
     needed = [*PYPROJECT["build-system"]["requires"], *PROJECT["dependencies"],
               *(r for e in LIGHT_EXTRAS for r in extras[e] if _name(r) != "pycmq")]  # fmt: skip
     _run([*PIP, "download", "-q", "--only-binary", ":all:", "-d", wheelhouse, *needed])
-    # The sdist, then the wheel built from it (as pip builds on a user's machine).
-    _run([sys.executable, "-m", "build", "--outdir", out, checkout], env=_offline_env(wheelhouse))
+    # The sdist, then the wheel built from it (as pip builds on a user's
+    # machine), by the README's command: with CMQ_REQUIRE_COMPILED, a wheel
+    # without the compiled core fails to build rather than being made.
+    env = {**_offline_env(wheelhouse), **({REQUIRE_COMPILED: "1"} if HAVE_CC else {})}
+    _run([sys.executable, "-m", "build", "--outdir", out, checkout], env=env)
     (wheel,) = out.glob("pycmq-*.whl")
     (sdist,) = out.glob("pycmq-*.tar.gz")
     sizes = {p.name: p.stat().st_size for p in (wheel, sdist)}
     print(f"built {json.dumps(sizes)}")  # shown with -s: the sizes of the distributions
-    yield Dists(wheel=wheel, sdist=sdist, wheelhouse=wheelhouse, tmp=tmp)
+    yield Dists(wheel=wheel, sdist=sdist, wheelhouse=wheelhouse, tmp=tmp, checkout=checkout)
     # The wheelhouse holds pyspark's 450 MB wheel once the lab's test has
     # run: pytest keeps the last few runs' directories, not this.
     shutil.rmtree(wheelhouse, ignore_errors=True)
@@ -324,6 +332,17 @@ def test_the_wheel_is_binary_and_carries_the_compiled_core(dists: Dists) -> None
     assert tag[2] != "any", tag
     with zipfile.ZipFile(dists.wheel) as zf:
         assert [n for n in zf.namelist() if re.fullmatch(r"cmq/_speedups\..*\.so", n)]
+
+
+def test_the_binary_wheel_command_fails_where_it_cannot_compile(dists: Dists) -> None:
+    env = {**_offline_env(dists.wheelhouse), REQUIRE_COMPILED: "1", "CC": "/bin/false"}
+    out = dists.tmp / "no-wheel"
+    cmd = [sys.executable, "-m", "build", "--wheel", "--outdir", str(out), str(dists.checkout)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode != 0, said
+    assert "cmq: the compiled core was not built" in said and "CMQ_REQUIRE_COMPILED is set" in said
+    assert not list(out.glob("*.whl"))
 
 
 @dataclass(frozen=True)
