@@ -300,6 +300,8 @@ def test_the_wheel_holds_the_package_and_its_metadata(dists: Dists) -> None:
     assert meta.get_all("License-File") == PROJECT["license-files"] == ["LICENSE"]
     assert license_text == (ROOT / "LICENSE").read_bytes()
     assert set(meta.get_all("Classifier") or []) == set(PROJECT["classifiers"])
+    urls = PROJECT.get("urls", {})
+    assert set(meta.get_all("Project-URL") or []) == {f"{k}, {v}" for k, v in urls.items()}
     assert set(meta.get_all("Provides-Extra") or []) == set(PROJECT["optional-dependencies"])
     # What pip will install for each extra is what pyproject.toml declares,
     # the lab extra included (which this test does not install).
