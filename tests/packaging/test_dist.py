@@ -43,7 +43,9 @@ the lab extra is the longest step of this file (about 20 s).
 
 from __future__ import annotations
 
+import contextlib
 import email
+import importlib.metadata
 import json
 import os
 import queue
@@ -99,9 +101,13 @@ class Dists:
 
     def add_lab(self) -> None:
         """Put the lab extra's requirements, and theirs, into the wheelhouse."""
-        extras = PROJECT["optional-dependencies"]
+        requirements = [r for r in PROJECT["optional-dependencies"]["lab"] if _name(r) != "pycmq"]
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            # The pyspark this environment has: pip's cache holds its wheel
+            # (a newer release would be a 450 MB download and a build).
+            requirements.append(f"pyspark=={importlib.metadata.version('pyspark')}")
         _run([*PIP, "wheel", "-q", "-w", self.wheelhouse, "--find-links", self.wheelhouse,
-              *(r for r in extras["lab"] if _name(r) != "pycmq")], timeout=600)  # fmt: skip
+              *requirements], timeout=600)  # fmt: skip
 
 
 def _run(cmd: list[str | Path], *, timeout: float = 300, **kw: object) -> subprocess.CompletedProcess[str]:
