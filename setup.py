@@ -4,7 +4,10 @@ Everything else about the package is in ``pyproject.toml``. When the
 extension cannot be built (no C compiler, no Python headers, no Cython, or
 ``CMQ_PURE_PYTHON=1`` at build time), the build says so once and the
 package installs with its pure-Python core, which behaves the same, slower:
-``cmq.implementation()`` tells which one runs.
+``cmq.implementation()`` tells which one runs. ``CMQ_REQUIRE_COMPILED=1``
+turns that fallback into a failed build, for building the binary wheel
+(``CMQ_REQUIRE_COMPILED=1 python -m build``): a wheel without the compiled
+core is then never made by mistake.
 """
 
 from __future__ import annotations
@@ -15,11 +18,24 @@ import sys
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
+# pip's cache keeps the wheel built without the compiled core: a plain
+# reinstall would install that wheel again.
 _NOTE = (
     "cmq: the compiled core was not built ({why}); cmq will use its pure-Python core. "
     "For the compiled core install a C compiler and the Python headers "
-    "(Debian: apt install gcc python3-dev) and reinstall."
+    "(Debian: apt install gcc python3-dev) and reinstall without pip's cache "
+    "(pip install --no-cache-dir --force-reinstall pycmq)."
 )
+
+
+def _skip(why: str) -> list[Extension]:
+    """Say once that the pure-Python core will be used; under CMQ_REQUIRE_COMPILED, fail."""
+    if os.environ.get("CMQ_REQUIRE_COMPILED", "") not in ("", "0"):
+        raise SystemExit(
+            f"cmq: the compiled core was not built ({why}) and CMQ_REQUIRE_COMPILED is set"
+        )
+    print(_NOTE.format(why=why), file=sys.stderr)
+    return []
 
 
 class _OptionalBuildExt(build_ext):
@@ -39,26 +55,22 @@ class _OptionalBuildExt(build_ext):
 
     @staticmethod
     def _fallback(exc: BaseException) -> None:
-        why = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-        print(_NOTE.format(why=why), file=sys.stderr)
+        _skip(str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__)
 
 
 def _extensions() -> list[Extension]:
     if os.environ.get("CMQ_PURE_PYTHON", "") not in ("", "0"):
-        print(_NOTE.format(why="CMQ_PURE_PYTHON is set"), file=sys.stderr)
-        return []
+        return _skip("CMQ_PURE_PYTHON is set")
     try:
         from Cython.Build import cythonize
     except ImportError:
-        print(_NOTE.format(why="Cython is not installed"), file=sys.stderr)
-        return []
+        return _skip("Cython is not installed")
     # -g0: no debug information (it made the module 1.2 MB instead of about 0.2 MB).
     ext = Extension("cmq._speedups", ["src/cmq/_speedups.pyx"], extra_compile_args=["-g0"])
     try:
         return list(cythonize([ext], language_level=3, quiet=True))
     except Exception as exc:  # noqa: BLE001 - a Cython failure: fall back as for a compiler's
-        print(_NOTE.format(why=f"Cython failed: {exc}"), file=sys.stderr)
-        return []
+        return _skip(f"Cython failed: {exc}")
 
 
 setup(ext_modules=_extensions(), cmdclass={"build_ext": _OptionalBuildExt})

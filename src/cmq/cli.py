@@ -49,6 +49,24 @@ def _summary(name: str) -> str:
     return doc.strip().splitlines()[0] if doc.strip() else ""
 
 
+def _version() -> str:
+    """``cmq VERSION (CORE)``: the core says whether the compiled one runs, and if not, why.
+
+    pip shows a build's output only with ``-v``, so the one line an install
+    from the sdist prints when it cannot compile the core is mostly unseen:
+    this is where a user finds out afterwards.
+    """
+    from cmq import _impl
+
+    if _impl.implementation() == "compiled":
+        core = "compiled core"
+    elif _impl.available():
+        core = f"pure-Python core: {_impl.ENV} is set"
+    else:
+        core = "pure-Python core: the compiled core was not built when cmq was installed"
+    return f"{_PROG} {cmq.__version__} ({core})"
+
+
 def _top_help() -> str:
     names = _command_names()
     width = max((len(n) for n in names), default=0)
@@ -63,7 +81,7 @@ def _top_help() -> str:
     lines += [
         "",
         f"Run '{_PROG} COMMAND --help' for the options of one command, "
-        f"'{_PROG} --version' for the version.",
+        f"'{_PROG} --version' for the version and which core runs.",
     ]
     return "\n".join(lines)
 
@@ -75,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         print(_top_help())
         return 0 if args else 2
     if args[0] == "--version":
-        print(f"{_PROG} {cmq.__version__}")
+        print(_version())
         return 0
     name = args[0]
     if name not in _command_names():

@@ -12,7 +12,7 @@ from pathlib import Path
 from cmq import cli
 from cmq._extras import MODULES
 
-__all__ = ["EXTRAS", "help_argvs", "needs_extra_argvs"]
+__all__ = ["EXTRAS", "IMPORT_EVERY_MODULE", "help_argvs", "needs_extra_argvs"]
 
 #: The extras of pyproject.toml that bring modules (``all`` and ``test`` only gather them).
 EXTRAS = tuple(sorted({source.extra for source in MODULES.values()}))
@@ -48,3 +48,30 @@ def needs_extra_argvs(tmp: Path) -> list[tuple[list[str], str]]:
         (["broker", "--port", "0", "--amqp-port", "0", "--in-memory"], "broker"),
         (["broker", "--port", "0", "--http-port", "0", "--in-memory"], "service"),
     ]
+
+
+#: ``python -c IMPORT_EVERY_MODULE '["zmq", ...]'``: imports every module of
+#: cmq with the named modules blocked, and prints as JSON ``{"bad": [...],
+#: "missing": [...]}``: the modules that failed other than with
+#: MissingExtra's one line, and those that raised it (with its line).
+IMPORT_EVERY_MODULE = """
+import importlib, json, pkgutil, sys
+for name in json.loads(sys.argv[1]):
+    sys.modules[name] = None
+import cmq
+bad, missing = [], []
+# A package that raises is reported below, where it is imported itself.
+for m in pkgutil.walk_packages(cmq.__path__, "cmq.", onerror=lambda name: None):
+    if m.name.endswith("__main__"):
+        continue
+    try:
+        importlib.import_module(m.name)
+    except cmq.MissingExtra as exc:
+        if "\\n" in str(exc) or "pip install 'pycmq[" not in str(exc):
+            bad.append(m.name + ": " + str(exc))
+        else:
+            missing.append(m.name + ": " + str(exc))
+    except BaseException as exc:
+        bad.append(m.name + ": " + repr(exc))
+print(json.dumps({"bad": bad, "missing": missing}))
+"""
