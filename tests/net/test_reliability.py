@@ -184,6 +184,31 @@ def test_tail_loss_is_repaired_by_the_probe_timeout(net: SimNetwork) -> None:
     settle(net, a, b)
 
 
+def test_a_loss_reported_while_fresh_is_repaired_by_the_loss_timer() -> None:
+    """A datagram reported missing less than 9/8 of an RTT after it was
+    sent may still be on its way; it is retransmitted once it is that old
+    (RFC 9002's time threshold), not a receiver's repeat later."""
+    with SimNetwork(seed=1, delay=1e-3) as net:  # RTT 2 ms; pushes 50 us apart
+        a, b = net.add(**SMALL), net.add(**SMALL)
+        push_all(a, b, messages(20))
+        assert net.run(until=lambda: a.unacknowledged() == 0)  # srtt learnt
+        srtt = a._rel.srtt
+        assert 1.9e-3 < srtt < 2.5e-3
+        msgs = messages(20, start=20)
+        lost = msgs[5]
+        net.drop(carries(lost), count=1)
+        sent_at = net.now + 5 * 5e-5
+        push_all(a, b, msgs, gap=5e-5)
+        assert net.run(until=got_all(b, messages(40)))
+        assert b.received == messages(40)
+        (arrived,) = [t for t, d in net.trace if d.dst == b.addr and lost in d.payloads]
+        # Sent 9/8 srtt after the first copy, arriving one delay later; the
+        # receiver's repeat (renak_interval, 3 ms) would have taken twice that.
+        assert arrived - sent_at == pytest.approx(1.125 * srtt + 1e-3, abs=2e-4)
+        assert a.stats().retransmits == 1
+        settle(net, a, b)
+
+
 # -- control loss, duplication, reordering -----------------------------------------
 
 

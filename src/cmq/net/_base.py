@@ -827,6 +827,8 @@ class Endpoint(ABC):
                     room = True
                 if st.pto_at is not None:
                     self._rel_timer(st.pto_at)
+                if st.loss_at is not None:
+                    self._rel_timer(st.loss_at)
         if rel.failures:
             self._report_failures()
         if room:

@@ -21,6 +21,10 @@ passes it:
   ``next_expected``, lists up to 32 missing ranges after it, and raises the
   credit. Each missing datagram not sent within the last ``9/8 srtt`` is
   retransmitted at once (many gaps per report, not one per round trip);
+  one sent more recently may still be on its way, and is retransmitted
+  when it is ``9/8 srtt`` old unless acknowledged by then (RFC 9002's time
+  threshold, §6.1.2: a *loss timer*, rather than waiting for the
+  receiver's next report, ``renak_interval`` later);
 - RTT is estimated as RFC 9002 §5.3 does (the receiver's ack delay
   subtracted, samples only from datagrams sent once: Karn's rule);
 - a probe timeout (RFC 9002's PTO, ``srtt + max(4 rttvar, 1 ms) +
@@ -252,6 +256,7 @@ class SendStream:
         "credit",
         "dead_at",
         "epoch",
+        "loss_at",
         "mailbox",
         "nbytes",
         "ordered",
@@ -260,6 +265,7 @@ class SendStream:
         "sampled",
         "sent_upto",
         "stream",
+        "suspects",
         "syn",
         "una",
         "unanswered",
@@ -283,6 +289,10 @@ class SendStream:
         self.unanswered = 0  # probe timeouts since the last STATUS
         self.dead_at: float | None = None  # silent until then: the peer is dead (see max_probes)
         self.pto_at: float | None = None
+        # (seq, sent at) reported missing while too fresh to call lost, and
+        # when the oldest of them will be (the loss timer; None: not armed).
+        self.suspects: list[tuple[int, float]] = []
+        self.loss_at: float | None = None
         # Since when every STATUS asks for what was acknowledged before (None: the last did not).
         self.behind_since: float | None = None
         self.sampled = MASK  # the largest seq an RTT sample was taken from ("before 0")
@@ -322,6 +332,7 @@ class ReliableSender:
         #: Bytes held in all streams' buffers (the sum of their nbytes).
         self.total = 0
         self._timers: list[tuple[float, int, int]] = []  # (pto_at, tiebreak, epoch)
+        self._loss_timers: list[tuple[float, int, int]] = []  # (loss_at, tiebreak, epoch)
         self._tick = 0
         self.srtt = INITIAL_RTT
         self.rttvar = INITIAL_RTT / 2
@@ -372,7 +383,8 @@ class ReliableSender:
         st.nbytes = 0
         st.pto_count = st.unanswered = 0
         st.dead_at = None
-        st.pto_at = st.behind_since = None
+        st.pto_at = st.behind_since = st.loss_at = None
+        st.suspects = []
         st.sampled = MASK
         st.stream.seq = 0
         st.stream.ext = st.ext()
@@ -470,6 +482,12 @@ class ReliableSender:
             self._tick += 1
             heapq.heappush(self._timers, (st.pto_at, self._tick, st.epoch))
 
+    def _arm_loss(self, st: SendStream, at: float) -> None:
+        if st.loss_at is None or at < st.loss_at:
+            st.loss_at = at
+            self._tick += 1
+            heapq.heappush(self._loss_timers, (at, self._tick, st.epoch))
+
     # -- receiving STATUS --------------------------------------------------
 
     def on_status(self, rec: Status, now: float) -> tuple[SendStream | None, list[bytes]]:
@@ -545,18 +563,30 @@ class ReliableSender:
         out: list[bytes] = []
         # Repairs.
         if rec.missing:
-            # A datagram sent less than an RTT ago may still be on its way.
-            fresh = now - self.srtt * 1.125
+            # A datagram sent less than 9/8 of an RTT ago may still be on its
+            # way: the loss timer retransmits it once it is that old.
+            delay = self.srtt * 1.125
+            fresh = now - delay
+            suspects: list[tuple[int, float]] = []
+            oldest = now
             for start, length in rec.missing:
                 seq = start
                 for _ in range(length):
                     e = buf.get(seq)
-                    if e is not None and e[1] is not None and e[1] <= fresh and seq_diff(seq, st.sent_upto) < 0:
-                        e[1] = now
-                        e[2] += 1
-                        out.append(e[0])
-                        self.retransmits += 1
+                    if e is not None and e[1] is not None and seq_diff(seq, st.sent_upto) < 0:
+                        if e[1] <= fresh:
+                            e[1] = now
+                            e[2] += 1
+                            out.append(e[0])
+                            self.retransmits += 1
+                        else:
+                            suspects.append((seq, e[1]))
+                            oldest = min(oldest, e[1])
                     seq = (seq + 1) & MASK
+            # The latest report's view replaces the last one's.
+            st.suspects = suspects
+            if suspects:
+                self._arm_loss(st, oldest + delay)
         out.extend(self._release(st, now))
         st.pto_at = None
         if st.buf:
@@ -580,20 +610,38 @@ class ReliableSender:
     # -- timers ------------------------------------------------------------
 
     def next_deadline(self) -> float | None:
-        """When the earliest probe timeout expires, or None."""
+        """When the earliest probe timeout or loss timer expires, or None."""
         timers = self._timers
+        pto = None
         while timers:
             at, _, epoch = timers[0]
             st = self.streams.get(epoch)
             if st is not None and st.pto_at == at:
-                return at
+                pto = at
+                break
             heapq.heappop(timers)
-        return None
+        losses = self._loss_timers
+        while losses:
+            at, _, epoch = losses[0]
+            st = self.streams.get(epoch)
+            if st is not None and st.loss_at == at:
+                return at if pto is None or at < pto else pto
+            heapq.heappop(losses)
+        return pto
 
     def on_timer(self, now: float) -> list[tuple[bytes, Any]]:
-        """Fire expired probe timeouts; returns control datagrams (PROBEs) to send, with their addresses."""
-        timers = self._timers
+        """Fire expired loss timers and probe timeouts; returns the datagrams
+        to send (retransmissions, PROBEs), with their addresses."""
         out: list[tuple[bytes, Any]] = []
+        losses = self._loss_timers
+        while losses and losses[0][0] <= now:
+            at, _, epoch = heapq.heappop(losses)
+            st = self.streams.get(epoch)
+            if st is None or st.loss_at != at:
+                continue
+            st.loss_at = None
+            self._lost(st, now, out)
+        timers = self._timers
         while timers and timers[0][0] <= now:
             at, _, epoch = heapq.heappop(timers)
             st = self.streams.get(epoch)
@@ -616,6 +664,30 @@ class ReliableSender:
             out.append((encode_control([probe], self.sender_id, self._key), st.addr))
             self._arm(st, now)
         return out
+
+    def _lost(self, st: SendStream, now: float, out: list[tuple[bytes, Any]]) -> None:
+        """``st``'s loss timer expired: retransmit each suspect now ``9/8
+        srtt`` old, unless acknowledged or sent again since it was reported
+        missing (then the next report decides); wait for the others."""
+        delay = self.srtt * 1.125
+        buf = st.buf
+        waiting: list[tuple[int, float]] = []
+        oldest = now
+        for seq, sent in st.suspects:
+            e = buf.get(seq)
+            if e is None or e[1] != sent:
+                continue
+            if sent + delay <= now:  # as the timer was armed: no rounding apart
+                e[1] = now
+                e[2] += 1
+                out.append((e[0], st.addr))
+                self.retransmits += 1
+            else:
+                waiting.append((seq, sent))
+                oldest = min(oldest, sent)
+        st.suspects = waiting
+        if waiting:
+            self._arm_loss(st, oldest + delay)
 
     def close(self) -> None:
         """Report everything still unacknowledged as in doubt (the endpoint closes)."""
