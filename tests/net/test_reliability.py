@@ -209,6 +209,24 @@ def test_a_loss_reported_while_fresh_is_repaired_by_the_loss_timer() -> None:
         settle(net, a, b)
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_late_reports_do_not_resend_a_repair_on_its_way(seed: int) -> None:
+    """Reports delayed by up to 2 ms (their RTT samples swing as much) still
+    list a gap whose repair is on its way: only a report that saw a datagram
+    sent after the repair may call it lost, so nothing arrives twice."""
+    with SimNetwork(seed=seed) as net:
+        a, b = net.add(**SMALL), net.add(**SMALL)
+        net.link(b, a, delay=1e-4, jitter=2e-3)
+        net.drop(every(10, lambda d: d.is_data))
+        msgs = messages(400)
+        push_all(a, b, msgs, gap=5e-5)
+        assert net.run(until=got_all(b, msgs))
+        assert b.received == msgs
+        assert a.stats().retransmits >= 19
+        assert b.stats().duplicates == 0
+        settle(net, a, b)
+
+
 # -- control loss, duplication, reordering -----------------------------------------
 
 
@@ -590,16 +608,21 @@ def test_a_status_overtaken_by_a_later_one_is_ignored(net: SimNetwork) -> None:
     settle(net, a, b)
 
 
-def test_a_lost_retransmission_is_repaired_by_the_repeated_status(net: SimNetwork) -> None:
+def test_a_lost_retransmission_is_repaired_after_the_probe_timeout(net: SimNetwork) -> None:
+    """The receiver's repeated reports say nothing of a retransmission sent
+    after what they saw last (it may be on its way): they neither resend it
+    nor put the probe timeout off, and the probe's answer calls it lost."""
     a, b = net.add(**SMALL), net.add(**SMALL)
     msgs = messages(5)
     # The datagram and its first retransmission; nothing new arrives after
     # them to prompt another STATUS.
     net.drop(carries(msgs[3]), count=2)
     push_all(a, b, msgs, gap=1e-3)
+    pushed = net.now
     assert net.run(until=got_all(b, msgs))
     assert b.received == msgs
-    assert a.stats().retransmits == 2 and a.stats().probes == 0
+    assert a.stats().retransmits == 2 and a.stats().probes == 1
+    assert net.now - pushed <= 2 * a._rel.pto()
 
 
 def test_a_restart_that_took_a_late_syn_datagram_is_detected(net: SimNetwork) -> None:

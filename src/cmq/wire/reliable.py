@@ -24,7 +24,9 @@ passes it:
   one sent more recently may still be on its way, and is retransmitted
   when it is ``9/8 srtt`` old unless acknowledged by then (RFC 9002's time
   threshold, §6.1.2: a *loss timer*, rather than waiting for the
-  receiver's next report, ``renak_interval`` later);
+  receiver's next report, ``renak_interval`` later). Only a datagram sent
+  before the one the report saw last counts as missing: one sent after it
+  (a retransmission still on its way) is not retransmitted again;
 - RTT is estimated as RFC 9002 §5.3 does (the receiver's ack delay
   subtracted, samples only from datagrams sent once: Karn's rule);
 - a probe timeout (RFC 9002's PTO, ``srtt + max(4 rttvar, 1 ms) +
@@ -261,6 +263,7 @@ class SendStream:
         "nbytes",
         "ordered",
         "pto_at",
+        "probed_at",
         "pto_count",
         "sampled",
         "sent_upto",
@@ -289,6 +292,7 @@ class SendStream:
         self.unanswered = 0  # probe timeouts since the last STATUS
         self.dead_at: float | None = None  # silent until then: the peer is dead (see max_probes)
         self.pto_at: float | None = None
+        self.probed_at = float("-inf")  # when the last PROBE went
         # (seq, sent at) reported missing while too fresh to call lost, and
         # when the oldest of them will be (the loss timer; None: not armed).
         self.suspects: list[tuple[int, float]] = []
@@ -384,6 +388,7 @@ class ReliableSender:
         st.pto_count = st.unanswered = 0
         st.dead_at = None
         st.pto_at = st.behind_since = st.loss_at = None
+        st.probed_at = float("-inf")
         st.suspects = []
         st.sampled = MASK
         st.stream.seq = 0
@@ -565,15 +570,25 @@ class ReliableSender:
         if rec.missing:
             # A datagram sent less than 9/8 of an RTT ago may still be on its
             # way: the loss timer retransmits it once it is that old.
+            # The report's evidence is the datagram largest_seen, sent (last)
+            # at `seen`, or our last PROBE: one missing but sent after both
+            # is news to the report (a repair on its way), not a loss (RFC
+            # 9002 §6.1: only a later packet's acknowledgement declares one
+            # lost). A PROBE's answer that reports the tail the probe
+            # announced (a largest it never saw): the age alone.
             delay = self.srtt * 1.125
             fresh = now - delay
+            top = buf.get(rec.largest_seen)
+            seen = now
+            if top is not None and top[1] is not None and not _in_ranges(rec.largest_seen, rec.missing):
+                seen = max(top[1], st.probed_at)
             suspects: list[tuple[int, float]] = []
             oldest = now
             for start, length in rec.missing:
                 seq = start
                 for _ in range(length):
                     e = buf.get(seq)
-                    if e is not None and e[1] is not None and seq_diff(seq, st.sent_upto) < 0:
+                    if e is not None and e[1] is not None and e[1] <= seen and seq_diff(seq, st.sent_upto) < 0:
                         if e[1] <= fresh:
                             e[1] = now
                             e[2] += 1
@@ -588,8 +603,15 @@ class ReliableSender:
             if suspects:
                 self._arm_loss(st, oldest + delay)
         out.extend(self._release(st, now))
-        st.pto_at = None
-        if st.buf:
+        if acked > 0 or out:
+            # Progress, or datagrams sent: the probe timeout starts over. A
+            # report that only repeats what is missing (a gap whose repair
+            # was lost too) does not put it off: the probe's answer is then
+            # what calls the repair lost.
+            st.pto_at = None
+            if st.buf:
+                self._arm(st, now)
+        elif st.pto_at is None and st.buf:
             self._arm(st, now)
         return st, out
 
@@ -659,6 +681,7 @@ class ReliableSender:
                 self._restart(st, "peer_dead", now)
                 continue
             self.probes += 1
+            st.probed_at = now
             rflags = (R_SYN if st.syn else 0) | (R_ORDERED if st.ordered else 0)
             probe = Probe(mailbox=st.mailbox, epoch=st.epoch, next_seq=st.sent_upto, rflags=rflags)
             out.append((encode_control([probe], self.sender_id, self._key), st.addr))
