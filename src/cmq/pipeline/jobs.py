@@ -187,12 +187,17 @@ def _ratio(numerator: Column, denominator: Column) -> Column:
     return F.when(denominator > 0, numerator / denominator)
 
 
-def latency_stats(records: DataFrame, keys: Sequence[str] = GROUP_KEYS) -> DataFrame:
+def latency_stats(
+    records: DataFrame, keys: Sequence[str] = GROUP_KEYS, *, rate: bool = False
+) -> DataFrame:
     """Counts, loss, duplicates, out-of-order and latency per ``keys`` (:data:`GROUP_KEYS`).
 
     ``records`` may be :func:`flag_deliveries`'s output already (it has a
     ``duplicate`` column): it is then not flagged again, so a caller that
     needs several of these aggregates can flag once and cache the result.
+    With ``rate``, also ``msgs_per_s``: first deliveries over the span from
+    the first one's send to the last one's receipt (meant per run; null for
+    a group whose span is not positive).
     """
     from pyspark.sql import functions as F
 
@@ -212,6 +217,14 @@ def latency_stats(records: DataFrame, keys: Sequence[str] = GROUP_KEYS) -> DataF
         F.min(latency).alias("min_ns"),
         F.max(latency).alias("max_ns"),
         F.percentile_approx(latency, [0.5, 0.99], PERCENTILE_ACCURACY).alias("_pct"),
+        *(
+            (
+                F.min(F.when(first, F.col("send_ns"))).alias("_t0"),
+                F.max(F.when(first, F.col("recv_ns"))).alias("_t1"),
+            )
+            if rate
+            else ()
+        ),
     )
     messages = F.col("delivered") + F.col("lost")
     return agg.select(
@@ -234,14 +247,24 @@ def latency_stats(records: DataFrame, keys: Sequence[str] = GROUP_KEYS) -> DataF
         F.col("_pct")[1].alias("p99_ns"),
         "min_ns",
         "max_ns",
+        *(
+            (
+                F.when(
+                    F.col("_t1") > F.col("_t0"),
+                    F.col("delivered") * _NS_PER_S / (F.col("_t1") - F.col("_t0")),
+                ).alias("msgs_per_s"),
+            )
+            if rate
+            else ()
+        ),
     )
 
 
 def run_stats(records: DataFrame) -> DataFrame:
-    """:func:`latency_stats` per run (:data:`GROUP_KEYS` and ``run_id``): the
-    per-run values whose spread the report's intervals are drawn from
-    (:mod:`cmq.pipeline.stats`)."""
-    return latency_stats(records, (*GROUP_KEYS, "run_id"))
+    """:func:`latency_stats` per run (:data:`GROUP_KEYS` and ``run_id``), with
+    each run's ``msgs_per_s``: the per-run values whose spread the report's
+    intervals are drawn from (:mod:`cmq.pipeline.stats`)."""
+    return latency_stats(records, (*GROUP_KEYS, "run_id"), rate=True)
 
 
 def run_spans(records: DataFrame) -> DataFrame:

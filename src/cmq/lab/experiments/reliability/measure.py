@@ -142,14 +142,18 @@ class Scale:
     """Loss probabilities; 0 (the baseline) must be one of them."""
     size: int = 512
     """Message size of both parts (512 B)."""
-    tp_count: int = 20_000
+    tp_count: int = 30_000
     """Messages per throughput run."""
-    tp_repeats: int = 3
+    tp_repeats: int = 5
     """Throughput runs per (mode, loss) of the cells the throughput claims
     compare (reliable and unordered at the baseline and at the claims'
     losses); one run of every other cell."""
-    rt_count: int = 1000
-    """cmq round trips per mode at 0 and at the latency claims' loss."""
+    rt_count: int = 300
+    """cmq round trips per run of a mode at 0 and at the latency claims' loss."""
+    rt_repeats: int = 5
+    """Runs of reliable and unordered at 0 and at the latency claims' loss,
+    interleaved (the p50 rule's interval is over runs; the p99 rule pools
+    them); best-effort runs once there."""
     rt_count_other: int = 300
     """cmq round trips per mode at the other losses (for the figure)."""
     peer_count: int = 500
@@ -177,7 +181,7 @@ class Scale:
             raise ConfigError("Scale.losses must hold 0: the lossless baseline of the same run")
         if self.size < 16:
             raise ConfigError("Scale.size must be at least 16 bytes (sequence number and stamp)")
-        for name in ("tp_count", "tp_repeats", "rt_count", "rt_count_other", "peer_count",
+        for name in ("tp_count", "tp_repeats", "rt_count", "rt_repeats", "rt_count_other", "peer_count",
                      "slow_repeats", "slow_calib", "restart_repeats", "restart_kill_after"):  # fmt: skip
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -198,7 +202,8 @@ SCALES: Final[dict[str, Scale]] = {
         name="full",
         tp_count=200_000,
         tp_repeats=5,
-        rt_count=10_000,
+        rt_count=2000,
+        rt_repeats=10,
         rt_count_other=10_000,
         peer_count=2000,
         peer_losses=LOSSES,
@@ -206,10 +211,10 @@ SCALES: Final[dict[str, Scale]] = {
         slow_seconds=30.0,
         restart_repeats=10,
     ),
-    # About a minute here: 3 x 20,000 messages behind each throughput ratio,
-    # 1000 cmq round trips at 0 and 1.4 % (the p99 rule's minimum), 300 at
-    # the other losses, 500 of each peer at 0 and 1.4 % (each TCP repair
-    # waits out a 200 ms retransmission timeout).
+    # About two minutes here: 5 x 30,000 messages behind each throughput
+    # ratio, 5 runs of 300 cmq round trips at 0 and 1.4 % (1,500 pooled: the
+    # p99 rule's minimum is 1000), 300 at the other losses, 500 of each peer
+    # at 0 and 1.4 % (each TCP repair waits out a 200 ms retransmission timeout).
     "quick": Scale(name="quick"),
     # Seconds, for tests: every claim comes out inconclusive.
     "tiny": Scale(
@@ -218,6 +223,7 @@ SCALES: Final[dict[str, Scale]] = {
         tp_count=2000,
         tp_repeats=1,
         rt_count=100,
+        rt_repeats=1,
         rt_count_other=100,
         peer_count=50,
         peer_losses=(0.0,),
@@ -284,7 +290,10 @@ def steps(ctx: Context, scale: Scale | None = None) -> int:
     tp = sum(scale.repeats(p, m) for p in scale.losses for m in run_modes)
     # A peer that cannot run (a broker) still takes its steps, as skipped.
     peer_losses = len(set(scale.peer_losses) & set(scale.losses))
-    return tp + len(run_modes) * len(scale.losses) + len(_peers(ctx)) * peer_losses + local
+    claimed = len({0.0, LATENCY_LOSS} & set(scale.losses))
+    again = (scale.rt_repeats - 1) * len([m for m in run_modes if m in RELIABLE_MODES]) * claimed
+    rt = len(run_modes) * len(scale.losses) + again
+    return tp + rt + len(_peers(ctx)) * peer_losses + local
 
 
 # -- the two programs of a throughput run ------------------------------------------
@@ -519,9 +528,9 @@ def _throughput_runs(ctx: Context, scale: Scale, books: _Books, api: bool) -> No
 
 def _round_trip_plan(
     ctx: Context, scale: Scale, api: bool, books: _Books
-) -> Iterator[tuple[float, str, str]]:
-    """(loss, system, mode) of every round-trip run, in order; skips peers
-    that cannot run (written to the book of the latency loss)."""
+) -> Iterator[tuple[float, str, str, int]]:
+    """(loss, system, mode, repeat) of every round-trip run, in order; skips
+    peers that cannot run (written to the book of the latency loss)."""
     peers = []
     for system in _peers(ctx):
         why = BROKER_REASON if system in BROKERS else lab_systems.load(system).available()
@@ -531,20 +540,32 @@ def _round_trip_plan(
             books(LATENCY_LOSS).skip(system, why)
             for _ in set(scale.peer_losses) & set(scale.losses):
                 ctx.step(f"{system} skipped")
-    # The latency claims compare 0 and 1.4 %: those two run back to back.
-    order = sorted(scale.losses, key=lambda p: (p != 0.0, p != LATENCY_LOSS, p))
-    for turn, loss in enumerate(order):
+    # The latency claims compare 0 and 1.4 %: their runs alternate, repeat
+    # by repeat, so that a busy spell of the machine falls on both sides.
+    claimed = [p for p in (0.0, LATENCY_LOSS) if p in scale.losses]
+    turn = 0
+    for repeat in range(scale.rt_repeats):
+        for loss in claimed:
+            labels = [("cmq", m) for m in modes(api) if repeat == 0 or m in RELIABLE_MODES]
+            if repeat == 0 and loss in scale.peer_losses:
+                labels += [(s, "") for s in peers]
+            k = turn % len(labels)
+            turn += 1
+            for system, mode in labels[k:] + labels[:k]:
+                yield loss, system, mode, repeat
+    for loss in sorted(p for p in scale.losses if p not in claimed):
         labels = [("cmq", m) for m in modes(api)]
         if loss in scale.peer_losses:
             labels += [(s, "") for s in peers]
         k = turn % len(labels)
+        turn += 1
         for system, mode in labels[k:] + labels[:k]:
-            yield loss, system, mode
+            yield loss, system, mode, 0
 
 
 def _round_trips(ctx: Context, scale: Scale, books: _Books, api: bool) -> None:
-    for loss, system, mode in _round_trip_plan(ctx, scale, api, books):
-        book = books(loss)
+    for loss, system, mode, repeat in _round_trip_plan(ctx, scale, api, books):
+        book = books(loss, repeat)
         if system == "cmq":
             claimed = loss in (0.0, LATENCY_LOSS)
             count = scale.rt_count if claimed else scale.rt_count_other
