@@ -305,7 +305,12 @@ class EdgeHttpProtocol(HttpToolsProtocol):
                 length = value
             elif name == b"transfer-encoding":
                 return False
-        if length is None or not length.isdigit() or int(length) > DIRECT_BODY_BYTES:
+        if (
+            length is None
+            or not length.isdigit()
+            or len(length) > 9  # int() of thousands of digits raises
+            or int(length) > DIRECT_BODY_BYTES
+        ):
             return False
         scope = self.scope
         scope["method"] = parser.get_method().decode("ascii")
