@@ -697,6 +697,25 @@ class QueueService:
             "MD5OfBody": md5_of_body(body),
             "Body": body,
         }
+        if system:
+            self._render_system(msg, queue, r, data, system)
+        attrs: dict[str, Any] = data.get("a") or {}
+        if attrs and wanted:
+            chosen = {k: v for k, v in attrs.items() if attr_wanted(k, wanted)}
+            if chosen:
+                msg["MessageAttributes"] = chosen
+                msg["MD5OfMessageAttributes"] = md5_of_message_attributes(chosen)
+        return msg
+
+    def _render_system(
+        self,
+        msg: dict[str, Any],
+        queue: _Queue,
+        r: Received,
+        data: Mapping[str, Any],
+        system: set[str],
+    ) -> None:
+        """The system attributes asked for, into ``msg`` (none asked: none built)."""
         everything = "All" in system
         sysattrs = {
             "SenderId": self.account_id,
@@ -715,13 +734,6 @@ class QueueService:
         picked = {k: v for k, v in sysattrs.items() if everything or k in system}
         if picked:
             msg["Attributes"] = picked
-        attrs: dict[str, Any] = data.get("a") or {}
-        if attrs and wanted:
-            chosen = {k: v for k, v in attrs.items() if attr_wanted(k, wanted)}
-            if chosen:
-                msg["MessageAttributes"] = chosen
-                msg["MD5OfMessageAttributes"] = md5_of_message_attributes(chosen)
-        return msg
 
     async def delete_message(self, p: Mapping[str, Any], host: str) -> dict[str, Any]:
         """DeleteMessage. Raises ReceiptHandleIsInvalid, QueueDoesNotExist.
