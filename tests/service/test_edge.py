@@ -440,3 +440,91 @@ def test_replies_are_whole_with_expect_continue_keep_alive_and_close(edge_node: 
     for reply in (first, second):
         assert reply.startswith(b"HTTP/1.1 200 ")
         assert reply.endswith(b'/one-write"}')
+
+
+def _replies(s: socket.socket, count: int) -> list[bytes]:
+    """Read ``count`` whole HTTP replies (each with a Content-Length)."""
+    data, out = b"", []
+    while len(out) < count:
+        head, sep, rest = data.partition(b"\r\n\r\n")
+        if sep:
+            length = next(
+                int(line.split(b":", 1)[1])
+                for line in head.lower().split(b"\r\n")
+                if line.startswith(b"content-length:")
+            )
+            if len(rest) >= length:
+                out.append(head + sep + rest[:length])
+                data = rest[length:]
+                continue
+        chunk = s.recv(65536)
+        assert chunk, f"connection closed after {len(out)} replies"
+        data += chunk
+    return out
+
+
+def _request(action: str, body: bytes, *extra: str) -> bytes:
+    head = (
+        f"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Amz-Target: AmazonSQS.{action}\r\n"
+        "Content-Type: application/x-amz-json-1.0\r\n" + "".join(f"{h}\r\n" for h in extra)
+    )
+    if not any(h.lower().startswith("transfer-encoding") for h in extra):
+        head += f"Content-Length: {len(body)}\r\n"
+        return (head + "\r\n").encode() + body
+    return (head + "\r\n").encode() + f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
+
+
+def _without_date(reply: bytes) -> bytes:
+    return b"\r\n".join(x for x in reply.split(b"\r\n") if not x.lower().startswith(b"date:"))
+
+
+def test_direct_and_asgi_answers_are_the_same_bytes(edge_node: Node) -> None:
+    # A Content-Length body is answered directly; a chunked one goes through
+    # ASGI (as large bodies and Expect: 100-continue do): the same bytes.
+    name = unique("same-bytes")
+    body = json_body = f'{{"QueueName": "{name}"}}'.encode()
+    with socket.create_connection(("127.0.0.1", edge_node.port), timeout=30) as s:
+        for action, payload in (
+            ("CreateQueue", body),
+            ("GetQueueUrl", json_body),
+            ("GetQueueUrl", b'{"QueueName": "no-such-queue-anywhere"}'),
+            ("NoSuchAction", b"{}"),
+            ("GetQueueUrl", b"{not json"),
+        ):
+            s.sendall(_request(action, payload))
+            [direct] = _replies(s, 1)
+            s.sendall(_request(action, payload, "Transfer-Encoding: chunked"))
+            [asgi] = _replies(s, 1)
+            assert _without_date(direct) == _without_date(asgi), action
+
+
+def test_pipelined_requests_are_answered_in_order(edge_node: Node) -> None:
+    name = unique("pipelined")
+    create = _request("CreateQueue", f'{{"QueueName": "{name}"}}'.encode())
+    url = f"http://127.0.0.1/000000000000/{name}"
+    send = _request("SendMessage", f'{{"QueueUrl": "{url}", "MessageBody": "x"}}'.encode())
+    chunked = _request("GetQueueUrl", f'{{"QueueName": "{name}"}}'.encode(),
+                       "Transfer-Encoding: chunked")  # fmt: skip
+    listing = _request("ListQueues", f'{{"QueueNamePrefix": "{name}"}}'.encode(),
+                       "Transfer-Encoding: chunked")  # fmt: skip
+    with socket.create_connection(("127.0.0.1", edge_node.port), timeout=30) as s:
+        # Direct, direct, ASGI, direct, ASGI, direct: all in one segment.
+        s.sendall(create + send + chunked + send + listing + send)
+        replies = _replies(s, 6)
+    assert all(r.startswith(b"HTTP/1.1 200 ") for r in replies), replies
+    assert replies[0].endswith(f'/{name}"}}'.encode())
+    assert b"MD5OfMessageBody" in replies[1] and b"MD5OfMessageBody" in replies[3]
+    assert replies[2].endswith(f'/{name}"}}'.encode())
+    assert replies[4].endswith(f'/{name}"]}}'.encode())
+    assert b"MD5OfMessageBody" in replies[5]
+
+
+def test_a_direct_answer_to_connection_close_closes(edge_node: Node) -> None:
+    request = _request("ListQueues", b"{}", "Connection: close")
+    with socket.create_connection(("127.0.0.1", edge_node.port), timeout=30) as s:
+        s.sendall(request)
+        reply = b""
+        while chunk := s.recv(65536):
+            reply += chunk
+    assert reply.startswith(b"HTTP/1.1 200 ")
+    assert b"\r\nconnection: close\r\n" in reply

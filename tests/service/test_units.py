@@ -507,7 +507,7 @@ def test_cpu_used_counts_every_thread_of_a_process_and_ended_ones_by_ticks() -> 
 
     def work() -> None:
         start = time.thread_time()
-        sum(i * i for i in range(1_000_000))
+        sum(i * i for i in range(3_000_000))
         spent.append(time.thread_time() - start)
         finish.wait(30)
 
