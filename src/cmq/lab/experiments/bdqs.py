@@ -856,8 +856,9 @@ def _judge_atomic_depth(data: ReportData) -> Verdict:
             ref, what = (None if deep is None else deep.ooo), f"one receiver's at K={depth_k(t, k)}"
             theirs = free.ooo_by_request
             if mine is not None and theirs is not None:
-                gaps.append(f"{system} T_recv={t} K={k}: atomic {_pct(mine.mean)}, lock-free "
-                            f"{_pct(theirs.mean)} with {_pct(free.dup.mean)} duplicated")  # fmt: skip
+                gaps.append(f"{system} T_recv={t} K={k}: atomic {_pct(mine.mean)} (reference "
+                            f"{'-' if ref is None else ref}), lock-free {_pct(theirs.mean)} with "
+                            f"{_pct(free.dup.mean)} duplicated")  # fmt: skip
         if mine is None or ref is None or ref.runs < 2:
             missing.append(f"{system} T_recv={t} K={k}")
             statuses.append("inconclusive")
