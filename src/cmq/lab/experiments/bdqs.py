@@ -1151,9 +1151,10 @@ def _throughput_section(data: ReportData, experiment: str) -> Section:
             "Load from an asyncio HTTP client of one keep-alive connection per in-flight cycle "
             "(boto3 costs about 1 ms of client CPU per call), the same number of cycles in "
             "flight per node, so the load grows with the nodes. Cycles and CPU are counted from "
-            "when every connection has run one uncounted cycle (start-up is not measured). The "
-            "rounds interleave every configuration, and the scaling claim compares 4 nodes with "
-            "1 node within each round.",
+            "when every connection has run one uncounted cycle (start-up is not measured). Each "
+            "round runs every configuration once, in a shuffled order, and both claims compare "
+            "within each round (4 nodes with 1 node; one node with moto), taking the median of "
+            "the per-round ratios with a 95% bootstrap interval over rounds.",
             _load_note(data),
         ],
     )
