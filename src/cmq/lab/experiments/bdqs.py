@@ -53,9 +53,9 @@ the run's duration, so the pipeline's msgs/s is cycles/s; plus samples at
 ``x = nodes``: ``cycles_per_cpu_s`` (cycles over the CPU seconds of nodes
 and store), ``server_cpu_ms_per_cycle`` (the nodes' CPU per cycle),
 ``store_cpu_ms_per_cycle`` (the redis-server processes'; 0 for SQLite,
-which runs inside the nodes), ``cycles_per_s`` (the run's own), ``errors`` and ``load_average`` (the
-machine's 1-minute load average after the run), each stamped with its
-round's start (``t_ns``).
+which runs inside the nodes), ``cycles_per_s`` (the run's own),
+``errors`` and ``load_average`` (the machine's 1-minute load average after
+the run), each stamped with its round's start (``t_ns``).
 
 The report's section, claims and figures are registered at the bottom.
 """
