@@ -64,8 +64,15 @@ def test_every_profile_has_a_scale_and_quick_is_the_issue_scale() -> None:
         assert set(order.modes) == {"atomic", "lock-free"}
         assert order.repeats >= 3 and order.nodes >= 3  # intervals; receivers on several nodes
         assert set(order.stores) == {"sqlite", "redis-cluster"}
+        # Every reference of the atomic mode's corrected rule is run: one
+        # receiver at K + T_recv - 1.
+        one_receiver = {str(k) for k in (*order.ks, *order.depth_ks) if k < 1_000_000}
+        for t, k in itertools.product(order.t_recvs, order.ks):
+            if t > 1 and 1 < k < 1_000_000:
+                assert bdqs.depth_k(t, str(k)) in one_receiver
         tp = bdqs.THROUGHPUT_PROFILES[name]
         assert tp.nodes == (1, 2, 4) and set(tp.stores) == {"sqlite", "redis-cluster"}
+        assert tp.rounds >= 10  # enough rounds for the bootstrap intervals
 
 
 @pytest.mark.parametrize(
