@@ -64,8 +64,15 @@ def test_every_profile_has_a_scale_and_quick_is_the_issue_scale() -> None:
         assert set(order.modes) == {"atomic", "lock-free"}
         assert order.repeats >= 3 and order.nodes >= 3  # intervals; receivers on several nodes
         assert set(order.stores) == {"sqlite", "redis-cluster"}
+        # Every reference of the atomic mode's corrected rule is run: one
+        # receiver at K + T_recv - 1.
+        one_receiver = {str(k) for k in (*order.ks, *order.depth_ks) if k < 1_000_000}
+        for t, k in itertools.product(order.t_recvs, order.ks):
+            if t > 1 and 1 < k < 1_000_000:
+                assert bdqs.depth_k(t, str(k)) in one_receiver
         tp = bdqs.THROUGHPUT_PROFILES[name]
         assert tp.nodes == (1, 2, 4) and set(tp.stores) == {"sqlite", "redis-cluster"}
+        assert tp.rounds >= 10  # enough rounds for the bootstrap intervals
 
 
 @pytest.mark.parametrize(
@@ -164,8 +171,8 @@ def test_tiny_throughput_run_writes_totals_beside_moto(
         assert r["sent"] == r["delivered"] > 0 and r["duration_ns"] > 0
     samples = read_table(out, "samples").to_pylist()
     assert {r["metric"] for r in samples} == {
-        "server_cpu_ms_per_cycle", "store_cpu_ms_per_cycle", "cycles_per_cpu_s", "errors",
-        "load_average",
+        "server_cpu_ms_per_cycle", "store_cpu_ms_per_cycle", "cycles_per_cpu_s", "cycles_per_s",
+        "errors", "load_average",
     }  # fmt: skip
     # Every sample of a round carries the round's stamp (how rounds pair up).
     assert len({r["t_ns"] for r in samples}) == 1 and samples[0]["t_ns"] is not None
@@ -281,6 +288,9 @@ def _as_paper_says() -> list[dict[str, Any]]:
                                        rep=rep))  # fmt: skip
                 rows.append(_order_row("cmq-sqlite", t, k, M, ooo, 0, mode="atomic", rep=rep))
         rows.append(_order_row("moto", t, "n/a", 100, 3, mode="n/a"))
+    for rep in range(3):  # one atomic receiver deeper: the references at K + T_recv - 1
+        for k, ooo in (("4", 150), ("5", 160)):
+            rows.append(_order_row("cmq-sqlite", 1, k, M, ooo + rep, 0, mode="atomic", rep=rep))
     return rows
 
 
@@ -316,7 +326,7 @@ def test_interval_is_the_student_t_95_percent_interval() -> None:
 def test_order_claims_on_data_that_behaves_as_the_paper_says() -> None:
     # K=1 in order, no-order a random order, disorder rising and duplicates
     # falling with K in lock-free mode, none at T=1; atomic: no duplicates.
-    assert _verdicts("bdqs-order", _as_paper_says()) == ["pass"] * 6
+    assert _verdicts("bdqs-order", _as_paper_says()) == ["pass"] * 7
 
 
 def test_order_claims_fail_where_the_data_says_otherwise() -> None:
@@ -327,7 +337,7 @@ def test_order_claims_fail_where_the_data_says_otherwise() -> None:
     rows = _replace(rows, 3, "3", "lock-free", [(0, 60), (1, 61), (2, 62)])  # K=3 better,
     rows = _replace(rows, 1, "2", "lock-free", [(90, 10)] * 3)  # T=1 duplicates,
     rows = _replace(rows, 2, "2", "atomic", [(300, 1), (90, 0), (90, 0)])  # an atomic duplicate
-    assert _verdicts("bdqs-order", rows) == ["fail"] * 6
+    assert _verdicts("bdqs-order", rows) == ["fail"] * 7
 
 
 def test_overlapping_intervals_are_inconclusive() -> None:
@@ -340,8 +350,23 @@ def test_overlapping_intervals_are_inconclusive() -> None:
 
 
 def test_atomic_order_worse_than_lock_free_fails() -> None:
+    rows = _replace(_as_paper_says(), 1, "2", "atomic", [(150, 0)] * 3)
+    assert _verdicts("bdqs-order", rows)[5:] == ["fail", "fail"]  # one receiver: both rules
+
+
+def test_atomic_order_with_several_receivers_is_judged_at_its_depth() -> None:
+    # T=3, K=2: atomic reaches 4 deep. Worse than lock-free at K=2 (the first
+    # rule fails) but within one receiver's interval at K=4: the corrected
+    # rule passes.
     rows = _replace(_as_paper_says(), 3, "2", "atomic", [(150, 0)] * 3)
-    assert _verdicts("bdqs-order", rows)[5] == "fail"
+    assert _verdicts("bdqs-order", rows)[5:] == ["fail", "pass"]
+    assert bdqs.depth_k(3, "2") == "4" and bdqs.depth_k(2, "no-order") == "no-order"
+    # Deeper than that depth: fails.
+    worse = _replace(rows, 3, "2", "atomic", [(170, 0)] * 3)
+    assert _verdicts("bdqs-order", worse)[6] == "fail"
+    # Without the one-receiver runs at K=4: inconclusive.
+    gone = [r for r in rows if not (r["p"]["t_recv"] == 1 and r["p"]["k"] == 4)]
+    assert _verdicts("bdqs-order", gone)[6] == "inconclusive"
 
 
 def test_atomic_order_is_judged_by_request_not_by_arrival() -> None:
@@ -351,11 +376,11 @@ def test_atomic_order_is_judged_by_request_not_by_arrival() -> None:
     for r in rows:
         if r["p"]["mode"] == "atomic" and r["p"]["t_recv"] == 3 and r["p"]["k"] == 1:
             r["ooo_by_request_rate"] = 0.0
-    assert _verdicts("bdqs-order", rows)[5] == "pass"
+    assert _verdicts("bdqs-order", rows)[5:] == ["pass", "pass"]
     # Records without request times cannot be judged so: inconclusive.
     for r in rows:
         r["ooo_by_request_rate"] = None
-    assert _verdicts("bdqs-order", rows)[5] == "inconclusive"
+    assert _verdicts("bdqs-order", rows)[5:] == ["inconclusive", "inconclusive"]
 
 
 def test_claims_without_data_are_inconclusive() -> None:
@@ -365,12 +390,33 @@ def test_claims_without_data_are_inconclusive() -> None:
     ]  # fmt: skip
 
 
-def test_throughput_claim_is_ten_times_moto_at_the_best_node_count() -> None:
-    rows = [_tp_row("moto", 1, 60.0), _tp_row("cmq-sqlite", 1, 700.0),
-            _tp_row("cmq-sqlite", 2, 590.0)]  # fmt: skip
-    assert _verdicts("bdqs-throughput", rows)[0] == "pass"
-    rows.append(_tp_row("cmq-redis-cluster", 1, 500.0))  # every store must reach 10x
-    assert _verdicts("bdqs-throughput", rows)[0] == "fail"
+def _rate_series(system: str, nodes: int, per_round: list[float]) -> list[dict[str, Any]]:
+    """Timed cycles_per_s samples of one configuration, one per round."""
+    return [{"experiment": "bdqs-throughput", "scenario": "cycles", "system": system,
+             "params": "", "p": {"nodes": nodes}, "run_id": system, "metric": "cycles_per_s",
+             "t_s": 2.5 * i, "value": value} for i, value in enumerate(per_round)]  # fmt: skip
+
+
+def _x_moto(*series: list[dict[str, Any]]) -> str:
+    exp = lab_page("bdqs-throughput")
+    assert exp is not None
+    return exp.claims[0].judge(ReportData(series=[s for ss in series for s in ss])).status
+
+
+def test_throughput_claim_is_ten_times_moto_at_one_node_paired_by_round() -> None:
+    moto = _rate_series("moto", 1, [60.0, 30.0, 65.0, 50.0])
+    # Rounds differ (moto 30-65/s), the ratios do not: 11-12x each round.
+    sqlite = _rate_series("cmq-sqlite", 1, [700.0, 350.0, 720.0, 600.0])
+    assert _x_moto(moto, sqlite) == "pass"
+    # Every store must reach it; more nodes do not count.
+    redis = _rate_series("cmq-redis-cluster", 1, [400.0, 200.0, 420.0, 300.0])
+    more = _rate_series("cmq-redis-cluster", 4, [900.0, 600.0, 900.0, 900.0])
+    assert _x_moto(moto, sqlite, redis, more) == "fail"
+    # 8x to 13x: the interval straddles 10x.
+    swings = _rate_series("cmq-redis-cluster", 1, [480.0, 390.0, 650.0, 600.0])
+    assert _x_moto(moto, sqlite, swings) == "inconclusive"
+    assert _x_moto(moto[:2], sqlite[:2]) == "inconclusive"  # fewer than 3 rounds
+    assert _x_moto(sqlite) == "inconclusive"  # no moto
 
 
 def _cpu_series(system: str, per_round: list[tuple[float, float]]) -> list[dict[str, Any]]:
@@ -403,6 +449,15 @@ def test_scaling_claim_is_per_round_ratios_of_4_nodes_to_1_on_both_stores() -> N
     swing = [(3000.0, 1500.0), (400.0, 480.0)]
     ratios = bdqs.per_round_ratios(ReportData(series=_cpu_series("s", swing)), "s", 4)
     assert ratios == [pytest.approx(0.5), pytest.approx(1.2)]
+
+
+def test_each_round_runs_every_configuration_in_a_shuffled_order() -> None:
+    c = bdqs.THROUGHPUT_PROFILES["quick"]
+    orders = [bdqs.round_order(c, r) for r in range(c.rounds)]
+    for order in orders:
+        assert sorted(order) == sorted(orders[0]) and len(order) == len(set(order))
+    assert len({tuple(o) for o in orders}) > 1  # not the same order every round
+    assert orders == [bdqs.round_order(c, r) for r in range(c.rounds)]  # seeded
 
 
 def test_sections_render_with_figures_and_tables() -> None:

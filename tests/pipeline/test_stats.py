@@ -77,3 +77,19 @@ def test_a_band_passes_inside_fails_outside_and_combines() -> None:
     assert combine(["pass", "inconclusive"]) == "inconclusive"
     assert combine(["inconclusive", "fail"]) == "fail"
     assert combine([]) == "inconclusive"
+
+
+def test_paired_interval_resamples_rounds_and_keeps_pairs_together() -> None:
+    from cmq.pipeline.stats import paired_interval
+
+    steady = paired_interval([0.90, 0.92, 0.91, 0.93, 0.89])
+    assert steady.point == 0.91 and 0.89 <= steady.lo <= steady.point <= steady.hi <= 0.93
+    assert steady.runs_a == steady.runs_b == 5 and steady.enough
+    assert decide(steady, 0.80, "at_least") == "pass"
+    assert decide(paired_interval([0.5, 1.1, 0.7, 0.95]), 0.80, "at_least") == "inconclusive"
+    assert not paired_interval([0.9, 0.9]).enough  # two rounds: no verdict
+    assert paired_interval([0.9, 0.95, 0.85]) == paired_interval([0.9, 0.95, 0.85])  # seeded
+    with pytest.raises(ValueError):
+        paired_interval([])
+    with pytest.raises(ValueError):
+        paired_interval([0.9, 0.0, 1.0])

@@ -10,7 +10,9 @@ trips of one run would give intervals far narrower than the truth. Each
 system's value in a cell is therefore the median over its runs of a per-run
 statistic (a median round trip, msgs/s), and the interval of the ratio of
 two systems' values is a percentile bootstrap that resamples runs, each
-system's independently (:func:`ratio_interval`).
+system's independently (:func:`ratio_interval`). When the two sides were
+measured in the same rounds, the ratio of each round is the unit instead,
+and the bootstrap resamples rounds (:func:`paired_interval`).
 
 :func:`decide` applies a claim's threshold to that interval: *pass* only when
 the whole interval is on the right side of the threshold, *fail* only when
@@ -27,7 +29,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
-__all__ = ["LEVEL", "MIN_RUNS", "RESAMPLES", "Interval", "combine", "decide", "decide_within", "ratio_interval"]
+__all__ = [
+    "LEVEL",
+    "MIN_RUNS",
+    "RESAMPLES",
+    "Interval",
+    "combine",
+    "decide",
+    "decide_within",
+    "paired_interval",
+    "ratio_interval",
+]
 
 #: Fewer runs than this on either side: no verdict (a bootstrap of two
 #: values says nothing about their spread).
@@ -94,6 +106,42 @@ def ratio_interval(
     lo = ratios[int(tail * (resamples - 1))]
     hi = ratios[int((1 - tail) * (resamples - 1))]
     return Interval(point=point, lo=lo, hi=hi, runs_a=na, runs_b=nb)
+
+
+def paired_interval(
+    ratios: Sequence[float],
+    *,
+    statistic: Callable[[Sequence[float]], float] = statistics.median,
+    resamples: int = RESAMPLES,
+    level: float = LEVEL,
+    seed: int = 0,
+) -> Interval:
+    """``statistic(ratios)`` with a percentile bootstrap interval that resamples
+    the ratios themselves.
+
+    For paired runs: each ratio is two systems (or two configurations)
+    measured in the same round, so what disturbed the round disturbed both
+    and divides out; resampling rounds keeps each pair together. Both
+    ``runs_a`` and ``runs_b`` of the answer are the number of pairs. Seeded.
+    Raises ValueError when ``ratios`` is empty or a ratio is not positive.
+    """
+    if not ratios:
+        raise ValueError("a paired interval needs at least one pair")
+    if min(ratios) <= 0:
+        raise ValueError("ratios must be positive")
+    rng = random.Random(seed)
+    n = len(ratios)
+    points = sorted(
+        statistic([ratios[rng.randrange(n)] for _ in range(n)]) for _ in range(resamples)
+    )
+    tail = (1 - level) / 2
+    return Interval(
+        point=statistic(ratios),
+        lo=points[int(tail * (resamples - 1))],
+        hi=points[int((1 - tail) * (resamples - 1))],
+        runs_a=n,
+        runs_b=n,
+    )
 
 
 def decide(interval: Interval, threshold: float, side: Side) -> Literal["pass", "fail", "inconclusive"]:
