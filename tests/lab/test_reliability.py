@@ -300,10 +300,10 @@ def test_steps_match_the_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     ctx = Context(out=Path("/nonexistent"), profile=PROFILES["quick"],
                   systems=("cmq", "tcp", "zmq", "nats"))  # fmt: skip
     # Throughput: 2 reliable modes x (5 + 5 + 1 + 5 + 1) runs and best-effort once per
-    # loss; round trips: 3 modes x 5 losses of cmq, 4 more runs of the 2 reliable
+    # loss; round trips: 3 modes x 5 losses of cmq, 7 more runs of the 2 reliable
     # modes at 0 and 1.4 %, 3 peers x 2 losses (nats as skipped). And on
     # loopback, 3 slow-receiver and 3 restart runs (reliable only).
-    assert measure.steps(ctx) == 34 + 5 + 15 + 16 + 6 + 6
+    assert measure.steps(ctx) == 34 + 5 + 15 + 28 + 6 + 6
     monkeypatch.setattr(measure, "delivery_modes", lambda: False)
     assert measure.steps(ctx) == 5 + 5 + 6
 
