@@ -206,6 +206,9 @@ def serve(config: ServiceConfig) -> None:
         workers=config.workers,
         **common,
     )
+    # Its signal handlers are in place once it exists: a SIGTERM right after
+    # the ready line stops it cleanly rather than kill this process.
+    supervisor = Multiprocess(uv, sockets=[sock])
     # Each worker opens the store itself; it opened here just above.
     print(ready, flush=True)
-    Multiprocess(uv, sockets=[sock]).run()
+    supervisor.run()
