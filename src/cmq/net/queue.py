@@ -227,14 +227,20 @@ class Queue(Endpoint):
                 return done()
             if self._rx_lock.acquire(False):
                 try:
+                    # While this thread holds the socket, the reliability
+                    # timers are its to fire (the I/O thread stays off): a
+                    # probe timeout must not wait for a datagram to come.
+                    wait = min(remaining, max(self._rel_at - _monotonic(), 0.0))
                     try:
-                        data, addr = self._recv_within(remaining)
+                        data, addr = self._recv_within(wait)
                     except OSError:
                         addr = None
+                    now = _monotonic()
                     if addr is not None:
-                        now = _monotonic()
                         self._receiver.datagram_received(data, addr, now)
                         self._after_read(now)
+                    elif now >= self._rel_at:
+                        self._fire_reliable(now)
                 finally:
                     self._rx_lock.release()
             else:
