@@ -104,7 +104,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="BYTES",
         help="message bytes the broker may hold before AMQP publishers are blocked (connection.blocked, "
-        "their sockets no longer read) until consumers bring it under 90%% of this "
+        "their sockets no longer read) and cmq publishes are refused (resource-error) until consumers "
+        "bring it under 90%% of this "
         "(default: 40%% of the machine's memory, as RabbitMQ)",
     )
     parser.add_argument(
