@@ -7,10 +7,11 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from cmq import RemoteError
+from cmq import ConfigError, RemoteError, Timeout
 from cmq.routing import Broker, BrokerClient, BrokerConfig, ErrorCode, _server
 from cmq.routing._protocol import DeclareExchange, DeclareQueue
 from tests.routing.test_core import Harness
@@ -140,3 +141,25 @@ def test_sigterm_flushes_confirms_and_exits_0_with_a_dead_consumer_behind() -> N
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_broker_with_a_key_serves_clients_with_it_and_drops_the_others(tmp_path: Path) -> None:
+    key = b"sixteen byte key"
+    with Broker(key=key).start() as b:
+        with BrokerClient(b.address, key=key, timeout=5.0) as c:
+            c.declare_queue("q")
+            assert c.publish("", "q", b"signed", confirm=True) == 1
+        for other in (None, b"another key....."):
+            with BrokerClient(b.address, key=other, timeout=0.5, retries=0) as c, pytest.raises(Timeout):
+                c.publish("", "q", b"unsigned", confirm=True)
+        assert wait_until(lambda: sum(b._endpoint_stats()["dropped"].values()) >= 2, 5.0)
+        (q,) = b.stats().per_queue
+        assert q.ready == 1, "nothing unsigned was taken"
+        # The command line: --key (hex) or --key-file, before or after the verb.
+        addr = f"{b.address[0]}:{b.address[1]}"
+        (tmp_path / "key").write_bytes(key + b"\n")
+        assert cmq("broker", "--broker", addr, "--key", key.hex(), "publish", "", "q", "cli") == 0
+        assert cmq("broker", "publish", "", "q", "cli2", "--broker", addr, "--key-file", str(tmp_path / "key")) == 0
+        assert wait_until(lambda: b.stats().per_queue[0].ready == 3, 5.0)
+    with pytest.raises(ConfigError):
+        BrokerClient("127.0.0.1:1", key=b"k", endpoint=b.endpoint)
