@@ -8,12 +8,14 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from cmq import ConfigError, RemoteError, Timeout
 from cmq.routing import Broker, BrokerClient, BrokerConfig, ErrorCode, _server
-from cmq.routing._protocol import DeclareExchange, DeclareQueue
+from cmq.routing._core import BrokerCore, Refused
+from cmq.routing._protocol import DeclareExchange, DeclareQueue, PublishBatch
 from tests.routing.test_core import Harness
 from tests.waiting import wait_until
 
@@ -104,6 +106,33 @@ def test_declare_queue_with_dead_letters_from_the_command(broker: Broker, capsys
                "--dead-letter-exchange", "dlx", "--message-ttl", "30") == 0  # fmt: skip
     (q,) = [q for q in broker.stats().per_queue if q.name == "q"]
     assert (q.overflow, q.dead_letter_exchange, q.message_ttl) == ("drop-head", "dlx", 30.0)
+
+
+def test_properties_over_the_bound_are_refused_with_bad_request() -> None:
+    """Headers are bounded as AMQP bounds them (one content header frame)."""
+    from cmq.routing._core import MAX_PROPERTIES
+
+    with Broker().start() as b, BrokerClient(b.address, timeout=5.0) as c:
+        c.declare_queue("q")
+        assert c.publish("", "q", b"ok", confirm=True, headers={"h": "x" * 1000}) == 1
+        with pytest.raises(RemoteError) as info:
+            c.publish("", "q", b"big", confirm=True, headers={"h": "x" * MAX_PROPERTIES})
+        assert info.value.code == ErrorCode.BAD_REQUEST
+        (q,) = c.stats()["per_queue"]
+        assert q["ready"] == 1
+    core = BrokerCore()
+    core.call(DeclareQueue(rid=0, name="q", max_length=10, overflow="drop-head"), ("127.0.0.1", 1), 0.0)
+    with pytest.raises(Refused) as refused:
+        core.call(PublishBatch(rid=0, exchange="", routing_key="q", bodies=(b"a", b"b"),
+                               properties={"h": b"x" * MAX_PROPERTIES}), ("127.0.0.1", 1), 0.0)  # fmt: skip
+    assert refused.value.code == ErrorCode.BAD_REQUEST
+    deep: Any = 1
+    for _ in range(2000):
+        deep = [deep]
+    with pytest.raises(Refused):
+        core.call(PublishBatch(rid=0, exchange="", routing_key="q", bodies=(b"a",), properties={"h": deep}),
+                  ("127.0.0.1", 1), 0.0)  # fmt: skip
+    assert core.held_bytes() == 0
 
 
 def test_the_broker_lingers_briefly_on_close() -> None:

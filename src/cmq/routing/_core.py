@@ -106,7 +106,7 @@ from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any, Final
 
-from msgpack import ExtType
+from msgpack import ExtType, packb
 
 from cmq._errors import ConfigError, ProtocolError
 from cmq.routing._protocol import (
@@ -185,6 +185,10 @@ DEFAULT_REPLY_CACHE: Final = 4096
 DEFAULT_SPIN: Final = 100e-6
 # AMQP 0-9-1 short strings: names and keys are at most 255 bytes.
 MAX_NAME: Final = 255
+#: Most bytes a message's properties (headers included) may take, MessagePack
+#: encoded: AMQP carries them in one content header frame, which is at most
+#: frame_max (131,072 here and in RabbitMQ) less the frame's own fields.
+MAX_PROPERTIES: Final = 128 * 1024
 
 
 def _default_memory_budget() -> int:
@@ -567,6 +571,22 @@ def _check_name(what: str, name: str) -> None:
 _OPAQUE: Final = frozenset((bytes, str, int, float, bool, type(None), ExtType))
 #: Notes kept for the driver between two of its turns; past this, only counted.
 _MAX_NOTES: Final = 256
+
+
+def _check_properties(props: dict[str, Any]) -> None:
+    """Refuse properties over :data:`MAX_PROPERTIES` bytes encoded, or that
+    cannot be encoded at all (nested too deep), with ``bad-request``.
+
+    Raises:
+        _Refused: as said.
+    """
+    try:
+        size = len(packb(props, use_bin_type=True))
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise _Refused(ErrorCode.BAD_REQUEST, f"message properties cannot be kept: {exc}") from None
+    if size > MAX_PROPERTIES:
+        raise _Refused(ErrorCode.BAD_REQUEST,
+                       f"message properties take {size} bytes, more than {MAX_PROPERTIES}")  # fmt: skip
 
 
 def _opaque(body: Any) -> Any:
@@ -1736,6 +1756,8 @@ class BrokerCore:
     def _publish(self, ev: Publish, sender: Address, now: float) -> Any:
         if self.memory_alarm:
             self._refuse_over_budget(1, sender)
+        if ev.properties:
+            _check_properties(ev.properties)
         bodies = self._bodies([ev.body], sender)
         routed = self._route(ev.exchange, ev.routing_key, bodies, now, _ttl(ev.expiration), ev.properties)
         return {"routed": routed}
@@ -1743,6 +1765,8 @@ class BrokerCore:
     def _publish_batch(self, ev: PublishBatch, sender: Address, now: float) -> Any:
         if self.memory_alarm:
             self._refuse_over_budget(len(ev.bodies), sender)
+        if ev.properties:
+            _check_properties(ev.properties)
         bodies = self._bodies(list(ev.bodies), sender)
         return {"routed": self._route(ev.exchange, ev.routing_key, bodies, now, _ttl(ev.expiration), ev.properties)}
 
