@@ -94,6 +94,24 @@ def test_store_round_trip_in_order_marked_redelivered(tmp_path: Path) -> None:
     assert again.next_message_id > max(m[4].pid for m in again._queues["dq"].ready if m[4] is not None)
 
 
+def test_a_turn_that_publishes_is_flushed_and_one_of_acks_only_is_not(tmp_path: Path) -> None:
+    """A publish's records are fsynced before its confirm may leave; a turn
+    of acknowledgements only is committed (it survives a killed process)
+    without an fsync, and the next flush covers it."""
+    store = Store(tmp_path)
+    store.write([("queue", "q", 10, "drop-head", b"\x80", 0), ("msg", 1, "q", "", "q", b"a", None, None),
+                 ("msg", 2, "q", "", "q", b"b", None, None)])  # fmt: skip
+    assert (store.commits, store.flushes) == (1, 1)
+    store.write([("msg-", 1)])
+    assert (store.commits, store.flushes) == (2, 1)
+    store.write([("msg-", 2), ("msg", 3, "q", "", "q", b"c", None, None)])
+    assert (store.commits, store.flushes) == (3, 2)
+    store.close()
+    store = Store(tmp_path)
+    assert [m.id for m in store.load().messages] == [3]
+    store.close()
+
+
 def test_one_broker_per_data_directory(tmp_path: Path) -> None:
     with Broker(data_dir=tmp_path), pytest.raises(ConfigError, match="another broker is using"):
         Broker(data_dir=tmp_path)

@@ -7,12 +7,15 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
-from cmq import RemoteError
+from cmq import ConfigError, RemoteError, Timeout
 from cmq.routing import Broker, BrokerClient, BrokerConfig, ErrorCode, _server
-from cmq.routing._protocol import DeclareExchange, DeclareQueue
+from cmq.routing._core import BrokerCore, Refused
+from cmq.routing._protocol import DeclareExchange, DeclareQueue, PublishBatch
 from tests.routing.test_core import Harness
 from tests.waiting import wait_until
 
@@ -105,6 +108,33 @@ def test_declare_queue_with_dead_letters_from_the_command(broker: Broker, capsys
     assert (q.overflow, q.dead_letter_exchange, q.message_ttl) == ("drop-head", "dlx", 30.0)
 
 
+def test_properties_over_the_bound_are_refused_with_bad_request() -> None:
+    """Headers are bounded as AMQP bounds them (one content header frame)."""
+    from cmq.routing._core import MAX_PROPERTIES
+
+    with Broker().start() as b, BrokerClient(b.address, timeout=5.0) as c:
+        c.declare_queue("q")
+        assert c.publish("", "q", b"ok", confirm=True, headers={"h": "x" * 1000}) == 1
+        with pytest.raises(RemoteError) as info:
+            c.publish("", "q", b"big", confirm=True, headers={"h": "x" * MAX_PROPERTIES})
+        assert info.value.code == ErrorCode.BAD_REQUEST
+        (q,) = c.stats()["per_queue"]
+        assert q["ready"] == 1
+    core = BrokerCore()
+    core.call(DeclareQueue(rid=0, name="q", max_length=10, overflow="drop-head"), ("127.0.0.1", 1), 0.0)
+    with pytest.raises(Refused) as refused:
+        core.call(PublishBatch(rid=0, exchange="", routing_key="q", bodies=(b"a", b"b"),
+                               properties={"h": b"x" * MAX_PROPERTIES}), ("127.0.0.1", 1), 0.0)  # fmt: skip
+    assert refused.value.code == ErrorCode.BAD_REQUEST
+    deep: Any = 1
+    for _ in range(2000):
+        deep = [deep]
+    with pytest.raises(Refused):
+        core.call(PublishBatch(rid=0, exchange="", routing_key="q", bodies=(b"a",), properties={"h": deep}),
+                  ("127.0.0.1", 1), 0.0)  # fmt: skip
+    assert core.held_bytes() == 0
+
+
 def test_the_broker_lingers_briefly_on_close() -> None:
     """Closing waits for clients' acknowledgements at most _CLOSE_LINGER, not
     the endpoint's 2 s default (a dead consumer never acknowledges)."""
@@ -140,3 +170,25 @@ def test_sigterm_flushes_confirms_and_exits_0_with_a_dead_consumer_behind() -> N
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_broker_with_a_key_serves_clients_with_it_and_drops_the_others(tmp_path: Path) -> None:
+    key = b"sixteen byte key"
+    with Broker(key=key).start() as b:
+        with BrokerClient(b.address, key=key, timeout=5.0) as c:
+            c.declare_queue("q")
+            assert c.publish("", "q", b"signed", confirm=True) == 1
+        for other in (None, b"another key....."):
+            with BrokerClient(b.address, key=other, timeout=0.5, retries=0) as c, pytest.raises(Timeout):
+                c.publish("", "q", b"unsigned", confirm=True)
+        assert wait_until(lambda: sum(b._endpoint_stats()["dropped"].values()) >= 2, 5.0)
+        (q,) = b.stats().per_queue
+        assert q.ready == 1, "nothing unsigned was taken"
+        # The command line: --key (hex) or --key-file, before or after the verb.
+        addr = f"{b.address[0]}:{b.address[1]}"
+        (tmp_path / "key").write_bytes(key + b"\n")
+        assert cmq("broker", "--broker", addr, "--key", key.hex(), "publish", "", "q", "cli") == 0
+        assert cmq("broker", "publish", "", "q", "cli2", "--broker", addr, "--key-file", str(tmp_path / "key")) == 0
+        assert wait_until(lambda: b.stats().per_queue[0].ready == 3, 5.0)
+    with pytest.raises(ConfigError):
+        BrokerClient("127.0.0.1:1", key=b"k", endpoint=b.endpoint)

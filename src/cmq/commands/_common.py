@@ -46,19 +46,31 @@ def endpoint_options(args: argparse.Namespace) -> dict[str, Any]:
         options["timeout"] = args.batch_timeout
     if args.max_datagram is not None:
         options["max_datagram"] = args.max_datagram
-    if args.key is not None and args.key_file is not None:
+    key = key_option(args.key, args.key_file)
+    if key is not None:
+        options["key"] = key
+    return options
+
+
+def key_option(key: str | None, key_file: Path | None) -> bytes | None:
+    """The shared key from ``--key HEX`` or ``--key-file FILE`` (None: neither).
+
+    Raises:
+        ConfigError: both given, not hexadecimal, or the file cannot be read.
+    """
+    if key is not None and key_file is not None:
         raise ConfigError("give --key or --key-file, not both")
-    if args.key is not None:
+    if key is not None:
         try:
-            options["key"] = bytes.fromhex(args.key)
+            return bytes.fromhex(key)
         except ValueError:
             raise ConfigError("--key must be hexadecimal") from None
-    elif args.key_file is not None:
+    if key_file is not None:
         try:
-            options["key"] = args.key_file.read_bytes().strip()
+            return key_file.read_bytes().strip()
         except OSError as exc:
             raise ConfigError(f"cannot read --key-file: {exc.strerror}") from exc
-    return options
+    return None
 
 
 def exit_on_signals() -> None:

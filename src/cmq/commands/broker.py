@@ -24,6 +24,7 @@ import argparse
 import json
 import signal
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from cmq._errors import ConfigError, MissingExtra, RemoteError, Timeout
@@ -61,6 +62,33 @@ def _client_args(p: argparse.ArgumentParser, *, here: bool = False) -> None:
         default=DEFAULT_TIMEOUT if here else argparse.SUPPRESS,
         help=f"seconds to wait for a reply (default: {DEFAULT_TIMEOUT})",
     )
+    p.add_argument(
+        "--key",
+        dest="udp_key",  # "key" is the bind verb's binding key
+        default=None if here else argparse.SUPPRESS,
+        metavar="HEX",
+        help="the broker's shared key in hex: every cmq datagram is tagged with it, and a broker "
+        "started with a key drops what is not (default: none, no authentication on UDP)",
+    )
+    p.add_argument(
+        "--key-file",
+        dest="udp_key_file",
+        type=Path,
+        default=None if here else argparse.SUPPRESS,
+        metavar="FILE",
+        help="read the shared key (raw bytes) from FILE",
+    )
+
+
+def _key(args: argparse.Namespace) -> bytes | None:
+    """The shared key from ``--key`` or ``--key-file`` (None: neither).
+
+    Raises:
+        ConfigError: both given, not hexadecimal, or the file cannot be read.
+    """
+    from cmq.commands._common import key_option
+
+    return key_option(args.udp_key, args.udp_key_file)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -104,7 +132,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="BYTES",
         help="message bytes the broker may hold before AMQP publishers are blocked (connection.blocked, "
-        "their sockets no longer read) until consumers bring it under 90%% of this "
+        "their sockets no longer read) and cmq publishes are refused (resource-error) until consumers "
+        "bring it under 90%% of this "
         "(default: 40%% of the machine's memory, as RabbitMQ)",
     )
     parser.add_argument(
@@ -284,7 +313,7 @@ def _serve(args: argparse.Namespace) -> int:
         users = Users.load(args.users)
     data_dir = None if args.in_memory else args.data_dir
     broker = Broker(port=args.port, host=args.host, config=BrokerConfig(**options),
-                    amqp_port=args.amqp_port, users=users, data_dir=data_dir)  # fmt: skip
+                    amqp_port=args.amqp_port, users=users, data_dir=data_dir, key=_key(args))  # fmt: skip
     # Only set a flag here: closing from a signal handler could interrupt the
     # endpoint while it holds its own locks.
     signal.signal(signal.SIGTERM, lambda *_: broker.stop())
@@ -324,7 +353,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _client_verb(args: argparse.Namespace) -> int:
     from cmq.routing import BrokerClient
 
-    with BrokerClient(args.broker, timeout=args.timeout) as client:
+    with BrokerClient(args.broker, timeout=args.timeout, key=_key(args)) as client:
         verb = args.verb
         if verb == "declare-exchange":
             created = client.declare_exchange(args.name, args.type, durable=args.durable)

@@ -41,12 +41,10 @@ from typing import Any, Final
 
 from cmq._errors import TransportError
 from cmq.routing._amqp import AmqpConnection, Users
-from cmq.routing._core import MEMORY_RESUME_FRACTION, BrokerCore, Outgoing
+from cmq.routing._core import AMQP_PREFIX, MEMORY_RESUME_FRACTION, BrokerCore, Outgoing
 
 __all__ = ["AMQP_PREFIX", "AmqpListener", "is_amqp"]
 
-#: The first part of every AMQP channel's address in the core.
-AMQP_PREFIX: Final = "amqp#"
 #: Bytes read per socket per turn.
 _READ: Final = 256 * 1024
 #: Seconds between two log lines about the memory alarm (it may flap while consumers drain).
@@ -234,9 +232,11 @@ class AmqpListener:
     def _flow(self, now: float) -> list[_Client]:
         """Raise or clear the memory alarm, pause or resume the publishing
         connections accordingly (under the lock); return those that changed."""
-        held, budget = self.core.held_bytes(), self.core.config.memory_budget
-        if not self.alarm and held >= budget:
-            self.alarm = True
+        core = self.core
+        was = self.alarm
+        self.alarm = core.check_memory()  # shared with the cmq-protocol side
+        if self.alarm and not was:
+            held, budget = core.held_bytes(), core.config.memory_budget
             self.alarms += 1
             if now >= self._alarm_logged + _ALARM_LOG_EVERY:
                 self._alarm_logged = now
@@ -244,8 +244,6 @@ class AmqpListener:
                              "are blocked until it holds under %d (alarm %d; logged at most every %.0f s)",
                              held, budget, int(budget * MEMORY_RESUME_FRACTION), self.alarms,
                              _ALARM_LOG_EVERY)  # fmt: skip
-        elif self.alarm and held < budget * MEMORY_RESUME_FRACTION:
-            self.alarm = False
         changed = []
         for c in self._clients.values():
             conn = c.conn

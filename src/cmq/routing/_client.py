@@ -636,7 +636,10 @@ class BrokerClient(_ClientBase):
 
     ``BrokerClient("127.0.0.1:5700")`` opens its own endpoint on an ephemeral
     port; pass ``endpoint=`` to share one (the client uses its mailboxes 1
-    and 2). Use it as a context manager or call :meth:`close`.
+    and 2). Use it as a context manager or call :meth:`close`. ``key``: the
+    shared key of a broker started with one (its endpoint signs and checks
+    every datagram with it; a broker with a key drops what is not signed
+    with it).
 
     A client belongs to one thread at a time: replies are matched by waiting
     on one mailbox, so two threads would take each other's. Clients are
@@ -653,6 +656,7 @@ class BrokerClient(_ClientBase):
         endpoint: Endpoint | None = None,
         timeout: float = DEFAULT_TIMEOUT,
         retries: int = DEFAULT_RETRIES,
+        key: bytes | None = None,
     ) -> None:
         _check_client_options(timeout, retries)
         self._s = _Session(_parse_address(broker))
@@ -661,8 +665,10 @@ class BrokerClient(_ClientBase):
         if endpoint is None:
             from cmq.net import Queue  # the driver, imported only when used
 
-            endpoint = Queue(port=0, host="0.0.0.0", codec="msgpack")
+            endpoint = Queue(port=0, host="0.0.0.0", codec="msgpack", key=key)
             self._owns_endpoint = True
+        elif key is not None:
+            raise ConfigError("key= is for the client's own endpoint: give the key to the endpoint you pass")
         else:
             check_codec(endpoint)
             self._owns_endpoint = False
@@ -1258,8 +1264,10 @@ class AsyncBrokerClient(_ClientBase):
         *,
         timeout: float = DEFAULT_TIMEOUT,
         retries: int = DEFAULT_RETRIES,
+        key: bytes | None = None,
     ) -> AsyncBrokerClient:
-        """Open an endpoint on the running loop and a client on it.
+        """Open an endpoint on the running loop and a client on it; ``key``:
+        the broker's key (see :class:`BrokerClient`).
 
         Raises:
             ConfigError: a bad broker address or option.
@@ -1267,7 +1275,7 @@ class AsyncBrokerClient(_ClientBase):
         """
         from cmq.net.aqueue import AsyncQueue
 
-        endpoint = await AsyncQueue.open(port=0, host="0.0.0.0", codec="msgpack")
+        endpoint = await AsyncQueue.open(port=0, host="0.0.0.0", codec="msgpack", key=key)
         return cls(broker, endpoint=endpoint, timeout=timeout, retries=retries, owns_endpoint=True)
 
     async def _request(self, make: Any, **fields: Any) -> Any:

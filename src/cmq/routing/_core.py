@@ -49,7 +49,18 @@ died in its headers, as RabbitMQ writes them (``x-death``, see ``_died``).
 Memory. Each queue keeps the body bytes of the messages it holds (ready, or
 out with a consumer until acknowledged) in ``nbytes``, changed where
 messages enter and leave it for good; ``held_bytes()`` sums them (one step
-per queue) for a driver that enforces ``BrokerConfig.memory_budget``.
+per queue) for ``check_memory``, which a driver calls once per turn: it raises
+the memory alarm at ``BrokerConfig.memory_budget`` and clears it under
+``MEMORY_RESUME_FRACTION`` of it. While it is raised, a publish from a
+cmq-protocol client (``p``, ``P``) is refused whole with ``resource-error``
+(the confirming publisher's nack; a fire-and-forget one hears of it through
+its errors) and its messages counted in ``refused_memory``: nothing of it is
+kept, so what the broker holds stops growing however fast such clients
+publish, and consumers still take messages and acknowledge them. AMQP
+publishes are not refused: their driver stops reading their sockets instead
+(TCP pushes back, RabbitMQ's connection.blocked), so what it still reads
+is taken. The alarm is looked at once per turn, so a turn's publishes may
+pass the budget by what that one turn read.
 
 Consumers and delivery guarantees. A consumer with ``no_ack`` gets messages as
 fast as they come, at most once (a lost datagram is a lost message). Other
@@ -95,7 +106,7 @@ from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any, Final
 
-from msgpack import ExtType
+from msgpack import ExtType, packb
 
 from cmq._errors import ConfigError, ProtocolError
 from cmq.routing._protocol import (
@@ -174,6 +185,10 @@ DEFAULT_REPLY_CACHE: Final = 4096
 DEFAULT_SPIN: Final = 100e-6
 # AMQP 0-9-1 short strings: names and keys are at most 255 bytes.
 MAX_NAME: Final = 255
+#: Most bytes a message's properties (headers included) may take, MessagePack
+#: encoded: AMQP carries them in one content header frame, which is at most
+#: frame_max (131,072 here and in RabbitMQ) less the frame's own fields.
+MAX_PROPERTIES: Final = 128 * 1024
 
 
 def _default_memory_budget() -> int:
@@ -190,6 +205,9 @@ DEFAULT_MEMORY_BUDGET: Final = _default_memory_budget()
 #: Publishers are let go again once the held bytes are under this share of the
 #: budget: a margin, so that one consumed message does not flip it back.
 MEMORY_RESUME_FRACTION: Final = 0.9
+#: The first part of every AMQP channel's address in the core (its driver's
+#: connections are ``("amqp#N", channel)``).
+AMQP_PREFIX: Final = "amqp#"
 
 
 class Overflow(enum.StrEnum):
@@ -275,9 +293,11 @@ class BrokerConfig:
 
     memory_budget: int = DEFAULT_MEMORY_BUDGET
     """Body bytes the broker may hold (ready or unacknowledged, over all
-    queues) before it stops reading from AMQP publishers' sockets and tells
-    them connection.blocked (RabbitMQ's memory alarm); they are read again,
-    and told connection.unblocked, once it holds under 90% of it."""
+    queues) before it raises its memory alarm (RabbitMQ's): it stops reading
+    from AMQP publishers' sockets and tells them connection.blocked, and it
+    refuses cmq-protocol publishes (``resource-error``, counted in
+    ``refused_memory``). The alarm clears once it holds under 90% of it:
+    AMQP publishers are read again (connection.unblocked), cmq ones accepted."""
 
     def __post_init__(self) -> None:
         if self.memory_budget < 1:
@@ -409,6 +429,8 @@ class BrokerStats:
     send_failed: int
     bad_bodies: int
     internal_errors: int
+    refused_memory: int = 0  # cmq-protocol publishes refused while over the memory budget (messages)
+    memory_alarms: int = 0  # times the held bytes reached the memory budget
     per_queue: tuple[QueueStats, ...] = field(default=())
 
     def as_dict(self) -> dict[str, Any]:
@@ -549,6 +571,22 @@ def _check_name(what: str, name: str) -> None:
 _OPAQUE: Final = frozenset((bytes, str, int, float, bool, type(None), ExtType))
 #: Notes kept for the driver between two of its turns; past this, only counted.
 _MAX_NOTES: Final = 256
+
+
+def _check_properties(props: dict[str, Any]) -> None:
+    """Refuse properties over :data:`MAX_PROPERTIES` bytes encoded, or that
+    cannot be encoded at all (nested too deep), with ``bad-request``.
+
+    Raises:
+        _Refused: as said.
+    """
+    try:
+        size = len(packb(props, use_bin_type=True))
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise _Refused(ErrorCode.BAD_REQUEST, f"message properties cannot be kept: {exc}") from None
+    if size > MAX_PROPERTIES:
+        raise _Refused(ErrorCode.BAD_REQUEST,
+                       f"message properties take {size} bytes, more than {MAX_PROPERTIES}")  # fmt: skip
 
 
 def _opaque(body: Any) -> Any:
@@ -713,6 +751,8 @@ class BrokerCore:
         # the replies of the same turn leave.
         self.persisting = False
         self.journal: list[tuple[Any, ...]] = []
+        # Raised by check_memory() over the memory budget (see "Memory" above).
+        self.memory_alarm = False
         self._next_pid = 1
         self._durable_exchanges: set[str] = set()
         # Wall-clock seconds at ``now == 0``, set by a driver with a real
@@ -777,6 +817,34 @@ class BrokerCore:
         not yet acknowledged): what a memory budget is checked against. Kept
         per queue as messages come and go, so this costs one step per queue."""
         return sum([q.nbytes for q in self._queues.values()])
+
+    def check_memory(self) -> bool:
+        """Raise the memory alarm at ``memory_budget`` held bytes, clear it
+        under ``MEMORY_RESUME_FRACTION`` of it; whether it is raised. Drivers
+        call it once per turn (it costs one step per queue)."""
+        held, budget = self.held_bytes(), self.config.memory_budget
+        if not self.memory_alarm:
+            if held >= budget:
+                self.memory_alarm = True
+                self._note("memory_alarms", None,
+                           f"holds {held} bytes of messages, over its memory budget of {budget}: "
+                           "cmq-protocol publishes are refused (resource-error) until it holds under "
+                           f"{int(budget * MEMORY_RESUME_FRACTION)}")  # fmt: skip
+        elif held < budget * MEMORY_RESUME_FRACTION:
+            self.memory_alarm = False
+        return self.memory_alarm
+
+    def _refuse_over_budget(self, n: int, sender: Address) -> None:
+        """Refuse a cmq-protocol publish of ``n`` messages while the memory
+        alarm is raised (AMQP channels are held back by their driver instead)."""
+        host = sender[0]
+        if type(host) is str and host.startswith(AMQP_PREFIX):
+            return
+        self._totals["published"] += n
+        self._totals["refused_memory"] += n
+        raise _Refused(ErrorCode.RESOURCE_ERROR,
+                       f"the broker holds more than its memory budget of {self.config.memory_budget} bytes; "
+                       "publish again once consumers have taken messages")  # fmt: skip
 
     def exchange_type(self, name: str) -> str | None:
         """The type of exchange ``name``, or None when there is none."""
@@ -948,7 +1016,7 @@ class BrokerCore:
             op, rid, exchange, key, body = payload
             if type(rid) is int and rid == 0 and type(exchange) is str and type(key) is str:
                 if op == "p":
-                    if type(body) in _OPAQUE and self._hand_over(exchange, key, body, now):
+                    if type(body) in _OPAQUE and not self.memory_alarm and self._hand_over(exchange, key, body, now):
                         return
                     bodies = [body]
                 elif op == "P" and type(body) is list:
@@ -959,6 +1027,8 @@ class BrokerCore:
                 bodies = None
             if bodies is not None:
                 try:
+                    if self.memory_alarm:
+                        self._refuse_over_budget(len(bodies), sender)
                     self._route(exchange, key, self._bodies(bodies, sender), now)
                 except _Refused as exc:
                     self._reply(sender, ErrorReply(rid=0, code=exc.code, message=str(exc)))
@@ -1161,6 +1231,8 @@ class BrokerCore:
                     "stale_acks",
                     "send_failed",
                     "dead_letters_dropped",
+                    "refused_memory",
+                    "memory_alarms",
                 )
             },
             bad_bodies=t["bad_body"],
@@ -1682,11 +1754,19 @@ class BrokerCore:
         return {"deleted": ex.unbind(ev.queue, key)}
 
     def _publish(self, ev: Publish, sender: Address, now: float) -> Any:
+        if self.memory_alarm:
+            self._refuse_over_budget(1, sender)
+        if ev.properties:
+            _check_properties(ev.properties)
         bodies = self._bodies([ev.body], sender)
         routed = self._route(ev.exchange, ev.routing_key, bodies, now, _ttl(ev.expiration), ev.properties)
         return {"routed": routed}
 
     def _publish_batch(self, ev: PublishBatch, sender: Address, now: float) -> Any:
+        if self.memory_alarm:
+            self._refuse_over_budget(len(ev.bodies), sender)
+        if ev.properties:
+            _check_properties(ev.properties)
         bodies = self._bodies(list(ev.bodies), sender)
         return {"routed": self._route(ev.exchange, ev.routing_key, bodies, now, _ttl(ev.expiration), ev.properties)}
 

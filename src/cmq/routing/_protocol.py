@@ -94,6 +94,7 @@ class ErrorCode:
     QUEUE_FULL: Final = "queue-full"  # publish rejected by a queue with overflow=reject
     IN_USE: Final = "in-use"  # consumer tag already used for another queue
     RESOURCE_LOCKED: Final = "resource-locked"  # an exclusive queue of another connection
+    RESOURCE_ERROR: Final = "resource-error"  # a publish while the broker is over its memory budget
     INTERNAL_ERROR: Final = "internal-error"  # the broker failed at the request (a bug; counted, logged)
 
 

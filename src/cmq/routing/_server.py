@@ -30,6 +30,11 @@ undecodable payloads) are logged on the ``cmq.broker`` logger, at most
 ``_LOG_BURST`` lines per reason every ``_LOG_WINDOW`` seconds, the rest
 summed up in the next line: a flood of garbage costs a few lines a minute.
 
+Memory. After each turn that received something, the loop has the core
+check what it holds against its memory budget (``BrokerCore.check_memory``):
+over it, the core refuses cmq-protocol publishes until consumers bring it
+back under 90% of it (the AMQP listener holds AMQP publishers back).
+
 The core is guarded by a lock only so that :meth:`Broker.stats` may be
 called from another thread.
 
@@ -141,6 +146,12 @@ class Broker:
     RabbitMQ's ``guest``/``guest`` from loopback only). Needs pamqp (the
     ``broker`` extra).
 
+    With ``key`` (1 to 64 bytes) every cmq-protocol datagram is signed and
+    checked with it (the endpoints' BLAKE2b tags): clients must be given the
+    same key (``BrokerClient(..., key=)``), and what is not signed with it is
+    dropped and counted before the broker sees it. Without it the UDP side
+    has no authentication. The AMQP side has its own logins (``users``).
+
     With ``data_dir`` (``cmq broker``'s default is ``./cmq-data``), durable
     exchanges, durable queues, their bindings and the persistent messages in
     durable queues are kept in SQLite there and taken back when a broker
@@ -167,6 +178,7 @@ class Broker:
         amqp_port: int | None = None,
         users: Users | None = None,
         data_dir: str | os.PathLike[str] | None = None,
+        key: bytes | None = None,
     ) -> None:
         self.store: Store | None = None
         if data_dir is not None:
@@ -176,8 +188,15 @@ class Broker:
         if endpoint is None:
             from cmq.net import Queue
 
-            endpoint = Queue(port=port, host=host, codec="msgpack", linger=_CLOSE_LINGER)
+            try:
+                endpoint = Queue(port=port, host=host, codec="msgpack", linger=_CLOSE_LINGER, key=key)
+            except BaseException:
+                if self.store is not None:
+                    self.store.close()
+                raise
             self._owns_endpoint = True
+        elif key is not None:
+            raise ConfigError("key= is for the broker's own endpoint: give the key to the endpoint you pass")
         else:
             check_codec(endpoint)
             self._owns_endpoint = False
@@ -348,6 +367,7 @@ class Broker:
                 with self._lock:
                     if first is not None:
                         core.receive(first.payload, first.sender, now)
+                        core.check_memory()
                     if deadline is not None and deadline <= now:
                         recheck = float("-inf")
                         core.handle_timer(now)
@@ -365,6 +385,7 @@ class Broker:
                     with self._lock:
                         more = self._take_waiting(now) > 0
                         if more:
+                            core.check_memory()
                             out = core.messages_to_send()
                             if core.journal or self._unsent:
                                 out = self._release(out)
