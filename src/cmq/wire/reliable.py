@@ -61,6 +61,7 @@ import heapq
 import secrets
 import threading
 from collections import deque
+from collections.abc import Iterator
 from typing import Any, Final
 
 import msgpack
@@ -631,45 +632,38 @@ class ReliableSender:
 
     # -- timers ------------------------------------------------------------
 
+    def _earliest(self, heap: list[tuple[float, int, int]], field: str) -> float | None:
+        """The earliest timer of ``heap`` still armed (``field`` of its stream
+        equal to it); stale entries are dropped on the way."""
+        while heap:
+            at, _, epoch = heap[0]
+            st = self.streams.get(epoch)
+            if st is not None and getattr(st, field) == at:
+                return at
+            heapq.heappop(heap)
+        return None
+
+    def _expired(self, heap: list[tuple[float, int, int]], field: str, now: float) -> Iterator[SendStream]:
+        """The streams whose timer in ``heap`` (``field``) expired by ``now``, disarmed."""
+        while heap and heap[0][0] <= now:
+            at, _, epoch = heapq.heappop(heap)
+            st = self.streams.get(epoch)
+            if st is not None and getattr(st, field) == at:
+                setattr(st, field, None)
+                yield st
+
     def next_deadline(self) -> float | None:
         """When the earliest probe timeout or loss timer expires, or None."""
-        timers = self._timers
-        pto = None
-        while timers:
-            at, _, epoch = timers[0]
-            st = self.streams.get(epoch)
-            if st is not None and st.pto_at == at:
-                pto = at
-                break
-            heapq.heappop(timers)
-        losses = self._loss_timers
-        while losses:
-            at, _, epoch = losses[0]
-            st = self.streams.get(epoch)
-            if st is not None and st.loss_at == at:
-                return at if pto is None or at < pto else pto
-            heapq.heappop(losses)
-        return pto
+        due = [d for d in (self._earliest(self._timers, "pto_at"), self._earliest(self._loss_timers, "loss_at")) if d is not None]
+        return min(due) if due else None
 
     def on_timer(self, now: float) -> list[tuple[bytes, Any]]:
         """Fire expired loss timers and probe timeouts; returns the datagrams
         to send (retransmissions, PROBEs), with their addresses."""
         out: list[tuple[bytes, Any]] = []
-        losses = self._loss_timers
-        while losses and losses[0][0] <= now:
-            at, _, epoch = heapq.heappop(losses)
-            st = self.streams.get(epoch)
-            if st is None or st.loss_at != at:
-                continue
-            st.loss_at = None
+        for st in self._expired(self._loss_timers, "loss_at", now):
             self._lost(st, now, out)
-        timers = self._timers
-        while timers and timers[0][0] <= now:
-            at, _, epoch = heapq.heappop(timers)
-            st = self.streams.get(epoch)
-            if st is None or st.pto_at != at:
-                continue
-            st.pto_at = None
+        for st in self._expired(self._timers, "pto_at", now):
             if not st.buf:
                 continue
             st.pto_count += 1
