@@ -230,16 +230,15 @@ class Queue(Endpoint):
                     # While this thread holds the socket, the reliability
                     # timers are its to fire (the I/O thread stays off): a
                     # probe timeout must not wait for a datagram to come.
-                    wait = min(remaining, max(self._rel_at - _monotonic(), 0.0))
                     try:
-                        data, addr = self._recv_within(wait)
+                        data, addr = self._recv_within(self._rel_bound(remaining, _monotonic(), 0.0))
                     except OSError:
                         addr = None
                     now = _monotonic()
                     if addr is not None:
                         self._receiver.datagram_received(data, addr, now)
                         self._after_read(now)
-                    elif now >= self._rel_at:
+                    elif now >= self._rel_at and not self._closed:
                         self._fire_reliable(now)
                 finally:
                     self._rx_lock.release()

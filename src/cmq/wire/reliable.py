@@ -520,7 +520,9 @@ class ReliableSender:
             return st, []
         st.behind_since = None
         # An answer, even one that acknowledges nothing new: a receiver whose
-        # application is slow (no credit, or a full mailbox) is alive.
+        # application is slow (no credit, or a full mailbox) is alive. The
+        # first since a PROBE went is taken as its answer.
+        answers_probe = st.unanswered > 0
         st.unanswered = 0
         st.dead_at = None
         if st.syn:
@@ -572,17 +574,25 @@ class ReliableSender:
             # A datagram sent less than 9/8 of an RTT ago may still be on its
             # way: the loss timer retransmits it once it is that old.
             # The report's evidence is the datagram largest_seen, sent (last)
-            # at `seen`, or our last PROBE: one missing but sent after both
-            # is news to the report (a repair on its way), not a loss (RFC
-            # 9002 §6.1: only a later packet's acknowledgement declares one
-            # lost). A PROBE's answer that reports the tail the probe
-            # announced (a largest it never saw): the age alone.
+            # at `seen`, and for the first report since a PROBE, the PROBE:
+            # one missing but sent after them is news to the report (a
+            # repair on its way), not a loss (RFC 9002 §6.1: only a later
+            # packet's acknowledgement declares one lost). Only the first:
+            # later reports may have been written before repairs the probe's
+            # answer set off arrived, and resending those again feeds itself
+            # (each duplicate draws a report). A PROBE's answer that reports
+            # the tail the probe announced (a largest it never saw): the
+            # PROBE alone.
             delay = self.srtt * 1.125
             fresh = now - delay
             top = buf.get(rec.largest_seen)
-            seen = now
+            probed = st.probed_at if answers_probe else float("-inf")
             if top is not None and top[1] is not None and not _in_ranges(rec.largest_seen, rec.missing):
-                seen = max(top[1], st.probed_at)
+                seen = max(top[1], probed)
+            elif answers_probe:
+                seen = probed
+            else:
+                seen = now  # no datagram of ours to judge by: the age alone
             suspects: list[tuple[int, float]] = []
             oldest = now
             for start, length in rec.missing:
