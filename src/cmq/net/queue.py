@@ -227,19 +227,11 @@ class Queue(Endpoint):
                 return done()
             if self._rx_lock.acquire(False):
                 try:
-                    # While this thread holds the socket, the reliability
-                    # timers are its to fire (the I/O thread stays off): a
-                    # probe timeout must not wait for a datagram to come.
-                    try:
-                        data, addr = self._recv_within(self._rel_bound(remaining, _monotonic(), 0.0))
-                    except OSError:
-                        addr = None
-                    now = _monotonic()
-                    if addr is not None:
-                        self._receiver.datagram_received(data, addr, now)
+                    got = self._recv_or_fire(remaining)
+                    if got is not None:
+                        now = _monotonic()
+                        self._receiver.datagram_received(got[0], got[1], now)
                         self._after_read(now)
-                    elif now >= self._rel_at and not self._closed:
-                        self._fire_reliable(now)
                 finally:
                     self._rx_lock.release()
             else:
@@ -545,16 +537,10 @@ class Queue(Endpoint):
                     return None
             elif self._take_ready(mailbox, predicate):
                 return None
-            wait = self._rel_bound(remaining, _monotonic(), 0.0)
-            try:
-                data, addr = self._recv_within(wait)
-            except OSError:
-                # Timed out (EAGAIN), closed under us, or an ICMP error: the caller decides.
-                if _monotonic() >= self._rel_at and not self._closed:
-                    self._fire_reliable(_monotonic())
-                return None
-            if addr is None:
-                return None  # shut down by close()
+            got = self._recv_or_fire(remaining)
+            if got is None:
+                return None  # the caller decides
+            data, addr = got
             item = None
             now = self._app_read_at = self._batcher.waited_at = _monotonic()
             if fut is None and predicate is None:
@@ -565,6 +551,22 @@ class Queue(Endpoint):
             return item
         finally:
             self._rx_lock.release()
+
+    def _recv_or_fire(self, remaining: float | None) -> tuple[bytes, Any] | None:
+        """One datagram within ``remaining`` seconds (None: forever; receive
+        lock held), the wait cut short when the next reliability timer is
+        due: a thread that holds the socket fires those timers itself (the
+        I/O thread stays off it), so a probe timeout never waits for a
+        datagram. None: nothing came (timed out, an ICMP error), or closed.
+        """
+        try:
+            data, addr = self._recv_within(self._rel_bound(remaining, _monotonic(), 0.0))
+        except OSError:
+            now = _monotonic()
+            if now >= self._rel_at and not self._closed:
+                self._fire_reliable(now)
+            return None
+        return None if addr is None else (data, addr)
 
     def _rel_bound(self, wait: float | None, now: float, least: float) -> float | None:
         """``wait`` (None: forever), shortened to when the next reliability

@@ -382,8 +382,6 @@ class ReliableSender:
         st.syn = True
         st.una = st.sent_upto = 0
         st.credit = INITIAL_CREDIT
-        st.buf.clear()
-        st.wholes.clear()
         self.total -= st.nbytes
         st.nbytes = 0
         st.pto_count = st.unanswered = 0
@@ -399,10 +397,10 @@ class ReliableSender:
     def _report(self, st: SendStream, reason: str) -> None:
         """Give up on ``st``'s buffer: a failure that owns it (decoded when
         read), and an empty buffer for the stream."""
-        if not st.buf:
-            return
-        self._uncounted.append(DeliveryFailure._of(st.addr, st.mailbox, reason, st.buf, st.wholes))
-        self.failures.append(self._uncounted[-1])
+        if st.buf:
+            failure = DeliveryFailure._of(st.addr, st.mailbox, reason, st.buf, st.wholes)
+            self._uncounted.append(failure)
+            self.failures.append(failure)
         st.buf = {}
         st.wholes = {}
 
@@ -601,10 +599,7 @@ class ReliableSender:
                     e = buf.get(seq)
                     if e is not None and e[1] is not None and e[1] <= seen and seq_diff(seq, st.sent_upto) < 0:
                         if e[1] <= fresh:
-                            e[1] = now
-                            e[2] += 1
-                            out.append(e[0])
-                            self.retransmits += 1
+                            out.append(self._resend(e, now))
                         else:
                             suspects.append((seq, e[1]))
                             oldest = min(oldest, e[1])
@@ -692,6 +687,13 @@ class ReliableSender:
             self._arm(st, now)
         return out
 
+    def _resend(self, e: list[Any], now: float) -> bytes:
+        """Buffer entry ``e`` (datagram, last sent, times sent) goes again now: its datagram."""
+        e[1] = now
+        e[2] += 1
+        self.retransmits += 1
+        return e[0]  # type: ignore[no-any-return]
+
     def _lost(self, st: SendStream, now: float, out: list[tuple[bytes, Any]]) -> None:
         """``st``'s loss timer expired: retransmit each suspect now ``9/8
         srtt`` old, unless acknowledged or sent again since it was reported
@@ -705,10 +707,7 @@ class ReliableSender:
             if e is None or e[1] != sent:
                 continue
             if sent + delay <= now:  # as the timer was armed: no rounding apart
-                e[1] = now
-                e[2] += 1
-                out.append((e[0], st.addr))
-                self.retransmits += 1
+                out.append((self._resend(e, now), st.addr))
             else:
                 waiting.append((seq, sent))
                 oldest = min(oldest, sent)

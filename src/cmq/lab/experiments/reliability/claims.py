@@ -309,6 +309,19 @@ def per_run(data: ReportData, scenario: str, mode: str, loss: float, column: str
     return out
 
 
+def under_loss(
+    data: ReportData, scenario: str, mode: str, loss: float, column: str
+) -> tuple[Interval, float, float] | None:
+    """cmq's per-run ``column`` at ``loss`` over lossless in (scenario, mode):
+    the interval of the ratio of medians, and each side's median run; None
+    when a side has no runs."""
+    at_loss = per_run(data, scenario, mode, loss, column)
+    lossless = per_run(data, scenario, mode, 0.0, column)
+    if not at_loss or not lossless:
+        return None
+    return ratio_interval(at_loss, lossless), statistics.median(at_loss), statistics.median(lossless)
+
+
 def _throughput_cell(data: ReportData, mode: str, loss: float, share: float) -> Cell:
     base = cell(data, "throughput", mode, 0.0)
     lossy = cell(data, "throughput", mode, loss)
@@ -317,14 +330,13 @@ def _throughput_cell(data: ReportData, mode: str, loss: float, share: float) -> 
         why = _enough_tp(row)
         if why is not None:
             return "inconclusive", f"{head}: {name} {why}"
-    runs_lossy = per_run(data, "throughput", mode, loss, "msgs_per_s")
-    runs_base = per_run(data, "throughput", mode, 0.0, "msgs_per_s")
-    if not runs_lossy or not runs_base:
+    ratio = under_loss(data, "throughput", mode, loss, "msgs_per_s")
+    if ratio is None:
         return "inconclusive", f"{head}: no per-run rates"
-    iv = ratio_interval(runs_lossy, runs_base)
+    iv, at_loss, lossless = ratio
     text = (
-        f"{head}: median run {statistics.median(runs_lossy):,.0f} msgs/s = "
-        f"{100 * iv.point:.0f}% of lossless {statistics.median(runs_base):,.0f} "
+        f"{head}: median run {at_loss:,.0f} msgs/s = "
+        f"{100 * iv.point:.0f}% of lossless {lossless:,.0f} "
         f"(95% interval {100 * iv.lo:.0f}-{100 * iv.hi:.0f}%, {iv.runs_a} and {iv.runs_b} runs; "
         f"target >= {100 * share:.0f}%)"
     )
@@ -390,17 +402,16 @@ def _p50_cell(data: ReportData, mode: str) -> Cell:
         return "inconclusive", f"{head}: the lossless runs lost half their round trips"
     if math.isinf(l_lo):
         return "fail", f"{head}: more than half the round trips at {loss_label(LATENCY_LOSS)} were lost"
-    runs_lossy = per_run(data, "pingpong", mode, LATENCY_LOSS, "p50_ns")
-    runs_base = per_run(data, "pingpong", mode, 0.0, "p50_ns")
-    if not runs_lossy or not runs_base:
+    ratio = under_loss(data, "pingpong", mode, LATENCY_LOSS, "p50_ns")
+    if ratio is None:
         return "inconclusive", f"{head}: no per-run medians"
-    iv = ratio_interval(runs_lossy, runs_base)
+    iv, at_loss, lossless = ratio
     # Lost round trips (infinitely slow) widen it as they bracket each side's p50.
     wide = Interval(point=iv.point, lo=iv.lo * b_lo / b_hi, hi=iv.hi * l_hi / l_lo,
                     runs_a=iv.runs_a, runs_b=iv.runs_b)  # fmt: skip
     text = (
-        f"{head}: median run's p50 {statistics.median(runs_lossy) / 1e6:.3f} ms at "
-        f"{loss_label(LATENCY_LOSS)} against {statistics.median(runs_base) / 1e6:.3f} ms lossless "
+        f"{head}: median run's p50 {at_loss / 1e6:.3f} ms at "
+        f"{loss_label(LATENCY_LOSS)} against {lossless / 1e6:.3f} ms lossless "
         f"({_ratio(iv.point, iv.point)}; 95% interval {_ratio(wide.lo, wide.hi)}, "
         f"{iv.runs_a} and {iv.runs_b} runs"
         + (f", {lossy['lost'] + base['lost']} round trips lost" if wide != iv else "")

@@ -51,7 +51,7 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from cmq._errors import ConfigError
 from cmq.lab import netns, runner
@@ -494,7 +494,10 @@ def _hosts(loss: float) -> Iterator[netns.HostPair]:
         yield hosts
 
 
-def _rotated(items: Sequence[str], turn: int) -> list[str]:
+T = TypeVar("T")
+
+
+def _rotated(items: Sequence[T], turn: int) -> list[T]:
     k = turn % len(items) if items else 0
     return [*items[k:], *items[:k]]
 
@@ -551,18 +554,16 @@ def _round_trip_plan(
             labels = [("cmq", m) for m in modes(api) if repeat == 0 or m in RELIABLE_MODES]
             if repeat == 0 and loss in scale.peer_losses:
                 labels += [(s, "") for s in peers]
-            k = turn % len(labels)
-            turn += 1
-            for system, mode in labels[k:] + labels[:k]:
+            for system, mode in _rotated(labels, turn):
                 yield loss, system, mode, repeat
+            turn += 1
     for loss in sorted(p for p in scale.losses if p not in claimed):
         labels = [("cmq", m) for m in modes(api)]
         if loss in scale.peer_losses:
             labels += [(s, "") for s in peers]
-        k = turn % len(labels)
-        turn += 1
-        for system, mode in labels[k:] + labels[:k]:
+        for system, mode in _rotated(labels, turn):
             yield loss, system, mode, 0
+        turn += 1
 
 
 def _round_trips(ctx: Context, scale: Scale, books: _Books, api: bool) -> None:
