@@ -101,6 +101,8 @@ REC_STATUS: Final = 1
 REC_PROBE: Final = 2
 #: STATUS flag: the receiver does not know the stream (it restarted or forgot).
 S_RESET: Final = 0x01
+#: STATUS flag: written in answer to a PROBE, whose serial follows the ranges.
+S_ANSWER: Final = 0x02
 #: Most missing ranges one STATUS carries.
 MAX_RANGES: Final = 32
 TAG_SIZE: Final = 16
@@ -122,8 +124,10 @@ _EXT = struct.Struct(">IB3x")
 # next expected, credit limit, largest seen, number of ranges.
 _STATUS = struct.Struct(">BBHIIIIIIB")
 _RANGE = struct.Struct(">IH")
-# PROBE: type, flags (rflags), reserved, mailbox, epoch, next seq.
-_PROBE = struct.Struct(">BB2xIII")
+# PROBE: type, flags (rflags), serial, mailbox, epoch, next seq.
+_PROBE = struct.Struct(">BBHIII")
+# A STATUS's answered PROBE serial (after its ranges, with S_ANSWER).
+_SERIAL = struct.Struct(">H")
 _LONG_LEN = struct.Struct(">Q")
 # Length prefixes for short frames, precomputed: building them is the hot part
 # of encoding a batch of small messages.
@@ -195,6 +199,9 @@ class Status:
     sender may send up to, not including, ``credit_limit``. ``ack_delay``
     is how long (µs) the receiver held the datagram ``largest_seen`` before
     this report. With ``reset`` the receiver does not know the stream.
+    ``probe`` is the serial of the PROBE this report answers (0: none): it
+    was written after everything sent before that PROBE had arrived or was
+    lost.
     """
 
     stream_sender: int
@@ -206,6 +213,7 @@ class Status:
     missing: tuple[tuple[int, int], ...] = ()
     ack_delay: int = 0
     reset: bool = False
+    probe: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -213,13 +221,16 @@ class Probe:
     """A sender's request for a STATUS now (v2 control record, sender to receiver).
 
     ``next_seq`` is the stream's next sequence number: everything before it
-    was sent, so a receiver learns of a lost tail.
+    was sent, so a receiver learns of a lost tail. ``serial`` (1 to 65,535;
+    0 in a PROBE that wants no answer named) is echoed by the STATUS that
+    answers it.
     """
 
     mailbox: int
     epoch: int
     next_seq: int
     rflags: int = 0
+    serial: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -498,7 +509,7 @@ def encode_control(records: Sequence[Status | Probe], sender: int, key: bytes | 
     """One v2 control datagram carrying ``records`` (from endpoint ``sender``).
 
     The caller keeps it under a datagram: a STATUS takes 29 bytes plus 6 per
-    missing range, a PROBE 16.
+    missing range (and 2 when it answers a PROBE), a PROBE 16.
     """
     flags = FLAG_CONTROL | (FLAG_TAG if key is not None else 0)
     parts = [_HEADER.pack(MAGIC, VERSION_2, flags, sender, 0, 0)]
@@ -508,7 +519,7 @@ def encode_control(records: Sequence[Status | Probe], sender: int, key: bytes | 
             parts.append(
                 _STATUS.pack(
                     REC_STATUS,
-                    S_RESET if r.reset else 0,
+                    (S_RESET if r.reset else 0) | (S_ANSWER if r.probe else 0),
                     min(max(r.ack_delay, 0), 0xFFFF),
                     r.stream_sender,
                     r.mailbox,
@@ -520,8 +531,10 @@ def encode_control(records: Sequence[Status | Probe], sender: int, key: bytes | 
                 )
             )
             parts.extend(_RANGE.pack(a & 0xFFFFFFFF, min(n, 0xFFFF)) for a, n in ranges)
+            if r.probe:
+                parts.append(_SERIAL.pack(r.probe & 0xFFFF))
         else:
-            parts.append(_PROBE.pack(REC_PROBE, r.rflags, r.mailbox, r.epoch, r.next_seq & 0xFFFFFFFF))
+            parts.append(_PROBE.pack(REC_PROBE, r.rflags, r.serial & 0xFFFF, r.mailbox, r.epoch, r.next_seq & 0xFFFFFFFF))
     data = b"".join(parts)
     if key is not None:
         data += _tag(key, data)
@@ -547,6 +560,12 @@ def decode_control(data: bytes, start: int, end: int) -> list[Status | Probe]:
                 raise ProtocolError("STATUS ranges run past the end")
             missing = tuple(_RANGE.unpack_from(data, i + k * _RANGE.size) for k in range(n))
             i += n * _RANGE.size
+            probe = 0
+            if flags & S_ANSWER:
+                if i + _SERIAL.size > end:
+                    raise ProtocolError("STATUS serial runs past the end")
+                (probe,) = _SERIAL.unpack_from(data, i)
+                i += _SERIAL.size
             out.append(
                 Status(
                     stream_sender=ssender,
@@ -558,14 +577,15 @@ def decode_control(data: bytes, start: int, end: int) -> list[Status | Probe]:
                     missing=missing,
                     ack_delay=delay,
                     reset=bool(flags & S_RESET),
+                    probe=probe,
                 )
             )
         elif kind == REC_PROBE:
             if i + _PROBE.size > end:
                 raise ProtocolError("PROBE record runs past the end")
-            _, rflags, mailbox, epoch, nxt = _PROBE.unpack_from(data, i)
+            _, rflags, serial, mailbox, epoch, nxt = _PROBE.unpack_from(data, i)
             i += _PROBE.size
-            out.append(Probe(mailbox=mailbox, epoch=epoch, next_seq=nxt, rflags=rflags))
+            out.append(Probe(mailbox=mailbox, epoch=epoch, next_seq=nxt, rflags=rflags, serial=serial))
         else:
             raise ProtocolError(f"unknown control record type {kind}")
     return out

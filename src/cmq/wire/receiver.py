@@ -169,7 +169,7 @@ _LIVE_WINDOW: Final = 4
 _RESET_GAP: Final = 0.01
 #: A stream is active (shares the receive budget) this long after its last datagram.
 _ACTIVE_FOR: Final = 1.0
-_STATUS_SIZE: Final = 29 + 6 * MAX_RANGES
+_STATUS_SIZE: Final = 29 + 6 * MAX_RANGES + 2  # the answered PROBE's serial included
 
 
 def _lone_frame(data: bytes, start: int, n: int) -> int:
@@ -745,6 +745,9 @@ class Receiver:
             if seq_diff(last, rs.largest) > 0 and seq_diff(last, rs.next) >= 0:
                 rs.largest = last  # a lost tail shows as missing
                 rs.largest_at = now
+            # Everything sent before the PROBE has arrived or is lost: the
+            # report that names it is the sender's evidence.
+            rs.answer = rec.serial
             self._owe(rs, now, urgent=True)
 
     def _grant(self, rs: RecvStream, now: float) -> None:

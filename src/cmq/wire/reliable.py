@@ -112,6 +112,9 @@ PROBE_BACKOFF: Final = 1
 #: Datagrams a sender may send in a new epoch before the first STATUS
 #: gives it real credit (one round trip's worth on a LAN).
 INITIAL_CREDIT: Final = 16
+#: PROBEs a stream remembers the send time of, for the answers naming them
+#: (an answer to an older one is no evidence: its datagrams were judged).
+_PROBES_REMEMBERED: Final = 8
 #: How often a receiver repeats a STATUS while a gap stays open.
 RENAK_INTERVAL: Final = 0.003
 #: A receiver reports at least once per this many bytes received (Aeron's
@@ -263,11 +266,12 @@ class SendStream:
         "mailbox",
         "nbytes",
         "ordered",
-        "probed_at",
+        "probed",
         "pto_at",
         "pto_count",
         "sampled",
         "sent_upto",
+        "serial",
         "stream",
         "suspects",
         "syn",
@@ -293,7 +297,8 @@ class SendStream:
         self.unanswered = 0  # probe timeouts since the last STATUS
         self.dead_at: float | None = None  # silent until then: the peer is dead (see max_probes)
         self.pto_at: float | None = None
-        self.probed_at = float("-inf")  # when the last PROBE went
+        self.serial = 0  # the last PROBE's serial (1 to 65,535, then round again)
+        self.probed: dict[int, float] = {}  # serial -> when that PROBE went (the last few)
         # (seq, sent at) reported missing while too fresh to call lost, and
         # when the oldest of them will be (the loss timer; None: not armed).
         self.suspects: list[tuple[int, float]] = []
@@ -387,7 +392,7 @@ class ReliableSender:
         st.pto_count = st.unanswered = 0
         st.dead_at = None
         st.pto_at = st.behind_since = st.loss_at = None
-        st.probed_at = float("-inf")
+        st.probed = {}
         st.suspects = []
         st.sampled = MASK
         st.stream.seq = 0
@@ -518,10 +523,11 @@ class ReliableSender:
             return st, []
         st.behind_since = None
         # An answer, even one that acknowledges nothing new: a receiver whose
-        # application is slow (no credit, or a full mailbox) is alive. The
-        # first since a PROBE went is taken as its answer.
-        answers_probe = st.unanswered > 0
+        # application is slow (no credit, or a full mailbox) is alive.
         st.unanswered = 0
+        # When the PROBE this STATUS names as answered went (None: it
+        # answers none, or one already answered or forgotten).
+        probed = st.probed.pop(rec.probe, None) if rec.probe else None
         st.dead_at = None
         if st.syn:
             st.syn = False
@@ -571,43 +577,25 @@ class ReliableSender:
         if rec.missing:
             # A datagram sent less than 9/8 of an RTT ago may still be on its
             # way: the loss timer retransmits it once it is that old.
-            # The report's evidence is the datagram largest_seen, sent (last)
-            # at `seen`, and for the first report since a PROBE, the PROBE:
-            # one missing but sent after them is news to the report (a
-            # repair on its way), not a loss (RFC 9002 §6.1: only a later
-            # packet's acknowledgement declares one lost). Only the first:
-            # later reports may have been written before repairs the probe's
-            # answer set off arrived, and resending those again feeds itself
-            # (each duplicate draws a report). A PROBE's answer that reports
-            # the tail the probe announced (a largest it never saw): the
-            # PROBE alone.
-            delay = self.srtt * 1.125
-            fresh = now - delay
+            # Only what the report has evidence of is lost (RFC 9002 §6.1:
+            # a later packet's acknowledgement declares one lost): a missing
+            # datagram last sent before `seen`, the time a datagram went
+            # whose arrival (or loss) the report reflects. Evidence is the
+            # datagram largest_seen, if it arrived and went only once (a
+            # copy sent again could have arrived as its first copy), and
+            # the PROBE this report answers by serial (everything sent
+            # before it had arrived or was lost when the report was
+            # written). Without either, a report proves nothing: one
+            # written before repairs on their way arrived looks the same,
+            # and resending on it feeds itself (each duplicate draws a
+            # report); the probe timeout then finds what is still lost,
+            # and the suspects of an earlier report stay as they were.
+            seen = float("-inf") if probed is None else probed
             top = buf.get(rec.largest_seen)
-            probed = st.probed_at if answers_probe else float("-inf")
-            if top is not None and top[1] is not None and not _in_ranges(rec.largest_seen, rec.missing):
-                seen = max(top[1], probed)
-            elif answers_probe:
-                seen = probed
-            else:
-                seen = now  # no datagram of ours to judge by: the age alone
-            suspects: list[tuple[int, float]] = []
-            oldest = now
-            for start, length in rec.missing:
-                seq = start
-                for _ in range(length):
-                    e = buf.get(seq)
-                    if e is not None and e[1] is not None and e[1] <= seen and seq_diff(seq, st.sent_upto) < 0:
-                        if e[1] <= fresh:
-                            out.append(self._resend(e, now))
-                        else:
-                            suspects.append((seq, e[1]))
-                            oldest = min(oldest, e[1])
-                    seq = (seq + 1) & MASK
-            # The latest report's view replaces the last one's.
-            st.suspects = suspects
-            if suspects:
-                self._arm_loss(st, oldest + delay)
+            if top is not None and top[2] == 1 and top[1] is not None and not _in_ranges(rec.largest_seen, rec.missing):
+                seen = max(seen, top[1])
+            if seen > float("-inf"):
+                self._repair(st, rec.missing, seen, now, out)
         out.extend(self._release(st, now))
         if acked > 0 or out:
             # Progress, or datagrams sent: the probe timeout starts over. A
@@ -620,6 +608,31 @@ class ReliableSender:
         elif st.pto_at is None and st.buf:
             self._arm(st, now)
         return st, out
+
+    def _repair(self, st: SendStream, missing: tuple[tuple[int, int], ...], seen: float, now: float, out: list[bytes]) -> None:
+        """Resend into ``out`` each ``missing`` datagram last sent by ``seen``
+        and at least 9/8 srtt ago; those sent by ``seen`` but later become
+        the suspects of the loss timer (the latest report's view replaces
+        the last one's)."""
+        delay = self.srtt * 1.125
+        fresh = now - delay
+        buf = st.buf
+        suspects: list[tuple[int, float]] = []
+        oldest = now
+        for start, length in missing:
+            seq = start
+            for _ in range(length):
+                e = buf.get(seq)
+                if e is not None and e[1] is not None and e[1] <= seen and seq_diff(seq, st.sent_upto) < 0:
+                    if e[1] <= fresh:
+                        out.append(self._resend(e, now))
+                    else:
+                        suspects.append((seq, e[1]))
+                        oldest = min(oldest, e[1])
+                seq = (seq + 1) & MASK
+        st.suspects = suspects
+        if suspects:
+            self._arm_loss(st, oldest + delay)
 
     def _sample(self, rtt: float, ack_delay: float) -> None:
         if rtt <= 0:
@@ -680,9 +693,12 @@ class ReliableSender:
                 self._restart(st, "peer_dead", now)
                 continue
             self.probes += 1
-            st.probed_at = now
+            st.serial = st.serial % 0xFFFF + 1
+            st.probed[st.serial] = now
+            if len(st.probed) > _PROBES_REMEMBERED:
+                del st.probed[next(iter(st.probed))]
             rflags = (R_SYN if st.syn else 0) | (R_ORDERED if st.ordered else 0)
-            probe = Probe(mailbox=st.mailbox, epoch=st.epoch, next_seq=st.sent_upto, rflags=rflags)
+            probe = Probe(mailbox=st.mailbox, epoch=st.epoch, next_seq=st.sent_upto, rflags=rflags, serial=st.serial)
             out.append((encode_control([probe], self.sender_id, self._key), st.addr))
             self._arm(st, now)
         return out
@@ -740,6 +756,7 @@ class RecvStream:
 
     __slots__ = (
         "addr",
+        "answer",
         "avg_size",
         "bytes_since",
         "credit",
@@ -784,6 +801,7 @@ class RecvStream:
         self.urgent = False
         self.due: float | None = None  # when a delayed STATUS is due
         self.last_active = now
+        self.answer = 0  # the serial of a PROBE the next STATUS answers (0: none)
 
     def gaps(self) -> tuple[tuple[int, int], ...]:
         """Missing ranges between ``next`` and ``largest`` (at most 32)."""
@@ -804,6 +822,8 @@ class RecvStream:
         return tuple(out)
 
     def status(self, now: float, *, reset: bool = False) -> Status:
+        """The report on this stream now; it answers the last PROBE not yet answered."""
+        probe, self.answer = self.answer, 0
         return Status(
             stream_sender=self.sender,
             mailbox=self.mailbox,
@@ -814,4 +834,5 @@ class RecvStream:
             missing=() if reset else self.gaps(),
             ack_delay=int((now - self.largest_at) * 1e6),
             reset=reset,
+            probe=probe,
         )
