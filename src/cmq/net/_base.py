@@ -479,7 +479,11 @@ class Endpoint(ABC):
         if st is not None:
             rel = self._rel
             armed = st.pto_at
-            datagrams = rel.outgoing(st, datagrams, now, whole)
+            # Stamped now, under the batch lock that orders every send of
+            # the endpoint (not at the caller's earlier `now`): a datagram
+            # sent after another then never carries an earlier stamp, which
+            # the loss evidence relies on.
+            datagrams = rel.outgoing(st, datagrams, self._now(), whole)
             if self._full(st):
                 self._batcher.hold(s)  # the next push reaches _after_append's backpressure
             if armed is None and st.pto_at is not None:
@@ -808,6 +812,7 @@ class Endpoint(ABC):
         rel = self._rel
         room = False
         with self._timer_lock:
+            now = self._now()  # repairs are stamped under the lock (see _emit)
             while controls:
                 rec, _addr = controls.popleft()
                 st, datagrams = rel.on_status(rec, now)
@@ -848,6 +853,7 @@ class Endpoint(ABC):
         timer, or by a thread reading the socket once ``_rel_at`` passed)."""
         rel = self._rel
         with self._timer_lock:
+            now = self._now()  # retransmissions are stamped under the lock (see _emit)
             probes = rel.on_timer(now) if rel.streams else []
             for data, addr in probes:
                 self._send_to(data, addr)

@@ -19,16 +19,29 @@ passes it:
   ``push`` once the buffer holds ``send_buffer`` bytes;
 - a STATUS (receiver to sender) acknowledges everything before
   ``next_expected``, lists up to 32 missing ranges after it, and raises the
-  credit. Each missing datagram not sent within the last ``9/8 srtt`` is
-  retransmitted at once (many gaps per report, not one per round trip);
-  one sent more recently may still be on its way, and is retransmitted
-  when it is ``9/8 srtt`` old unless acknowledged by then (RFC 9002's time
-  threshold, §6.1.2: a *loss timer*, rather than waiting for the
-  receiver's next report, ``renak_interval`` later). Only a datagram sent
-  before the one the report saw last counts as missing: one sent after it
-  (a retransmission still on its way) is not retransmitted again;
+  credit. A missing datagram is lost only on evidence that the report was
+  written after it would have arrived (RFC 8985's RACK, RFC 9002 §6.1):
+  it went before the datagram ``largest_seen`` (if that one went only
+  once: a retransmission keeps its seq, so the copy that arrived is
+  unknown) or before the last PROBE the receiver names by serial. One
+  that went at least a reordering window (a quarter of the least RTT)
+  before the evidence is retransmitted at once (many gaps per report, not
+  one per round trip); one that went within the window may still be on
+  its way, and is retransmitted once the evidence's round trip and the
+  window have passed since it went (a *loss timer*), unless a later
+  report says it arrived. A report without evidence (one written before
+  repairs on their way arrived looks the same) retransmits nothing:
+  resending on it would feed itself, as each duplicate draws a report.
+  Retransmissions go with a PROBE right behind them when none is on its
+  way, so that with nothing new to send their loss shows within a round
+  trip; a PROBE no report names two RTTs after it went, while reports keep
+  coming, is sent again. The driver stamps a datagram's send time under
+  the lock that orders the endpoint's sends, so stamps follow the wire's
+  order, which the evidence needs;
 - RTT is estimated as RFC 9002 §5.3 does (the receiver's ack delay
-  subtracted, samples only from datagrams sent once: Karn's rule);
+  subtracted, samples only from datagrams sent once: Karn's rule), and
+  from the first report naming the latest PROBE (serials are never
+  reused), which is the only sample while no new data goes;
 - a probe timeout (RFC 9002's PTO, ``srtt + max(4 rttvar, 1 ms) +
   max_ack_delay``, doubling per expiry) sends a PROBE record carrying the
   next seq, so the receiver learns of a lost tail and answers at once. It
@@ -112,8 +125,8 @@ PROBE_BACKOFF: Final = 1
 #: Datagrams a sender may send in a new epoch before the first STATUS
 #: gives it real credit (one round trip's worth on a LAN).
 INITIAL_CREDIT: Final = 16
-#: PROBEs a stream remembers the send time of, for the answers naming them
-#: (an answer to an older one is no evidence: its datagrams were judged).
+#: PROBEs a stream remembers the send time of, for the reports naming them
+#: (a report naming an older one is taken as no evidence).
 _PROBES_REMEMBERED: Final = 8
 #: How often a receiver repeats a STATUS while a gap stays open.
 RENAK_INTERVAL: Final = 0.003
@@ -257,6 +270,7 @@ class SendStream:
 
     __slots__ = (
         "addr",
+        "awaiting",
         "behind_since",
         "buf",
         "credit",
@@ -298,10 +312,12 @@ class SendStream:
         self.dead_at: float | None = None  # silent until then: the peer is dead (see max_probes)
         self.pto_at: float | None = None
         self.serial = 0  # the last PROBE's serial (1 to 65,535, then round again)
+        self.awaiting = 0  # the serial of the last PROBE while no report names it (0: none)
         self.probed: dict[int, float] = {}  # serial -> when that PROBE went (the last few)
-        # (seq, sent at) reported missing while too fresh to call lost, and
-        # when the oldest of them will be (the loss timer; None: not armed).
-        self.suspects: list[tuple[int, float]] = []
+        # (seq, sent at, lost at) reported missing while too fresh to call
+        # lost, and when the first of them will be (the loss timer; None:
+        # not armed).
+        self.suspects: list[tuple[int, float, float]] = []
         self.loss_at: float | None = None
         # Since when every STATUS asks for what was acknowledged before (None: the last did not).
         self.behind_since: float | None = None
@@ -393,6 +409,7 @@ class ReliableSender:
         st.dead_at = None
         st.pto_at = st.behind_since = st.loss_at = None
         st.probed = {}
+        st.awaiting = 0
         st.suspects = []
         st.sampled = MASK
         st.stream.seq = 0
@@ -525,9 +542,25 @@ class ReliableSender:
         # An answer, even one that acknowledges nothing new: a receiver whose
         # application is slow (no credit, or a full mailbox) is alive.
         st.unanswered = 0
-        # When the PROBE this STATUS names as answered went (None: it
-        # answers none, or one already answered or forgotten).
-        probed = st.probed.pop(rec.probe, None) if rec.probe else None
+        # When the last PROBE the receiver had when it wrote this went (None:
+        # it names none, or one forgotten).
+        probed = st.probed.get(rec.probe) if rec.probe else None
+        reprobe = False
+        if st.awaiting:
+            if rec.probe == st.awaiting:
+                # The first report after our last PROBE came: a round trip
+                # as fresh as the receiver's state (a PROBE's serial is
+                # never reused, so the sample is unambiguous). When no new
+                # data goes (no credit, or the tail), it is the only one.
+                st.awaiting = 0
+                if probed is not None:
+                    self._sample(now - probed, 0.0)
+            else:
+                # Reports keep coming that were written without it: after
+                # two round trips it is taken as lost, and another goes.
+                sent = st.probed.get(st.awaiting)
+                rtt = self.latest_rtt if self._sampled else self.srtt
+                reprobe = sent is None or now - sent > 2 * rtt + self._reorder_window()
         st.dead_at = None
         if st.syn:
             st.syn = False
@@ -573,29 +606,30 @@ class ReliableSender:
         if seq_diff(rec.credit_limit, st.credit) > 0:
             st.credit = rec.credit_limit
         out: list[bytes] = []
-        # Repairs.
+        # Repairs. Only what the report has evidence of is lost (RFC 9002
+        # §6.1, RFC 8985's RACK: a datagram sent after it arrived): a
+        # missing datagram last sent before `seen`, the time a datagram
+        # went whose arrival (or loss) the report reflects. Evidence is the
+        # datagram largest_seen, if it arrived and went only once (a copy
+        # sent again could have arrived as its first copy), and the last
+        # PROBE the receiver had when it wrote the report, named by serial
+        # (everything sent before that PROBE had arrived or was lost).
+        # Without either, a report proves nothing: one written before
+        # repairs on their way arrived looks the same, and resending on it
+        # feeds itself (each duplicate draws a report).
         if rec.missing:
-            # A datagram sent less than 9/8 of an RTT ago may still be on its
-            # way: the loss timer retransmits it once it is that old.
-            # Only what the report has evidence of is lost (RFC 9002 §6.1:
-            # a later packet's acknowledgement declares one lost): a missing
-            # datagram last sent before `seen`, the time a datagram went
-            # whose arrival (or loss) the report reflects. Evidence is the
-            # datagram largest_seen, if it arrived and went only once (a
-            # copy sent again could have arrived as its first copy), and
-            # the PROBE this report answers by serial (everything sent
-            # before it had arrived or was lost when the report was
-            # written). Without either, a report proves nothing: one
-            # written before repairs on their way arrived looks the same,
-            # and resending on it feeds itself (each duplicate draws a
-            # report); the probe timeout then finds what is still lost,
-            # and the suspects of an earlier report stay as they were.
             seen = float("-inf") if probed is None else probed
             top = buf.get(rec.largest_seen)
             if top is not None and top[2] == 1 and top[1] is not None and not _in_ranges(rec.largest_seen, rec.missing):
                 seen = max(seen, top[1])
-            if seen > float("-inf"):
-                self._repair(st, rec.missing, seen, now, out)
+            if seen > float("-inf") and self._repair(st, rec.missing, seen, now, out) and not st.awaiting:
+                # Repairs, and no PROBE on its way: one after them, whose
+                # answer tells within a round trip whether they arrived
+                # (otherwise, with nothing new to send, only the probe
+                # timeout would).
+                reprobe = True
+        if reprobe and st.buf:
+            out.append(self._probe(st, now))
         out.extend(self._release(st, now))
         if acked > 0 or out:
             # Progress, or datagrams sent: the probe timeout starts over. A
@@ -609,30 +643,43 @@ class ReliableSender:
             self._arm(st, now)
         return st, out
 
-    def _repair(self, st: SendStream, missing: tuple[tuple[int, int], ...], seen: float, now: float, out: list[bytes]) -> None:
-        """Resend into ``out`` each ``missing`` datagram last sent by ``seen``
-        and at least 9/8 srtt ago; those sent by ``seen`` but later become
-        the suspects of the loss timer (the latest report's view replaces
-        the last one's)."""
-        delay = self.srtt * 1.125
-        fresh = now - delay
+    def _reorder_window(self) -> float:
+        """How much earlier than the evidence a missing datagram must have
+        gone to be lost at once (RACK's reordering window: a quarter of the
+        least RTT; an eighth of the smoothed RTT before the first sample)."""
+        return self.min_rtt / 4 if self._sampled else self.srtt / 8
+
+    def _repair(self, st: SendStream, missing: tuple[tuple[int, int], ...], seen: float, now: float, out: list[bytes]) -> int:
+        """Resend into ``out`` each ``missing`` datagram last sent at least a
+        reordering window before ``seen`` (the evidence); one sent within
+        the window before it becomes a suspect, lost once the evidence's
+        round trip and the window have passed since it went (the loss
+        timer); the latest report's suspects replace the last one's.
+        Returns how many were resent."""
+        reo = self._reorder_window()
+        wait = now - seen + reo
+        limit = seen - reo
         buf = st.buf
-        suspects: list[tuple[int, float]] = []
-        oldest = now
+        suspects: list[tuple[int, float, float]] = []
+        first = float("inf")
+        resent = 0
         for start, length in missing:
             seq = start
             for _ in range(length):
                 e = buf.get(seq)
                 if e is not None and e[1] is not None and e[1] <= seen and seq_diff(seq, st.sent_upto) < 0:
-                    if e[1] <= fresh:
+                    if e[1] <= limit:
                         out.append(self._resend(e, now))
+                        resent += 1
                     else:
-                        suspects.append((seq, e[1]))
-                        oldest = min(oldest, e[1])
+                        due = e[1] + wait
+                        suspects.append((seq, e[1], due))
+                        first = min(first, due)
                 seq = (seq + 1) & MASK
         st.suspects = suspects
         if suspects:
-            self._arm_loss(st, oldest + delay)
+            self._arm_loss(st, first)
+        return resent
 
     def _sample(self, rtt: float, ack_delay: float) -> None:
         if rtt <= 0:
@@ -692,16 +739,21 @@ class ReliableSender:
                 self.dead_streams += 1
                 self._restart(st, "peer_dead", now)
                 continue
-            self.probes += 1
-            st.serial = st.serial % 0xFFFF + 1
-            st.probed[st.serial] = now
-            if len(st.probed) > _PROBES_REMEMBERED:
-                del st.probed[next(iter(st.probed))]
-            rflags = (R_SYN if st.syn else 0) | (R_ORDERED if st.ordered else 0)
-            probe = Probe(mailbox=st.mailbox, epoch=st.epoch, next_seq=st.sent_upto, rflags=rflags, serial=st.serial)
-            out.append((encode_control([probe], self.sender_id, self._key), st.addr))
+            out.append((self._probe(st, now), st.addr))
             self._arm(st, now)
         return out
+
+    def _probe(self, st: SendStream, now: float) -> bytes:
+        """A PROBE of ``st`` going now, remembered by its serial: the datagram."""
+        self.probes += 1
+        st.serial = st.serial % 0xFFFF + 1
+        st.awaiting = st.serial
+        st.probed[st.serial] = now
+        if len(st.probed) > _PROBES_REMEMBERED:
+            del st.probed[next(iter(st.probed))]
+        rflags = (R_SYN if st.syn else 0) | (R_ORDERED if st.ordered else 0)
+        probe = Probe(mailbox=st.mailbox, epoch=st.epoch, next_seq=st.sent_upto, rflags=rflags, serial=st.serial)
+        return encode_control([probe], self.sender_id, self._key)
 
     def _resend(self, e: list[Any], now: float) -> bytes:
         """Buffer entry ``e`` (datagram, last sent, times sent) goes again now: its datagram."""
@@ -711,25 +763,24 @@ class ReliableSender:
         return e[0]  # type: ignore[no-any-return]
 
     def _lost(self, st: SendStream, now: float, out: list[tuple[bytes, Any]]) -> None:
-        """``st``'s loss timer expired: retransmit each suspect now ``9/8
-        srtt`` old, unless acknowledged or sent again since it was reported
-        missing (then the next report decides); wait for the others."""
-        delay = self.srtt * 1.125
+        """``st``'s loss timer expired: retransmit each suspect now due,
+        unless acknowledged or sent again since it was reported missing
+        (then the next report decides); wait for the others."""
         buf = st.buf
-        waiting: list[tuple[int, float]] = []
-        oldest = now
-        for seq, sent in st.suspects:
+        waiting: list[tuple[int, float, float]] = []
+        first = float("inf")
+        for seq, sent, due in st.suspects:
             e = buf.get(seq)
             if e is None or e[1] != sent:
                 continue
-            if sent + delay <= now:  # as the timer was armed: no rounding apart
+            if due <= now:
                 out.append((self._resend(e, now), st.addr))
             else:
-                waiting.append((seq, sent))
-                oldest = min(oldest, sent)
+                waiting.append((seq, sent, due))
+                first = min(first, due)
         st.suspects = waiting
         if waiting:
-            self._arm_loss(st, oldest + delay)
+            self._arm_loss(st, first)
 
     def close(self) -> None:
         """Report everything still unacknowledged as in doubt (the endpoint closes)."""
@@ -801,7 +852,7 @@ class RecvStream:
         self.urgent = False
         self.due: float | None = None  # when a delayed STATUS is due
         self.last_active = now
-        self.answer = 0  # the serial of a PROBE the next STATUS answers (0: none)
+        self.answer = 0  # the serial of the last PROBE that came (0: none), named by every STATUS
 
     def gaps(self) -> tuple[tuple[int, int], ...]:
         """Missing ranges between ``next`` and ``largest`` (at most 32)."""
@@ -822,8 +873,7 @@ class RecvStream:
         return tuple(out)
 
     def status(self, now: float, *, reset: bool = False) -> Status:
-        """The report on this stream now; it answers the last PROBE not yet answered."""
-        probe, self.answer = self.answer, 0
+        """The report on this stream now, naming the last PROBE that came."""
         return Status(
             stream_sender=self.sender,
             mailbox=self.mailbox,
@@ -834,5 +884,5 @@ class RecvStream:
             missing=() if reset else self.gaps(),
             ack_delay=int((now - self.largest_at) * 1e6),
             reset=reset,
-            probe=probe,
+            probe=self.answer,
         )
