@@ -163,7 +163,7 @@ class Scale:
     """Losses the peers are measured at (TCP's repairs cost 200 ms each)."""
     slow_repeats: int = 3
     """Slow-receiver runs (loopback)."""
-    slow_seconds: float = 12.0
+    slow_seconds: float = 6.0
     """How long the slow receiver's sender pushes (the receiver paces until then)."""
     slow_calib: int = 20_000
     """Messages the slow receiver takes as they come first, to measure the
@@ -212,11 +212,13 @@ SCALES: Final[dict[str, Scale]] = {
         slow_seconds=30.0,
         restart_repeats=10,
     ),
-    # About two minutes here: 5 x 30,000 messages behind each throughput
+    # About a minute here: 5 x 30,000 messages behind each throughput
     # ratio, 8 runs of 300 cmq round trips at 0 and 1.4 % (their medians vary
     # by 10-20 % from run to run; 2,400 pooled for the p99, whose rule needs
     # 1000), 300 at the other losses, 500 of each peer at 0 and 1.4 % (each
-    # TCP repair waits out a 200 ms retransmission timeout).
+    # TCP repair waits out a 200 ms retransmission timeout), three slow
+    # receivers paced for 6 s each (a third of the paced phase holds about
+    # 30 samples of each end's memory).
     "quick": Scale(name="quick"),
     # Seconds, for tests: every claim comes out inconclusive.
     "tiny": Scale(
