@@ -120,6 +120,9 @@ class Profile:
     tuning_count: int = 1_000_000
     """Tuning: messages per throughput cell (a second or more: shorter runs
     measure start-up noise, not the batching)."""
+    tuning_runs: int = 3
+    """Tuning: throughput runs of every cell, the cells interleaved in each
+    round: the best-cell verdict is drawn from the spread between runs."""
     tuning_rt_count: int = 1000
     """Tuning: ping-ping round trips per latency cell."""
     tuning_idle_qthresh: int = 512
@@ -152,7 +155,7 @@ class Profile:
         if unknown:
             raise ConfigError(f"unknown system {', '.join(unknown)}; known: {', '.join(SYSTEMS)}")
         for name in ("rt_count", "rt_runs", "window", "loss_count", "loss_runs", "tuning_size", "tuning_count",
-                     "tuning_rt_count", "tuning_idle_qthresh", "tuning_idle_count",
+                     "tuning_runs", "tuning_rt_count", "tuning_idle_qthresh", "tuning_idle_count",
                      "per_destination", "push_repeats"):  # fmt: skip
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -217,6 +220,7 @@ PROFILES: Final[dict[str, Profile]] = {
         tuning_qthresh=(64, 512),
         tuning_timeouts=(0.001, 0.2),
         tuning_count=5000,
+        tuning_runs=1,
         tuning_rt_count=50,
         tuning_idle_count=10,
         destinations=(1, 1000),
