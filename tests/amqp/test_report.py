@@ -139,8 +139,30 @@ def test_stockex_claims() -> None:
     assert size.judge(weak).status == "context"
     verdict = target.judge(weak)
     assert verdict.status == "fail" and "1,000 orders/s" in verdict.result
-    strong = stockex({32000: 8.0}, {32000: True})
-    assert target.judge(strong).status == "pass"
+    assert "interval" in target.rule
+
+
+def target_steps(p99_ms: list[float], kept: list[bool]) -> ReportData:
+    """Steps of the sweep at 32,000 orders/s (the quick profile repeats the target rate)."""
+    rows = [dict(row(STOCKEX, "cmq", 9, 32000, rate=32000, attempt=1, step=5 + k, kept=ok),
+                 scenario="completion", p99_ns=v * 1e6)
+            for k, (v, ok) in enumerate(zip(p99_ms, kept, strict=True))]  # fmt: skip
+    return ReportData(summary=rows, samples=[sample(STOCKEX, "cmq", "kept", 32000, 1.0 if kept[-1] else 0.0)])
+
+
+def test_the_stockex_target_is_judged_on_the_steps_at_the_target_rate() -> None:
+    exp = get_experiment(STOCKEX)
+    assert exp is not None
+    target = exp.claims[-1]
+    assert target.judge(target_steps([6.0, 7.5, 6.8], [True] * 3)).status == "pass"
+    # A stalled tail in every step: fail.
+    assert target.judge(target_steps([40.0, 35.0, 52.0], [True] * 3)).status == "fail"
+    # A noisy tail around the bound (once a single step's p99 decided it): inconclusive.
+    noisy = target.judge(target_steps([6.0, 14.0, 9.0], [True] * 3))
+    assert noisy.status == "inconclusive" and "interval" in noisy.result
+    # Not one step kept at the target rate: fail; one kept step decides nothing.
+    assert target.judge(target_steps([3.0, 3.0], [False, False])).status == "fail"
+    assert target.judge(target_steps([3.0, 3.0, 3.0], [False, False, True])).status == "inconclusive"
 
 
 def test_every_section_renders_without_spark() -> None:

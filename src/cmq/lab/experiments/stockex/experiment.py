@@ -16,15 +16,30 @@ from typing import Final
 
 from cmq.lab.experiments import Context, LabExperiment, register
 from cmq.lab.experiments._record import RunBook
-from cmq.lab.experiments.stockex.report import EXPERIMENT_ID, register_report, write_records
+from cmq.lab.experiments.stockex.report import (
+    EXPERIMENT_ID,
+    RATE_TARGET,
+    register_report,
+    write_records,
+)
 from cmq.lab.experiments.stockex.run import PAPER_RATES, SimConfig, StepResult, run_simulation
 
 __all__ = ["EXPERIMENT", "PROFILES", "sim_config"]
 
+#: The target rate (32,000 orders/s) three times in a row: the target's
+#: verdict is drawn from the spread between those steps.
+_TARGET_RUNS: Final = (RATE_TARGET,) * 3
+
 PROFILES: Final[dict[str, SimConfig]] = {
-    "full": SimConfig(seconds=5.0, drain=3.0),
+    "full": SimConfig(
+        rates=(*PAPER_RATES, 12000, 16000, 24000, *_TARGET_RUNS, 48000, 64000, 96000, 128000, 192000),
+        seconds=5.0,
+        drain=3.0,
+    ),
+    # The paper's rates, then up by doubling to 128,000 with the target
+    # rate repeated (each step 2 s).
     "quick": SimConfig(
-        rates=(*PAPER_RATES, 12000, 16000, 24000, 32000, 48000, 64000, 96000, 128000),
+        rates=(*PAPER_RATES, 16000, *_TARGET_RUNS, 64000, 128000),
         seconds=2.0,
         drain=2.0,
     ),
