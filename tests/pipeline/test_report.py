@@ -289,3 +289,29 @@ def test_report_renders_in_headless_chromium(report: Path, tmp_path: Path) -> No
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert dom.stdout.count("<svg") == report.read_text(encoding="utf-8").count("<svg")
     assert "The papers' claims at a glance" in dom.stdout or "The papers&#x27; claims at a glance" in dom.stdout
+
+
+def test_verdicts_on_fewer_runs_than_the_full_profile_are_marked_indicative() -> None:
+    from cmq.pipeline.report import indicative
+
+    # The rule is about the profiles' run counts, never the result.
+    assert indicative((3, 5)) and not indicative((5, 5)) and not indicative((10, 10))
+    assert not indicative(None)
+
+    def judge(_data: ReportData) -> Verdict:
+        return Verdict(status="pass", result="fine")
+
+    exp = Experiment(id="test-runs", title="Runs", claims=[Claim(text="c", judge=judge)])
+    row = summary_row("test-runs", "cmq", "x", 4, 1.0, 0.0) | {
+        "loss_rate": 0.0, "duplicates": 0, "out_of_order": 0, "p50_ns": 1, "p99_ns": 1, "msgs_per_s": None,
+        "delivered": 100, "rate_source": "records",
+    }  # fmt: skip
+    data = ReportData(summary=[row])
+    quick = render_html(data, [exp], runs={"test-runs": (3, 5)}, profile="quick")
+    assert quick.count('class="badge indicative"') >= 2  # the section and the overview
+    assert "Runs behind each judged figure: 3 in the quick profile, 5 in the full profile." in quick
+    full = render_html(data, [exp], runs={"test-runs": (5, 5)}, profile="full")
+    assert 'class="badge indicative"' not in full
+    assert "5 in the full profile profile" not in full and "Runs behind each judged figure: 5" in full
+    # Records without run counts (an older lab.json) are shown unmarked.
+    assert 'class="badge indicative"' not in render_html(data, [exp])

@@ -138,7 +138,8 @@ def _summary(result: LabResult) -> str:
     if result.verdicts:
         lines.append("claims:")
         for v in result.verdicts:
-            lines.append(f"  [{v.status}] {v.experiment}: {v.result}")
+            status = f"{v.status}, indicative" if v.indicative else v.status
+            lines.append(f"  [{status}] {v.experiment}: {v.result}")
     for text in result.skipped:
         lines.append(f"skipped {text}")
     for text in result.failures:

@@ -62,6 +62,7 @@ __all__ = [
     "register",
     "register_page",
     "resolve",
+    "runs_behind",
 ]
 
 #: The CMQ paper's loss probability for Figure 6 (1.4 %).
@@ -304,6 +305,10 @@ class LabExperiment:
     """Experiments run (and are listed) by (order, id)."""
     multi_system: bool = True
     """Whether it compares ``ctx.systems`` (else it measures cmq alone)."""
+    runs: Callable[[Profile], int] | None = None
+    """The fewest runs (repeats, rounds) behind any figure its claims judge,
+    under a profile. The page marks its verdicts "indicative" when this is
+    below the full profile's (:func:`runs_behind`); ``None``: not stated."""
     _names: tuple[str, ...] = field(init=False, repr=False, compare=False, default=())
 
     def __post_init__(self) -> None:
@@ -384,6 +389,14 @@ def page(experiment_id: str) -> Page | None:
     """The report page of the experiment whose records carry this id, if any."""
     _load()
     return _PAGES.get(experiment_id)
+
+
+def runs_behind(experiment: LabExperiment, profile: Profile) -> tuple[int, int] | None:
+    """``(runs under profile, runs under the full profile)`` behind the
+    experiment's judged figures, or ``None`` when it does not say."""
+    if experiment.runs is None:
+        return None
+    return experiment.runs(profile), experiment.runs(PROFILES["full"])
 
 
 def experiments() -> list[LabExperiment]:

@@ -170,6 +170,7 @@ EXPERIMENT: Final = register(
         run=_run,
         steps=_steps,
         unavailable=_unavailable,
+        runs=lambda p: p.loss_runs,
     )
 )
 

@@ -131,6 +131,7 @@ EXPERIMENT: Final = register(
         run=_run,
         steps=_steps,
         multi_system=False,
+        runs=lambda p: p.push_repeats,
     )
 )
 

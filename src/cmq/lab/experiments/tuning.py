@@ -196,6 +196,7 @@ EXPERIMENT: Final = register(
         run=_run,
         steps=_steps,
         multi_system=False,
+        runs=lambda p: p.tuning_runs,
     )
 )
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Final
 
-from cmq.lab.experiments import Context, LabExperiment, register
+from cmq.lab.experiments import Context, LabExperiment, Profile, register
 from cmq.lab.experiments._record import RunBook
 from cmq.lab.experiments.stockex.report import (
     EXPERIMENT_ID,
@@ -49,8 +49,11 @@ PROFILES: Final[dict[str, SimConfig]] = {
 
 def sim_config(ctx: Context) -> SimConfig:
     """The simulation's config for the lab profile of ``ctx``."""
-    base = str(ctx.profile.name).split(" ")[0]
-    return PROFILES.get(base, PROFILES["quick"])
+    return _config(ctx.profile)
+
+
+def _config(profile: Profile) -> SimConfig:
+    return PROFILES.get(str(profile.name).split(" ")[0], PROFILES["quick"])
 
 
 def _steps(ctx: Context) -> int:
@@ -91,6 +94,7 @@ def _run(ctx: Context) -> None:
 
 EXPERIMENT: Final = register(
     LabExperiment(id=EXPERIMENT_ID, title="AMQP stock-exchange simulation: orders/s until the rate is not kept",
-                  aliases=("stockex",), order=65, run=_run, steps=_steps, multi_system=False)
+                  aliases=("stockex",), order=65, run=_run, steps=_steps, multi_system=False,
+                  runs=lambda p: _config(p).rates.count(RATE_TARGET))
 )  # fmt: skip
 register_report()
