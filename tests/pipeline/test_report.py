@@ -250,7 +250,7 @@ def test_report_is_well_formed_and_self_contained(report: Path) -> None:
     # cmq's own targets apart from the papers' claims, in the overview and in sections.
     assert "<h2>cmq&#x27;s targets</h2>" in page and "cmq&#x27;s target</div>" in page
     assert "own target" not in page and "issue" not in page.lower()
-    assert "Best: qthresh 512 B, timeout 200 ms" in page
+    assert "Best median: qthresh 512 B, timeout 200 ms" in page
 
 
 def chromium() -> str | None:
