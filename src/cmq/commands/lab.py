@@ -104,7 +104,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="message sizes in bytes for the round-trip and throughput "
                              "experiments, e.g. 4,512,16K (default: the profile's)")  # fmt: skip
     parser.add_argument("--count", type=_count, default=None, metavar="N",
-                        help="round trips per system and size (default 300 quick, 1000 full)")  # fmt: skip
+                        help="round trips per system and size (default 300 quick, 200 under loss; 1000 full)")  # fmt: skip
     parser.add_argument("--loss", type=_probability, default=DEFAULT_LOSS, metavar="P",
                         help=f"packet-loss probability of Figure 6 (default {DEFAULT_LOSS}, the paper's)")  # fmt: skip
     parser.add_argument("--pin", choices=PINS, default="none",
