@@ -144,3 +144,29 @@ def test_destinations_micro_benchmark_shape() -> None:
 def test_bad_rss_interval() -> None:
     with pytest.raises(ConfigError, match="rss_interval"):
         runner.run_throughput(["udp"], [4], count=1, rss_interval=0)
+
+
+def test_a_client_started_beside_its_server_reads_its_peer_from_stdin(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The runner starts both sides at once and hands the client its peer on
+    stdin; a client whose stdin closes first says so and exits 2."""
+    import io
+    import types
+
+    from cmq.lab.systems import _common
+
+    got: dict[str, object] = {}
+
+    def pingpong_client(**params: object) -> dict[str, object]:
+        got.update(params)
+        return {"ok": True}
+
+    fake = types.SimpleNamespace(pingpong_client=pingpong_client)
+    monkeypatch.setattr("sys.stdin", io.StringIO('{"host": "127.0.0.1", "port": 9}\n'))
+    assert _common.worker_main(fake, ["pingpong_client", '{"size": 4, "peer_on_stdin": true}']) == 0  # type: ignore[arg-type]
+    assert got == {"size": 4, "peer": {"host": "127.0.0.1", "port": 9}}
+    assert 'RESULT {"ok": true' in capsys.readouterr().out
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    assert _common.worker_main(fake, ["pingpong_client", '{"peer_on_stdin": true}']) == 2  # type: ignore[arg-type]
+    assert "no peer on stdin" in capsys.readouterr().err

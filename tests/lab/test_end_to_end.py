@@ -69,6 +69,10 @@ def test_a_tiny_lab_run_writes_records_and_the_report(
     # A tiny run has one run a side and a short range: its verdicts say what
     # they lack rather than pass or fail on too little.
     verdicts = [line for line in summary.splitlines() if line.startswith("  [")]
-    assert verdicts and all(line.split("]")[0][3:] in ("pass", "fail", "inconclusive", "context") for line in verdicts)
+    statuses = [line.split("]")[0][3:] for line in verdicts]
+    assert verdicts and all(s.split(", ")[0] in ("pass", "fail", "inconclusive", "context") for s in statuses)
+    # Fewer runs than the full profile's: every judged verdict is marked indicative.
+    assert all(s.endswith(", indicative") for s in statuses if s != "context")
+    assert "Runs behind each judged figure: 1 in the tiny (custom) profile, 5 in the full profile." in page
     assert any("3 runs a side" in line or "needs" in line.lower() for line in verdicts)
     assert summary.rstrip().endswith(f"report: {(out / 'report.html').resolve()}")

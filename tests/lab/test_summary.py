@@ -60,7 +60,8 @@ def test_summary_layout() -> None:
         experiments=("cmq-fig5",), seconds=250.3, pipeline_seconds=55.4, times={"cmq-fig5": 190.2},
         runs={"ok": 21, "skipped": 2}, skipped=("nats: no nats-server: apt-get install nats-server",),
         failures=(), headlines=("ping-pong 512 B, mean round trip: udp 44.2 µs",),
-        verdicts=(Verdict(experiment="cmq-fig5", claim="c", status="pass", result="r"),),
+        verdicts=(Verdict(experiment="cmq-fig5", claim="c", status="pass", result="r"),
+                  Verdict(experiment="cmq-fig6", claim="c", status="fail", result="q", indicative=True)),
     )  # fmt: skip
     assert _summary(result).splitlines() == [
         "cmq lab: quick profile, 1 experiments, runs: 21 ok, 2 skipped; 4m10.3s (pipeline 55.4s)",
@@ -68,6 +69,7 @@ def test_summary_layout() -> None:
         "  ping-pong 512 B, mean round trip: udp 44.2 µs",
         "claims:",
         "  [pass] cmq-fig5: r",
+        "  [fail, indicative] cmq-fig6: q",
         "skipped nats: no nats-server: apt-get install nats-server",
         "report: /tmp/x/report.html",
     ]
@@ -103,3 +105,15 @@ def test_piped_progress_prints_a_line_at_least_every_heartbeat() -> None:
         quiet.advance("x")
     # A quiet run prints nothing; the heartbeat thread is not even started.
     assert all("x ..." not in x for x in lines)
+
+
+def test_lab_json_carries_the_runs_behind_each_experiment(tmp_path: Path) -> None:
+    from cmq.lab.experiments import PROFILES, get, runs_behind
+    from cmq.lab.orchestrate import read_runs, write_facts
+
+    # The quick profile measures Figure 5's compared cells in fewer runs than the full one.
+    fig5 = runs_behind(get("cmq-fig5"), PROFILES["quick"])
+    assert fig5 is not None and fig5[0] < fig5[1]
+    write_facts(tmp_path, "quick", {"cmq-fig5": 12.0}, {"cmq-fig5": fig5})
+    assert read_runs(tmp_path) == ("quick", {"cmq-fig5": fig5})
+    assert read_runs(tmp_path / "missing") == ("", {})

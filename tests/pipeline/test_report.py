@@ -140,19 +140,52 @@ def test_push_cost_is_flat_only_over_the_claimed_range() -> None:
     exp = lab_page("scalability")
     assert exp is not None
     push = exp.claims[0]
+    assert "interval" in push.rule
 
-    def data(points: dict[int, float]) -> ReportData:
+    def data(points: dict[int, list[float]]) -> ReportData:
         return ReportData(samples=[
-            {"experiment": "scalability", "system": "cmq", "metric": "push_ns", "x": float(x), "min": v,
-             "mean": v * 1.1, "n": 3, "p": {}}
+            {"experiment": "scalability", "system": "cmq", "metric": "push_ns", "x": float(x),
+             "min": min(v), "mean": sum(v) / len(v), "n": len(v), "values": sorted(v), "p": {}}
             for x, v in points.items()
         ])  # fmt: skip
 
-    # 1.71x at 100,000 destinations (the lenient pass once seen): a fail.
-    assert push.judge(data({1: 900.0, 100_000: 1540.0})).status == "fail"
+    # 1.71x at 100,000 destinations in every repeat (the lenient pass once seen): a fail.
+    assert push.judge(data({1: [900, 920, 910], 100_000: [1540, 1560, 1600]})).status == "fail"
     # Flat, but short of the claim's million: not decided.
-    assert push.judge(data({1: 900.0, 100_000: 950.0})).status == "inconclusive"
-    assert push.judge(data({1: 900.0, 1_000_000: 1000.0})).status == "pass"
+    assert push.judge(data({1: [900, 910, 905], 100_000: [950, 960, 940]})).status == "inconclusive"
+    assert push.judge(data({1: [900, 910, 905], 1_000_000: [1000, 1010, 990]})).status == "pass"
+    # A noisy pair: the least repeat 1.1x, another 1.9x; the interval straddles 1.25x.
+    noisy = push.judge(data({1: [900, 920, 1300], 1_000_000: [1000, 1700, 1750]}))
+    assert noisy.status == "inconclusive" and "interval" in noisy.result
+    # Fewer than 3 repeats a side decide nothing.
+    assert push.judge(data({1: [900], 1_000_000: [1800]})).status == "inconclusive"
+
+
+def test_the_best_tuning_cell_is_judged_on_intervals_over_runs() -> None:
+    exp = lab_page("tuning")
+    assert exp is not None
+    (best,) = exp.claims
+    assert "interval" in best.rule
+
+    def data(rates: dict[tuple[int, float], list[float]]) -> ReportData:
+        return ReportData(samples=[
+            {"experiment": "tuning", "system": "cmq", "metric": "msgs_per_s", "x": None,
+             "p": {"qthresh": q, "timeout": t}, "n": len(v), "mean": sum(v) / len(v), "values": sorted(v)}
+            for (q, t), v in rates.items()
+        ])  # fmt: skip
+
+    paper, other = (512, 0.2), (4096, 0.005)
+    grid = {(64, 0.005): [1e5, 1.1e5, 1.05e5], (64, 0.2): [1e5, 1e5, 1e5]}
+    # The paper's cell clearly ahead of every other in every run: pass.
+    assert best.judge(data({**grid, paper: [9e5, 9.5e5, 9.2e5], other: [5e5, 5.2e5, 5.1e5]})).status == "pass"
+    # Another cell ahead in every run: fail (one sample a cell used to decide this).
+    assert best.judge(data({**grid, paper: [5e5, 5.2e5, 5.1e5], other: [9e5, 9.5e5, 9.2e5]})).status == "fail"
+    # A noisy pair whose runs overlap: inconclusive, with the interval shown.
+    noisy = best.judge(data({**grid, paper: [5e5, 9e5, 7e5], other: [6e5, 8e5, 6.5e5]}))
+    assert noisy.status == "inconclusive" and "interval" in noisy.result
+    # One run a cell decides nothing.
+    one = {k: v[:1] for k, v in {**grid, paper: [9e5], other: [5e5]}.items()}
+    assert best.judge(data(one)).status == "inconclusive"
 
 
 def test_registry_refuses_duplicates_and_bad_ids() -> None:
@@ -217,7 +250,7 @@ def test_report_is_well_formed_and_self_contained(report: Path) -> None:
     # cmq's own targets apart from the papers' claims, in the overview and in sections.
     assert "<h2>cmq&#x27;s targets</h2>" in page and "cmq&#x27;s target</div>" in page
     assert "own target" not in page and "issue" not in page.lower()
-    assert "Best: qthresh 512 B, timeout 200 ms" in page
+    assert "Best median: qthresh 512 B, timeout 200 ms" in page
 
 
 def chromium() -> str | None:
@@ -256,3 +289,29 @@ def test_report_renders_in_headless_chromium(report: Path, tmp_path: Path) -> No
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert dom.stdout.count("<svg") == report.read_text(encoding="utf-8").count("<svg")
     assert "The papers' claims at a glance" in dom.stdout or "The papers&#x27; claims at a glance" in dom.stdout
+
+
+def test_verdicts_on_fewer_runs_than_the_full_profile_are_marked_indicative() -> None:
+    from cmq.pipeline.report import indicative
+
+    # The rule is about the profiles' run counts, never the result.
+    assert indicative((3, 5)) and not indicative((5, 5)) and not indicative((10, 10))
+    assert not indicative(None)
+
+    def judge(_data: ReportData) -> Verdict:
+        return Verdict(status="pass", result="fine")
+
+    exp = Experiment(id="test-runs", title="Runs", claims=[Claim(text="c", judge=judge)])
+    row = summary_row("test-runs", "cmq", "x", 4, 1.0, 0.0) | {
+        "loss_rate": 0.0, "duplicates": 0, "out_of_order": 0, "p50_ns": 1, "p99_ns": 1, "msgs_per_s": None,
+        "delivered": 100, "rate_source": "records",
+    }  # fmt: skip
+    data = ReportData(summary=[row])
+    quick = render_html(data, [exp], runs={"test-runs": (3, 5)}, profile="quick")
+    assert quick.count('class="badge indicative"') >= 2  # the section and the overview
+    assert "Runs behind each judged figure: 3 in the quick profile, 5 in the full profile." in quick
+    full = render_html(data, [exp], runs={"test-runs": (5, 5)}, profile="full")
+    assert 'class="badge indicative"' not in full
+    assert "5 in the full profile profile" not in full and "Runs behind each judged figure: 5" in full
+    # Records without run counts (an older lab.json) are shown unmarked.
+    assert 'class="badge indicative"' not in render_html(data, [exp])

@@ -33,11 +33,12 @@ def run(args: argparse.Namespace) -> int:
         MissingExtra: PySpark (the ``lab`` extra) is not installed.
     """
     from cmq.lab.experiments import pages
-    from cmq.lab.orchestrate import read_facts
+    from cmq.lab.orchestrate import read_facts, read_runs
     from cmq.pipeline.report import build_report
 
+    profile, runs = read_runs(args.dir)
     path = build_report(args.dir, pages(), master=args.master, path=args.out, title=args.title,
-                        facts=read_facts(args.dir))  # fmt: skip
+                        facts=read_facts(args.dir), runs=runs, profile=profile)  # fmt: skip
     print(path)
     print(f"open file://{path.resolve()}", file=sys.stderr)
     return 0

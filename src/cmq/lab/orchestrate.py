@@ -141,6 +141,8 @@ class Verdict:
     claim: str
     status: str
     result: str
+    indicative: bool = False
+    """Made on fewer runs than the full profile's (:func:`cmq.pipeline.report.indicative`)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -348,10 +350,36 @@ def _prepare_out(out: Path, overwrite: bool) -> None:
 FACTS: Final = "lab.json"
 
 
-def write_facts(out: Path, profile: str, times: Mapping[str, float]) -> None:
-    """Write ``out/lab.json``: the profile's name and each experiment's seconds."""
-    payload = {"profile": profile, "experiment_seconds": {k: round(v, 1) for k, v in times.items()}}
+def write_facts(
+    out: Path,
+    profile: str,
+    times: Mapping[str, float],
+    runs: Mapping[str, tuple[int, int]] | None = None,
+) -> None:
+    """Write ``out/lab.json``: the profile's name, each experiment's seconds,
+    and the runs behind each experiment's judged figures (this profile's and
+    the full profile's)."""
+    payload = {
+        "profile": profile,
+        "experiment_seconds": {k: round(v, 1) for k, v in times.items()},
+        "runs": {k: list(v) for k, v in (runs or {}).items()},
+    }
     (out / FACTS).write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+
+
+def read_runs(out: Path) -> tuple[str, dict[str, tuple[int, int]]]:
+    """The profile's name and the runs behind each experiment's judged
+    figures (this profile's, the full profile's), from ``out/lab.json``;
+    empty for records written without them."""
+    try:
+        payload = json.loads((out / FACTS).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "", {}
+    runs: dict[str, tuple[int, int]] = {}
+    for k, v in (payload.get("runs") or {}).items():
+        if isinstance(v, list) and len(v) == 2:
+            runs[str(k)] = (int(v[0]), int(v[1]))
+    return str(payload.get("profile", "")), runs
 
 
 def read_facts(out: Path) -> dict[str, str]:
@@ -460,7 +488,10 @@ def run_lab(
         if r["status"] == "failed":
             failures.append(f"{r['experiment']} {r['system']}: {r['reason']}")
 
-    write_facts(out, profile.name, times)
+    behind = {
+        e.id: n for e in chosen if e.id in times and (n := lab_experiments.runs_behind(e, profile))
+    }
+    write_facts(out, profile.name, times, behind)
     report_path: Path | None = None
     verdicts: list[Verdict] = []
     headlines: list[str] = []
@@ -473,7 +504,7 @@ def run_lab(
             report_path, data = _report(out, spark=spark, master=config.master)
         # Every section with data, including report-only ones an experiment
         # writes besides its own (tuning writes tuning-idle).
-        verdicts = _verdicts(data, set(data.experiment_ids()))
+        verdicts = _verdicts(data, set(data.experiment_ids()), behind)
         headlines = headline_figures(data)
     pipeline_seconds = time.monotonic() - pipeline_started
     return LabResult(
@@ -502,7 +533,9 @@ def _report(
     if spark is None:
         spark = _start_spark(out, master)
     data = collect(spark, out)
-    page = render_html(data, pages(), source=str(out), facts=read_facts(out))
+    profile, runs = read_runs(out)
+    page = render_html(data, pages(), source=str(out), facts=read_facts(out), runs=runs,
+                       profile=profile)  # fmt: skip
     target = out / "report.html"
     tmp = target.with_name(f".{target.name}.tmp")
     tmp.write_text(page, encoding="utf-8")
@@ -533,8 +566,11 @@ def _start_spark(out: Path, master: str | None) -> SparkSession:
         os.close(saved)
 
 
-def _verdicts(data: ReportData, ran: set[str]) -> list[Verdict]:
+def _verdicts(
+    data: ReportData, ran: set[str], runs: Mapping[str, tuple[int, int]] | None = None
+) -> list[Verdict]:
     from cmq.lab.experiments import pages
+    from cmq.pipeline.report import indicative
 
     found = []
     for exp in pages():
@@ -546,7 +582,9 @@ def _verdicts(data: ReportData, ran: set[str]) -> list[Verdict]:
                 status, result = v.status, v.result
             except Exception as exc:  # noqa: BLE001 - the report shows a broken judge the same way
                 status, result = "inconclusive", f"could not judge: {type(exc).__name__}: {exc}"
-            found.append(Verdict(experiment=exp.id, claim=claim.text, status=status, result=result))
+            marked = status != "context" and indicative((runs or {}).get(exp.id))
+            found.append(Verdict(experiment=exp.id, claim=claim.text, status=status, result=result,
+                                 indicative=marked))  # fmt: skip
     return found
 
 

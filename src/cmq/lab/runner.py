@@ -297,12 +297,21 @@ class _Worker(LineProcess):
     """One adapter role in a child process (:class:`~cmq.lab._child.LineProcess`),
     its ``TAG {json}`` lines read with :meth:`expect`."""
 
-    def __init__(self, argv: list[str], label: str) -> None:
+    def __init__(self, argv: list[str], label: str, *, stdin: int = subprocess.DEVNULL) -> None:
         self.label = label
         try:
-            super().__init__(argv, stdin=subprocess.DEVNULL)
+            super().__init__(argv, stdin=stdin)
         except OSError as exc:
             raise _RunError(f"{label}: cannot start {argv[0]}: {exc.strerror or exc}") from exc
+
+    def tell(self, value: dict[str, Any]) -> None:
+        """Write ``value`` as one JSON line to the worker's stdin, and close it."""
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(json.dumps(value) + "\n")
+            self.proc.stdin.close()
+        except OSError as exc:  # it died before it could be told
+            raise _RunError(f"{self.label}: exited before it got its peer{self._tail()}") from exc
 
     def expect(self, tag: str, timeout: float) -> dict[str, Any]:
         """The JSON of the next ``TAG {json}`` line, within ``timeout`` s."""
@@ -423,11 +432,16 @@ def _pair(
     client: _Worker | None = None
     sampler = None if rss_interval is None else _RssSampler(server.proc.pid, rss_interval)
     try:
-        peer = server.expect("READY", _READY_TIMEOUT)
-        client_params = {**client_params, "peer": peer}
+        # The sending side starts beside the receiving one and is told its
+        # peer on stdin once that listens: the two interpreters' start-ups
+        # (imports, about 70 ms each here) overlap instead of following each
+        # other. Nothing is measured before the peer arrives.
         client = _Worker(
-            _argv(mod, client_role, client_params, where.client_prefix), f"{name} {client_role}"
+            _argv(mod, client_role, {**client_params, "peer_on_stdin": True}, where.client_prefix),
+            f"{name} {client_role}",
+            stdin=subprocess.PIPE,
         )
+        client.tell(server.expect("READY", _READY_TIMEOUT))
         client_result = client.expect("RESULT", client_timeout)
         server_result = server.expect("RESULT", server_deadline + _GRACE)
         return server_result, client_result, [] if sampler is None else sampler.stop()

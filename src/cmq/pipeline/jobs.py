@@ -342,7 +342,9 @@ def throughput(records: DataFrame, totals: DataFrame) -> DataFrame:
 
 def sample_stats(samples: DataFrame) -> DataFrame:
     """Mean, sample stddev, min, max and count of ``value`` per
-    (experiment, scenario, system, params, metric, x)."""
+    (experiment, scenario, system, params, metric, x), and the ``values``
+    themselves in ascending order (a few per group: repeats, for the
+    intervals over repeats of :mod:`cmq.pipeline.stats`)."""
     from pyspark.sql import functions as F
 
     return samples.groupBy("experiment", "scenario", "system", "params", "metric", "x").agg(
@@ -351,6 +353,7 @@ def sample_stats(samples: DataFrame) -> DataFrame:
         F.stddev_samp("value").alias("stddev"),
         F.min("value").alias("min"),
         F.max("value").alias("max"),
+        F.sort_array(F.collect_list("value")).alias("values"),
     )
 
 

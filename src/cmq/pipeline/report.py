@@ -54,6 +54,7 @@ __all__ = [
     "build_report",
     "collect",
     "generic_section",
+    "indicative",
     "latency_figure",
     "latency_table",
     "render_html",
@@ -296,7 +297,10 @@ def svg(fig: Figure) -> str:
     """Render a matplotlib figure as inline SVG markup (no XML prolog, no
     metadata block: the metadata names external RDF vocabularies)."""
     buf = io.StringIO()
-    fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
+    # No bbox_inches="tight": the figures use constrained layout, which keeps
+    # every label inside the figure already, and the tight box drew each
+    # figure twice (a third of the page's rendering time).
+    fig.savefig(buf, format="svg", metadata={"Date": None})
     text = buf.getvalue()
     match = _SVG_START.search(text)
     if match is None:  # pragma: no cover - matplotlib always writes <svg
@@ -494,6 +498,7 @@ td.l, th.l { text-align: left; }
 .fail { background: #fbdcdc; color: #8c1c1c; }
 .inconclusive { background: #eeeeee; color: #555; }
 .context { background: #e6eefa; color: #234; }
+.indicative { background: #fff3d6; color: #6b4a00; font-weight: 500; }
 .figure { margin: 8px 0; overflow-x: auto; }
 .table { overflow-x: auto; max-width: 100%; }
 .figure svg { max-width: 100%; height: auto; }
@@ -541,8 +546,30 @@ def _scope_ids(markup: str, prefix: str) -> str:
     return pattern.sub(lambda m: f"{m.group(1)}{prefix}{m.group(2)}", markup)
 
 
-def _badge(status: Status) -> str:
-    return f'<span class="badge {status}">{status}</span>'
+def indicative(runs: tuple[int, int] | None) -> bool:
+    """The rule that marks a verdict "indicative": the profile that made it
+    measured fewer runs behind the claim's figures than the full profile
+    does (``runs`` is (this profile's, the full profile's)). Decided by the
+    profiles alone, before anything is measured; never by the result."""
+    return runs is not None and runs[0] < runs[1]
+
+
+def _badge(status: Status, marked: bool = False) -> str:
+    badge = f'<span class="badge {status}">{status}</span>'
+    if marked and status in ("pass", "fail", "inconclusive"):
+        badge += ' <span class="badge indicative" title="fewer runs than the full profile">indicative</span>'
+    return badge
+
+
+def _runs_note(runs: tuple[int, int] | None, profile: str) -> str:
+    if runs is None:
+        return ""
+    made = f"the {profile} profile" if profile else "this run"
+    text = (f"Runs behind each judged figure: {runs[0]} in {made}, {runs[1]} in the full profile.")
+    if indicative(runs):
+        text += (" Fewer than the full profile's, so the verdicts are marked indicative: with these "
+                 "few runs they can differ from the full profile's.")  # fmt: skip
+    return f'<p class="note">{_e(text)}</p>'
 
 
 def _judge(claim: Claim, data: ReportData) -> Verdict:
@@ -595,21 +622,25 @@ def _environment_html(data: ReportData) -> str:
     return _table_html(Table(caption="Environment", columns=["what", "value"], rows=rows))
 
 
-def _claims_grid(head: str, rows: list[tuple[Claim, Verdict]]) -> str:
+def _claims_grid(head: str, rows: list[tuple[Claim, Verdict]], marked: bool = False) -> str:
     parts = [f'<div class="claims"><div class="head">{_e(head)}</div>'
              '<div class="head">We measured</div><div class="head">Verdict</div>']  # fmt: skip
     for claim, verdict in rows:
         said = _e(claim.text) + (f'<div class="rule">Rule: {_e(claim.rule)}</div>' if claim.rule else "")
         parts.append(
-            f"<div>{said}</div><div>{_e(verdict.result)}</div><div>{_badge(verdict.status)}</div>"
+            f"<div>{said}</div><div>{_e(verdict.result)}</div><div>{_badge(verdict.status, marked)}</div>"
         )
     parts.append("</div>")
     return "".join(parts)
 
 
 def _section_html(
-    exp: Experiment, data: ReportData, index: int
-) -> tuple[str, list[tuple[str, Verdict, bool]]]:
+    exp: Experiment,
+    data: ReportData,
+    index: int,
+    runs: tuple[int, int] | None = None,
+    profile: str = "",
+) -> tuple[str, list[tuple[str, Verdict, bool, bool]]]:
     judged = [(c, _judge(c, data)) for c in exp.claims]
     try:
         section = exp.render(data, exp.id)
@@ -622,17 +653,20 @@ def _section_html(
         )
     papers = [(c, v) for c, v in judged if not c.target]
     targets = [(c, v) for c, v in judged if c.target]
+    marked = indicative(runs)
     if papers:
-        parts.append(_claims_grid("The paper says", papers))
+        parts.append(_claims_grid("The paper says", papers, marked))
     if targets:
-        parts.append(_claims_grid("cmq's target", targets))
+        parts.append(_claims_grid("cmq's target", targets, marked))
+    if judged:
+        parts.append(_runs_note(runs, profile))
     for k, figure in enumerate(section.figures):
         parts.append(f'<div class="figure">{_scope_ids(figure, f"f{index}-{k}-")}</div>')
     parts.extend(f'<p class="note">{_e(note)}</p>' for note in section.notes)
     parts.extend(_table_html(t) for t in section.tables)
     parts.append(_skipped_html(data.run_rows(exp.id)))
     parts.append("</section>")
-    return "\n".join(parts), [(f"{exp.id}: {c.text}", v, c.target) for c, v in judged]
+    return "\n".join(parts), [(f"{exp.id}: {c.text}", v, c.target, marked) for c, v in judged]
 
 
 def _pipeline_sentence(data: ReportData) -> str:
@@ -657,12 +691,17 @@ def render_html(
     title: str = "cmq lab report",
     source: str = "",
     facts: Mapping[str, str] | None = None,
+    runs: Mapping[str, tuple[int, int]] | None = None,
+    profile: str = "",
 ) -> str:
     """The whole page as a string: one section per experiment that has data
     (those of ``experiments`` in their order, then any others the records
     name, with a generic section), a verdict overview, the skipped systems
     and the environment. ``facts`` are lines about how the records were made
-    (the lab's profile, its time per experiment), shown under the title."""
+    (the lab's profile, its time per experiment), shown under the title.
+    ``runs`` maps an experiment's id to the runs behind its judged figures
+    in the ``profile`` that made the records and in the full profile: each
+    section says them, and its verdicts are marked by :func:`indicative`."""
     registered = list(experiments)
     present = set(data.experiment_ids())
     shown = [e for e in registered if e.id in present]
@@ -672,9 +711,9 @@ def render_html(
     ]
 
     sections: list[str] = []
-    overview: list[tuple[str, Verdict, bool]] = []
+    overview: list[tuple[str, Verdict, bool, bool]] = []
     for index, exp in enumerate(shown):
-        markup, verdicts = _section_html(exp, data, index)
+        markup, verdicts = _section_html(exp, data, index, (runs or {}).get(exp.id), profile)
         sections.append(markup)
         overview.extend(verdicts)
     not_run = [e for e in registered if e.id not in present]
@@ -696,17 +735,23 @@ def render_html(
     ]
     body = []
     for heading, want in (("The papers' claims at a glance", False), ("cmq's targets", True)):
-        chosen = [(t, v) for t, v, target in overview if target == want]
+        chosen = [(t, v, marked) for t, v, target, marked in overview if target == want]
         if not chosen:
             continue
         body.append(f"<h2>{_e(heading)}</h2>")
         rows = "".join(
-            f'<tr><td class="l">{_e(t)}</td><td class="l">{_badge(v.status)}</td></tr>\n'
-            for t, v in chosen
+            f'<tr><td class="l">{_e(t)}</td><td class="l">{_badge(v.status, marked)}</td></tr>\n'
+            for t, v, marked in chosen
         )
         body.append(
             '<div class="table"><table><thead><tr><th class="l">claim</th><th class="l">verdict</th>'
             f"</tr></thead><tbody>\n{rows}</tbody></table></div>"
+        )
+    if any(marked for *_, marked in overview):
+        body.append(
+            '<p class="note">Marked <span class="badge indicative">indicative</span>: a verdict of a '
+            "profile that measured fewer runs behind the claim's figures than the full profile "
+            "(<code>cmq lab --full</code>) does; each section says how many.</p>"
         )
     if not_run:
         body.append(
@@ -732,6 +777,8 @@ def build_report(
     path: str | os.PathLike[str] | None = None,
     title: str = "cmq lab report",
     facts: Mapping[str, str] | None = None,
+    runs: Mapping[str, tuple[int, int]] | None = None,
+    profile: str = "",
 ) -> Path:
     """Aggregate ``out``'s records on Spark and write the page (default
     ``out/report.html``) with a section per experiment of ``experiments``;
@@ -750,7 +797,8 @@ def build_report(
 
         spark = build_session(SessionConfig(master=master) if master else SessionConfig())
     data = collect(spark, out_dir)
-    page = render_html(data, experiments, title=title, source=str(out_dir), facts=facts)
+    page = render_html(data, experiments, title=title, source=str(out_dir), facts=facts, runs=runs,
+                       profile=profile)  # fmt: skip
     target = Path(path) if path is not None else out_dir / "report.html"
     tmp = target.with_name(f".{target.name}.tmp")
     tmp.write_text(page, encoding="utf-8")

@@ -552,6 +552,7 @@ ORDER: Final = register(
         steps=_order_steps,
         unavailable=_unavailable,
         multi_system=False,
+        runs=lambda p: ORDER_PROFILES.get(p.name.split(" ")[0], ORDER_PROFILES["quick"]).repeats,
     )
 )
 THROUGHPUT: Final = register(
@@ -564,6 +565,7 @@ THROUGHPUT: Final = register(
         steps=_throughput_steps,
         unavailable=_unavailable,
         multi_system=False,
+        runs=lambda p: THROUGHPUT_PROFILES.get(p.name.split(" ")[0], THROUGHPUT_PROFILES["quick"]).rounds,
     )
 )
 EXPERIMENTS: Final = (ORDER, THROUGHPUT)

@@ -115,6 +115,7 @@ EXPERIMENT: Final = register(
         order=10,
         run=_run,
         steps=_steps,
+        runs=lambda p: p.rt_runs,
     )
 )
 

@@ -80,6 +80,7 @@ EXPERIMENT: Final = register(
         order=50,
         run=_run,
         steps=_steps,
+        runs=lambda _p: 1,  # one run per (system, size), in every profile
     )
 )
 

@@ -411,8 +411,10 @@ def worker_main(module: ModuleType, argv: list[str]) -> int:
     The protocol with :mod:`cmq.lab.runner` is three kinds of stdout lines:
     ``READY {json}`` once a receiver or server listens, ``RESULT {json}`` at
     the end; anything else on stdout is ignored. Errors go to stderr with a
-    non-zero exit code. Parameters ``cpu`` (pin to that CPU first) is handled
-    here, the rest go to the role's function as keyword arguments.
+    non-zero exit code. Parameters ``cpu`` (pin to that CPU first) and
+    ``peer_on_stdin`` (read the ``peer`` parameter as one JSON line from
+    stdin before starting) are handled here, the rest go to the role's
+    function as keyword arguments.
     """
     if len(argv) != 2:
         print("usage: ROLE JSON_PARAMS", file=sys.stderr)
@@ -420,6 +422,14 @@ def worker_main(module: ModuleType, argv: list[str]) -> int:
     role, raw = argv
     params: dict[str, Any] = json.loads(raw)
     _pin(params.pop("cpu", None))
+    if params.pop("peer_on_stdin", False):
+        # Started before its peer listened (the runner overlaps the two
+        # start-ups): the peer's READY comes as one JSON line on stdin.
+        line = sys.stdin.readline()
+        if not line:
+            print("no peer on stdin", file=sys.stderr)
+            return 2
+        params["peer"] = json.loads(line)
     func = getattr(module, role, None)
     if role not in _ROLES or func is None:
         print(f"unknown role {role!r}", file=sys.stderr)

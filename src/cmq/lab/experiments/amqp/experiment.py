@@ -64,7 +64,7 @@ def _experiment(bench: str, order: int, title: str) -> LabExperiment:
     return register(
         LabExperiment(
             id=exp_id, title=title, aliases=(bench,), order=order, run=run_fn, steps=steps,
-            multi_system=False,
+            multi_system=False, runs=lambda lab: amqp_profile(lab).repeat,
         )
     )  # fmt: skip
 
@@ -98,7 +98,8 @@ def _durable_experiment() -> LabExperiment:
 
     return register(
         LabExperiment(id=durable.EXPERIMENT_ID, title="AMQP durable: confirmed persistent publishes, kill -9",
-                      aliases=("durable",), order=66, run=run, steps=steps, multi_system=False)
+                      aliases=("durable",), order=66, run=run, steps=steps, multi_system=False,
+                      runs=lambda p: durable.PROFILES.get(p.name.split(" ")[0], durable.PROFILES["quick"])[1])
     )  # fmt: skip
 
 

@@ -54,6 +54,7 @@ EXPERIMENT: Final = register(
         steps=measure.steps,
         unavailable=unavailable,
         multi_system=False,
+        runs=measure.fewest_runs,
     )
 )
 

@@ -78,6 +78,7 @@ __all__ = [
     "SCALES",
     "Scale",
     "delivery_modes",
+    "fewest_runs",
     "modes",
     "parse_dropped",
     "parse_in_receives",
@@ -281,6 +282,13 @@ def queue_options(mode: str, api: bool) -> dict[str, Any]:
 
 def _peers(ctx: Context) -> list[str]:
     return [s for s in PEERS if s in ctx.systems]
+
+
+def fewest_runs(profile: Profile) -> int:
+    """The fewest runs behind any judged figure under ``profile`` (the page's
+    "indicative" mark compares it with the full profile's)."""
+    s = scale_for(profile)
+    return min(s.tp_repeats, s.rt_repeats, s.slow_repeats, s.restart_repeats)
 
 
 def steps(ctx: Context, scale: Scale | None = None) -> int:
