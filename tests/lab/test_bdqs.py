@@ -71,8 +71,11 @@ def test_every_profile_has_a_scale_and_quick_is_the_issue_scale() -> None:
             if t > 1 and 1 < k < 1_000_000:
                 assert bdqs.depth_k(t, str(k)) in one_receiver
         tp = bdqs.THROUGHPUT_PROFILES[name]
-        assert tp.nodes == (1, 2, 4) and set(tp.stores) == {"sqlite", "redis-cluster"}
+        # The claims compare 4 nodes with 1 (and 1 with moto); the full
+        # profile draws 2 nodes too.
+        assert {1, 4} <= set(tp.nodes) and set(tp.stores) == {"sqlite", "redis-cluster"}
         assert tp.rounds >= 10  # enough rounds for the bootstrap intervals
+    assert bdqs.THROUGHPUT_PROFILES["full"].nodes == (1, 2, 4)
 
 
 @pytest.mark.parametrize(

@@ -25,8 +25,11 @@
     boto3's client CPU would be the bottleneck on two cores). It measures
     both cycles per second (total) and cycles per CPU-second consumed by all
     of the service's processes (the nodes, and the redis-server processes
-    of a Redis Cluster store), with the same cycles in flight per node; the
-    scaling claim is judged on the second, 4 nodes over 1 node in each
+    of a Redis Cluster store), with the same cycles in flight per node.
+    Every server starts once per experiment (per store as many nodes as the
+    largest count, over one store; a run of n nodes uses the first n, the
+    others idle and are not counted). The scaling claim is judged on the
+    second, 4 nodes over 1 node in each
     round (the samples of one round share its ``t_ns``), and the 10x moto
     claim on one node over moto in each round; the configurations of a round
     run in a shuffled order (:func:`round_order`), and both claims take the
@@ -94,6 +97,8 @@ from cmq.pipeline.stats import MIN_RUNS, combine, decide, paired_interval
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
+
+    from cmq.lab.bench.sqs import Servers
 
 __all__ = [
     "EXPERIMENTS",
@@ -203,7 +208,7 @@ class ThroughputConfig:
     seconds: float
     """Duration of one run."""
     stores: tuple[str, ...] = ("sqlite",)
-    """cmq stores: ``sqlite`` (a fresh file per run), ``redis-cluster``."""
+    """cmq stores: ``sqlite`` (a fresh file per experiment), ``redis-cluster``."""
     concurrency_per_node: int = 16
     """Cycles in flight per node (one keep-alive connection each), so that
     the load grows with the nodes: linear scaling means each added node with
@@ -228,13 +233,15 @@ class ThroughputConfig:
 ORDER_PROFILES: Final[dict[str, OrderConfig]] = {
     # sqsbench order's scale, on both stores, 10 runs per cell.
     "full": OrderConfig(n=500, moto_n=500, stores=("sqlite", "redis-cluster"), repeats=10),
-    # About 6-7 minutes of the 2-core machine: per store 240 runs of 100
-    # messages (2 modes x 3 T x 4 K x 10 runs, 0.5-1 s each), and 3 moto
-    # runs. Ten runs rather than more messages per run: the interval's width
-    # falls with the runs' count faster than with their size, and SQLite's
-    # duplication rate varies from run to run by a factor of 3 or more (how
-    # often its write lock lets two nodes race is a matter of scheduling).
-    "quick": OrderConfig(n=100, moto_n=100, stores=("sqlite", "redis-cluster"), repeats=10),
+    # Per store 208 runs of 100 messages (2 modes x 3 T x 4 K x 8 runs, and
+    # 2 x 8 one-receiver references), about 0.1 s each, and 3 moto runs of
+    # 50 (moto's receive walks its whole queue): within the quick profile's
+    # 40 s for this experiment. Eight runs a cell rather than more messages
+    # per run: the interval's width falls with the runs' count faster than
+    # with their size, and SQLite's duplication rate varies from run to run
+    # by a factor of 3 or more (how often its write lock lets two nodes race
+    # is a matter of scheduling). (Ten runs a cell took 52 s.)
+    "quick": OrderConfig(n=100, moto_n=50, stores=("sqlite", "redis-cluster"), repeats=8),
     "tiny": OrderConfig(
         n=30, moto_n=20, t_recvs=(1, 2), ks=(1, 1_000_000), repeats=2, nodes=2, depth_ks=()
     ),
@@ -248,8 +255,14 @@ THROUGHPUT_PROFILES: Final[dict[str, ThroughputConfig]] = {
     "full": ThroughputConfig(
         nodes=(1, 2, 4), rounds=16, seconds=3.0, stores=("sqlite", "redis-cluster")
     ),
+    # Within the quick profile's 70 s for this experiment: 10 rounds of 1 and
+    # 4 nodes on each store and moto, 1 s each (the claims compare 4 nodes
+    # with 1 and 1 with moto; 2 nodes, a point of the figure only, is in the
+    # full profile). Servers start once per experiment, not per run: per
+    # run, node start-up and shutdown cost 0.5-1 s of a 1.5 s run, and the
+    # rounds took 165 s.
     "quick": ThroughputConfig(
-        nodes=(1, 2, 4), rounds=10, seconds=1.5, stores=("sqlite", "redis-cluster")
+        nodes=(1, 4), rounds=10, seconds=1.0, stores=("sqlite", "redis-cluster")
     ),
     "tiny": ThroughputConfig(nodes=(1,), rounds=1, seconds=0.5, concurrency_per_node=8),
 }
@@ -382,7 +395,7 @@ def _order_steps(ctx: Context) -> int:
 
 
 def _run_order(ctx: Context) -> None:
-    from cmq.lab.bench.sqs import order_experiment
+    from cmq.lab.bench.sqs import order_experiment, start_cmq
 
     c = order_config(ctx)
     with RunBook(ctx.out, ORDER.id, params={"n": c.n, "moto_n": c.moto_n}) as book:
@@ -400,13 +413,20 @@ def _run_order(ctx: Context) -> None:
             try:
                 with _store(kind) as (url, _pids):
                     book.open(system, {"store": kind, "nodes": c.nodes, "repeats": c.repeats})
-                    records = order_experiment(url, t_recvs=c.t_recvs, ks=c.ks, n=c.n,
-                                               nodes=c.nodes, modes=c.modes, repeats=c.repeats,
-                                               progress=progress)  # fmt: skip
-                    if c.depth_ks:
-                        records += order_experiment(url, t_recvs=(1,), ks=c.depth_ks, n=c.n,
-                                                    nodes=c.nodes, modes=("atomic",),
-                                                    repeats=c.repeats, progress=progress)  # fmt: skip
+                    # One set of nodes for both plans.
+                    servers = start_cmq(url, c.nodes)
+                    try:
+                        records = order_experiment(url, t_recvs=c.t_recvs, ks=c.ks, n=c.n,
+                                                   nodes=c.nodes, modes=c.modes,
+                                                   repeats=c.repeats, progress=progress,
+                                                   servers=servers)  # fmt: skip
+                        if c.depth_ks:
+                            records += order_experiment(url, t_recvs=(1,), ks=c.depth_ks, n=c.n,
+                                                        nodes=c.nodes, modes=("atomic",),
+                                                        repeats=c.repeats, progress=progress,
+                                                        servers=servers)  # fmt: skip
+                    finally:
+                        servers.stop()
             except (CmqError, ConfigError, OSError) as exc:
                 book.problem(system, f"{type(exc).__name__}: {exc}")
                 ctx.say(f"{ORDER.id}: {system} failed: {exc}")
@@ -459,28 +479,42 @@ def _throughput_steps(ctx: Context) -> int:
 
 
 def _run_throughput(ctx: Context) -> None:
+    from cmq.lab.bench.sqs import start_cmq, start_moto
+
     c = throughput_config(ctx)
     params = {"seconds": c.seconds, "rounds": c.rounds,
               "concurrency_per_node": c.concurrency_per_node}  # fmt: skip
     with RunBook(ctx.out, THROUGHPUT.id, params=params) as book, contextlib.ExitStack() as stack:
-        # Why a system cannot run at all: found once, before the rounds.
+        # Every server starts once, before the rounds: per store, as many
+        # nodes as the largest node count (a run of n nodes uses the first
+        # n; the others idle, uncounted), over one store; moto once. Why a
+        # system cannot run at all is found then too.
         skips: dict[str, str] = {}
+        running: dict[str, tuple[Servers, list[int]]] = {}
         if c.moto and (why := _moto_missing()) is not None:
             skips["moto"] = why
-        urls: dict[str, tuple[str, list[int]]] = {}
         for kind in c.stores:
-            if kind == "redis-cluster":
-                if (why := _redis_missing()) is not None:
-                    skips[kind] = why
-                    continue
-                try:
-                    urls[kind] = stack.enter_context(_store(kind))
-                except (CmqError, ConfigError, OSError) as exc:
-                    skips[kind] = f"the local Redis Cluster did not start: {exc}"
+            if kind == "redis-cluster" and (why := _redis_missing()) is not None:
+                skips[kind] = why
+                continue
+            try:
+                url, pids = stack.enter_context(_store(kind))
+                servers = start_cmq(url, max(c.nodes))
+                stack.callback(servers.stop)
+                running[kind] = (servers, pids)
+            except (CmqError, ConfigError, OSError) as exc:
+                skips[kind] = f"{SYSTEM_NAMES[kind]} did not start: {exc}"
+        if c.moto and "moto" not in skips:
+            try:
+                moto = start_moto()
+                stack.callback(moto.stop)
+                running["moto"] = (moto, [])
+            except (CmqError, ConfigError, OSError) as exc:
+                skips["moto"] = f"moto's server did not start: {exc}"
         for kind, why in skips.items():
             book.skip(SYSTEM_NAMES[kind], why)
             ctx.say(f"{THROUGHPUT.id}: skipping {SYSTEM_NAMES[kind]}: {why}")
-        if "moto" not in skips and c.moto:
+        if "moto" in running:
             book.open("moto", _moto_params())
         for r in range(c.rounds):
             # One stamp per round on every sample of it: how the judges pair
@@ -489,8 +523,8 @@ def _run_throughput(ctx: Context) -> None:
             round_ns = time.time_ns()
             for kind, nodes in round_order(c, r):
                 label = f"round {r + 1}: {SYSTEM_NAMES[kind]} x{nodes}"
-                if kind not in skips:
-                    _one_throughput(book, c, kind, nodes, urls.get(kind), round_ns)
+                if kind in running:
+                    _one_throughput(book, c, kind, nodes, running[kind], round_ns)
                 ctx.step(label)
 
 
@@ -499,23 +533,16 @@ def _one_throughput(
     c: ThroughputConfig,
     kind: str,
     nodes: int,
-    store: tuple[str, list[int]] | None,
+    running: tuple[Servers, list[int]],
     round_ns: int,
 ) -> None:
-    from cmq.lab.bench.sqs import sqlite_store, throughput
+    from cmq.lab.bench.sqs import measure
 
     system = SYSTEM_NAMES[kind]
-    concurrency = c.concurrency_per_node * nodes
+    servers, store_pids = running
     try:
-        if kind == "sqlite":
-            with sqlite_store() as fresh:
-                row = throughput(fresh, nodes=nodes, seconds=c.seconds, concurrency=concurrency)
-        elif kind == "moto":
-            row = throughput(None, seconds=c.seconds, concurrency=concurrency)
-        else:
-            assert store is not None
-            row = throughput(store[0], nodes=nodes, seconds=c.seconds,
-                             concurrency=concurrency, store_pids=store[1])  # fmt: skip
+        row = measure(servers, nodes=nodes, seconds=c.seconds,
+                      concurrency=c.concurrency_per_node * nodes, store_pids=store_pids)  # fmt: skip
     except (CmqError, ConfigError, OSError) as exc:
         book.problem(system, f"{nodes} node(s): {type(exc).__name__}: {exc}")
         return
