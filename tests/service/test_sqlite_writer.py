@@ -294,6 +294,8 @@ def test_a_k1_receive_in_one_statement_picks_what_the_window_picks(
             now=T0, max_messages=n, visibility_ms=5, k=1, fifo=False, token="t", rand=(0.5,) * n
         )
         expected = standard_picks(sqlite_store._window(conn, "q", spec), 1, n, spec.rand)
+        # The atomic window (in-flight messages counted) picks the same at k = 1.
+        assert sqlite_store._atomic_window(conn, "q", spec) == expected
         got = sqlite_store._take_head(conn, "q", spec)
     finally:
         conn.close()

@@ -7,6 +7,7 @@ dedup window are tested here by passing later times: nothing waits.
 from __future__ import annotations
 
 import asyncio
+import random
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -129,12 +130,17 @@ def test_change_visibility_and_stale_tokens(with_store: Any) -> None:
 
 def test_k_window_and_order(with_store: Any) -> None:
     async def body(store: Store, q: str) -> None:
-        await store.send(q, [_msg(i) for i in range(6)], T0)
+        await store.send(q, [_msg(i) for i in range(10)], T0)
         in_order = await store.receive(q, _spec(T0, n=3, k=1))
         assert [r.payload for r in in_order] == ["p0", "p1", "p2"]
-        # rand 0.5 over a window of 3 picks the middle one each time.
+        # p0-p2, in flight, fill the window of 3: each pick is the first
+        # visible message after them.
         picked = await store.receive(q, _spec(T0, n=2, k=3))
-        assert [r.payload for r in picked] == ["p4", "p5"]
+        assert [r.payload for r in picked] == ["p3", "p4"]
+        # rand 0.5 over a window of 3 visible picks the middle one each time.
+        await store.delete(q, [(r.seq, r.token) for r in in_order + picked])
+        picked = await store.receive(q, _spec(T0, n=2, k=3, lock_free=True))
+        assert [r.payload for r in picked] == ["p6", "p7"]
 
     with_store(body)
 
@@ -431,26 +437,94 @@ def _last_of_window(now: int, k: int, token: str, lock_free: bool) -> ReceiveSpe
                        token=token, rand=(0.99,), lock_free=lock_free)  # fmt: skip
 
 
-def test_concurrent_receives_reach_k_plus_t_minus_1_deep_atomic_and_k_lock_free(
-    with_store: Any,
-) -> None:
-    # Why atomic mode is a little more out of order than lock-free at K >= 2
-    # with several receivers: each atomic receive picks among the first K
-    # messages still visible, and the others' picks are already in flight,
-    # so 3 receivers at K=2 hand out p1..p3 (3 = K + T - 1 deep); racing
-    # lock-free receivers all read the same first two and take the same one.
+def test_atomic_receives_count_messages_in_flight_in_the_k_window(with_store: Any) -> None:
+    # Three receivers at K=2, each holding its pick (in flight) while the
+    # next one receives, as concurrent receivers do. Each picks the last of
+    # its window. The window counts the picks in flight: the second receive
+    # is left p0 only, the third finds both in flight and takes the first
+    # visible message after them. (Counting only visible messages, they
+    # handed out p1, p2, p3: K + T - 1 deep, more out of order than racing
+    # lock-free receivers, which all read p0, p1 and take p1.)
     async def body(store: Store, q: str) -> None:
         await store.send(q, [_msg(i) for i in range(6)], T0)
         atomic = [await store.receive(q, _last_of_window(T0, 2, f"a{i}", False))
                   for i in range(3)]  # fmt: skip
-        assert [r.payload for rs in atomic for r in rs] == ["p1", "p2", "p3"]
-        await store.delete(q, [(rs[0].seq, rs[0].token) for rs in atomic])
+        assert [r.payload for rs in atomic for r in rs] == ["p1", "p0", "p2"]
+        # p0 deleted, p1 back in view after its timeout, p2 still held: the
+        # window is p1 and p2, so the last of it that is visible is p1.
+        await store.delete(q, [(atomic[1][0].seq, "a1")])
+        later = T0 + 30_000
+        await store.change_visibility(q, atomic[2][0].seq, "a2", later + 30_000, T0)
+        [again] = await store.receive(q, _last_of_window(later, 2, "b", False))
+        assert (again.payload, again.receive_count) == ("p1", 2)
+
+    with_store(body)
+
+
+def test_a_delayed_message_holds_no_place_in_the_atomic_window(with_store: Any) -> None:
+    # Delayed (never received) is not in flight: the window of K=2 is p1, p2.
+    async def body(store: Store, q: str) -> None:
+        await store.send(q, [_msg(0, at=T0 + 60_000), _msg(1), _msg(2)], T0)
+        [r] = await store.receive(q, _last_of_window(T0, 2, "a", False))
+        assert r.payload == "p2"
+
+    with_store(body)
+
+
+def test_racing_lock_free_receives_read_k_visible_messages(with_store: Any) -> None:
+    # The lock-free mode keeps the paper's window of the first K visible
+    # messages: with p1 held, three racing receives at K=2 read p0 and p2
+    # and all take p2 (2 duplicates).
+    async def body(store: Store, q: str) -> None:
+        await store.send(q, [_msg(i) for i in range(6)], T0)
+        [held] = await store.receive(q, _last_of_window(T0, 2, "h", False))
+        assert held.payload == "p1"
         gate = _Gate(3)
         store.between_read_and_write = gate
         racing = await asyncio.gather(
             *(store.receive(q, _last_of_window(T0, 2, f"l{i}", True)) for i in range(3))
         )
-        # The first two visible are now p0 and p4: all three take p4 (2 duplicates).
-        assert [r.payload for rs in racing for r in rs] == ["p4"] * 3
+        assert [r.payload for rs in racing for r in rs] == ["p2"] * 3
+
+    with_store(body)
+
+
+@pytest.mark.parametrize("t_recv", [2, 3])
+@pytest.mark.parametrize("k", [2, 3])
+def test_interleaved_atomic_drains_stay_within_the_first_k(
+    with_store: Any, t_recv: int, k: int
+) -> None:
+    # T receivers take turns: each deletes what it holds, then receives
+    # again, so the other T - 1 always hold a message in flight, as in the
+    # lab's drains. Every pick lies within the first K messages not yet
+    # deleted, unless all K of them are in flight; then it is the first
+    # visible message. (Counting only visible messages, picks reached
+    # K + T - 1 deep.)
+    async def body(store: Store, q: str) -> None:
+        total = 30
+        await store.send(q, [_msg(i) for i in range(total)], T0)
+        undeleted = list(range(1, total + 1))
+        held: dict[int, tuple[int, str]] = {}
+        rng = random.Random(f"{t_recv}-{k}")
+        for turn in range(total):
+            who = turn % t_recv
+            if who in held:
+                seq, token = held.pop(who)
+                await store.delete(q, [(seq, token)])
+                undeleted.remove(seq)
+            token = f"r{who}-{turn}"
+            spec = ReceiveSpec(now=T0, max_messages=1, visibility_ms=30_000, k=k, fifo=False,
+                               token=token, rand=(rng.random(),))  # fmt: skip
+            got = await store.receive(q, spec)
+            if not got:
+                continue
+            [r] = got
+            window = undeleted[:k]
+            in_flight = {s for s, _ in held.values()}
+            if all(s in in_flight for s in window):
+                assert r.seq == next(s for s in undeleted if s not in in_flight)
+            else:
+                assert r.seq in window and r.seq not in in_flight
+            held[who] = (r.seq, token)
 
     with_store(body)

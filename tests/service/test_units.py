@@ -19,7 +19,7 @@ from cmq._errors import CmqError, ConfigError
 from cmq.service import errors
 from cmq.service.config import ServiceConfig, StoreConfig
 from cmq.service.operations import QueueService
-from cmq.service.ordering import fifo_picks, standard_picks
+from cmq.service.ordering import fifo_picks, standard_picks, window_picks
 from cmq.service.protocol import (
     ACTIONS,
     UNSUPPORTED_ACTIONS,
@@ -145,6 +145,50 @@ def test_standard_picks_stay_in_the_window(
         remaining.remove(p)
     if k == 1:
         assert picks == visible[: len(picks)]
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 10_000), st.booleans()), unique_by=lambda r: r[0],
+             max_size=40).map(sorted),
+    st.integers(1, 50),
+    st.integers(1, 10),
+    st.lists(st.floats(0, 0.999999), min_size=10, max_size=10),
+)  # fmt: skip
+def test_window_picks_count_in_flight_messages(
+    rows: list[tuple[int, bool]], k: int, n: int, rand: list[float]
+) -> None:
+    # An atomic receive's window: the first k rows not picked yet, visible
+    # or in flight; a pick is a visible one of them, or, when all of them
+    # are in flight, the first visible row after them.
+    picks = window_picks(rows, k, n, rand)
+    visible = [s for s, v in rows if v]
+    assert len(picks) == min(n, len(visible))
+    remaining = list(rows)
+    for p in picks:
+        span = remaining[:k]
+        if any(v for _, v in span):
+            assert (p, True) in span
+        else:
+            assert p == next(s for s, v in remaining if v)
+        remaining.remove((p, True))
+    if k == 1:
+        assert picks == visible[: len(picks)]
+    # With nothing in flight it is the lock-free mode's window.
+    assert window_picks([(s, True) for s in visible], k, n, rand) == standard_picks(
+        visible, k, n, rand
+    )
+
+
+def test_window_picks_stay_behind_messages_in_flight() -> None:
+    # Two receivers hold 1 and 3 of 1..6 at K=3: a third receive picks among
+    # 2 only (K counts 1 and 3), where counting only visible messages it
+    # picked among 2, 4 and 5.
+    rows = [(1, False), (2, True), (3, False), (4, True), (5, True), (6, True)]
+    assert window_picks(rows, 3, 1, [0.99]) == [2]
+    assert standard_picks([2, 4, 5, 6], 3, 1, [0.99]) == [5]
+    # All K in flight: the first visible message after them.
+    assert window_picks([(1, False), (2, False), (3, True), (4, True)], 2, 1, [0.99]) == [3]
+    assert window_picks([(1, False), (2, False)], 2, 1, [0.5]) == []
 
 
 def test_fifo_picks_block_groups_behind_invisible_messages() -> None:

@@ -51,6 +51,7 @@ __all__ = [
     "MOTO_MISSING",
     "NO_ORDER_K",
     "Servers",
+    "measure",
     "moto_server",
     "order_experiment",
     "start_cmq",
@@ -446,17 +447,40 @@ def throughput(
     store_pids: Sequence[int] = (),
 ) -> dict[str, Any]:
     """Cycles per second against ``nodes`` cmq serve nodes over ``store_url``,
-    or against moto's server when ``store_url`` is None.
+    or against moto's server when ``store_url`` is None: the servers are
+    started for this run and stopped after it (see :func:`measure` for
+    what is measured)."""
+    servers = start_moto() if store_url is None else start_cmq(store_url, nodes)
+    try:
+        row = measure(servers, seconds=seconds, concurrency=concurrency, client=client,
+                      store_pids=store_pids)  # fmt: skip
+    finally:
+        servers.stop()
+    return {"system": "moto" if store_url is None else store_url.split(":")[0], **row}
+
+
+def measure(
+    servers: Servers,
+    *,
+    nodes: int | None = None,
+    seconds: float = 5.0,
+    concurrency: int = 64,
+    client: str = "raw",
+    store_pids: Sequence[int] = (),
+) -> dict[str, Any]:
+    """Cycles per second against the first ``nodes`` of running ``servers``
+    (all of them by default), on a queue of its own.
 
     Also measures the CPU time the service consumed during the run, read
     per thread from ``/proc/<pid>/task/<tid>/schedstat`` (in ns; from
     ``/proc/<pid>/stat`` for a process one of whose threads ended meanwhile,
-    see :class:`_Cpu`) of every node process (and its children) and of
+    see :class:`_Cpu`) of every node process used (and its children) and of
     ``store_pids``, the store's own processes (the redis-server processes of
     a Redis Cluster; an SQLite store runs inside the nodes): ``node_cpu_s``,
     ``store_cpu_s`` and ``cycles_per_cpu_s`` = cycles / (node + store CPU
     seconds), counted, with the cycles, from when every connection has run
-    one warm-up cycle. The load generator's own CPU is not in that figure; it is
+    one warm-up cycle. Nodes not used are idle and not counted. The load
+    generator's own CPU is not in that figure; it is
     ``client_cpu_ms_per_cycle`` (this process's CPU for the asyncio clients,
     the wrk processes' for ``client="wrk"``), which shows whether the
     generator, rather than the node, is the bottleneck; and
@@ -467,34 +491,31 @@ def throughput(
     per second, and per CPU-second is how linear scaling shows on a machine
     with fewer cores than nodes.
     """
-    servers = start_moto() if store_url is None else start_cmq(store_url, nodes)
-    try:
-        pids = [p.pid for p in servers.procs]
-        pids += [c for p in pids for c in _children(p)]
-        before: dict[int, _Cpu] = {}
-        # The event loop's own thread (a node's main thread, tid = pid): the
-        # part of a node that one core bounds, whatever its other threads do.
-        loops = [f"{p}/task/{p}" for p in pids]
-        at_start = {"loop": 0.0, "client": 0.0}
+    used = len(servers.urls) if nodes is None else nodes
+    urls = servers.urls[:used]
+    pids = [p.pid for p in servers.procs[:used]]
+    pids += [c for p in pids for c in _children(p)]
+    before: dict[int, _Cpu] = {}
+    # The event loop's own thread (a node's main thread, tid = pid): the
+    # part of a node that one core bounds, whatever its other threads do.
+    loops = [f"{p}/task/{p}" for p in pids]
+    at_start = {"loop": 0.0, "client": 0.0}
 
-        def read_before() -> None:
-            before.update({p: _cpu_reading(p) for p in (*pids, *store_pids)})
-            at_start["loop"] = sum(_thread_cpu_seconds(t) for t in loops)
-            at_start["client"] = time.process_time()
+    def read_before() -> None:
+        before.update({p: _cpu_reading(p) for p in (*pids, *store_pids)})
+        at_start["loop"] = sum(_thread_cpu_seconds(t) for t in loops)
+        at_start["client"] = time.process_time()
 
-        result = asyncio.run(_cycles(servers.urls, seconds, concurrency, client, read_before))
-        # The load generator's CPU: this process's, or the wrk processes'.
-        client_cpu = result.pop("client_cpu_s", time.process_time() - at_start["client"])
-        used = {p: _cpu_used(reading, _cpu_reading(p)) for p, reading in before.items()}
-        cpu = sum(used[p] for p in pids)
-        store_cpu = sum(used[p] for p in store_pids)
-        loop_cpu = sum(_thread_cpu_seconds(t) for t in loops) - at_start["loop"]
-    finally:
-        servers.stop()
+    result = asyncio.run(_cycles(urls, seconds, concurrency, client, read_before))
+    # The load generator's CPU: this process's, or the wrk processes'.
+    client_cpu = result.pop("client_cpu_s", time.process_time() - at_start["client"])
+    spent = {p: _cpu_used(reading, _cpu_reading(p)) for p, reading in before.items()}
+    cpu = sum(spent[p] for p in pids)
+    store_cpu = sum(spent[p] for p in store_pids)
+    loop_cpu = sum(_thread_cpu_seconds(t) for t in loops) - at_start["loop"]
     total = cpu + store_cpu
     return {
-        "system": "moto" if store_url is None else store_url.split(":")[0],
-        "nodes": nodes,
+        "nodes": used,
         "concurrency": concurrency,
         "client": client,
         **result,
@@ -656,11 +677,14 @@ def order_experiment(
     modes: Sequence[str] = ("atomic",),
     repeats: int = 1,
     progress: Callable[[str], None] | None = None,
+    servers: Servers | None = None,
 ) -> list[dict[str, Any]]:
     """Run BDQS Figure 2 on ``system`` (a store URL, or ``moto``).
 
     Every (mode, T, K) is run ``repeats`` times, each on a fresh queue, with
-    the T receivers spread round-robin over ``nodes`` cmq serve nodes.
+    the T receivers spread round-robin over ``nodes`` cmq serve nodes
+    (started here and stopped after, unless ``servers`` already run them:
+    nodes over ``system``'s store, left running).
     Returns the raw per-receipt records (with ``mode`` and ``rep``). moto
     has no K and no receive mode, so it runs ``repeats`` times per T with
     ``k = 0`` and ``mode = "n/a"`` in the records. ``progress`` is called
@@ -671,13 +695,14 @@ def order_experiment(
         CmqError: a server does not start or a request fails.
     """
     mode_list: Sequence[str | None] = modes
+    own = servers is None
     if system == "moto":
-        servers = start_moto()
+        servers = start_moto() if servers is None else servers
         ks = (None,)
         mode_list = (None,)
         label = "moto"
     else:
-        servers = start_cmq(system, nodes)
+        servers = start_cmq(system, nodes) if servers is None else servers
         label = system.split(":")[0]
     records: list[dict[str, Any]] = []
     try:
@@ -691,7 +716,8 @@ def order_experiment(
                             where = f"{label} {mode}" if mode else label
                             progress(f"{where} T={t} K={k_label} #{rep + 1}")
     finally:
-        servers.stop()
+        if own:
+            servers.stop()
     return records
 
 

@@ -26,7 +26,7 @@ from cmq.service.model import (
     ReceiveSpec,
     SendResult,
 )
-from cmq.service.ordering import fifo_picks, standard_picks
+from cmq.service.ordering import fifo_picks, standard_picks, window_picks
 from cmq.service.store.base import Store
 
 __all__ = ["MemoryStore"]
@@ -130,6 +130,22 @@ class MemoryStore(Store):
                     break
         return standard_picks(visible, spec.k, spec.max_messages, spec.rand)
 
+    def _atomic_window(self, q: _Queue, spec: ReceiveSpec) -> list[int]:
+        """:func:`~cmq.service.ordering.window_picks`: in-flight messages count."""
+        want = spec.k + spec.max_messages - 1
+        rows: list[tuple[int, bool]] = []
+        visible_rows = 0
+        for s, m in q.messages.items():
+            visible = m.visible_at <= spec.now
+            # The window: visible or in flight (a delayed message is neither);
+            # after it, the visible ones a pick may fall back on.
+            if visible or (m.receive_count and len(rows) < want):
+                rows.append((s, visible))
+                visible_rows += visible
+                if len(rows) >= want and visible_rows >= spec.max_messages:
+                    break
+        return window_picks(rows, spec.k, spec.max_messages, spec.rand)
+
     def _mark(self, q: _Queue, spec: ReceiveSpec, picks: Sequence[int]) -> list[Received]:
         out = []
         for seq in picks:
@@ -160,7 +176,7 @@ class MemoryStore(Store):
                 spec.max_messages,
             )
         else:
-            picks = self._window(q, spec)
+            picks = self._atomic_window(q, spec)
         return self._mark(q, spec, picks)
 
     async def peek(self, name: str, spec: ReceiveSpec) -> list[int]:

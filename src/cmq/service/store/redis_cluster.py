@@ -10,14 +10,19 @@ that owns the slot:
   times (its existence is the queue's existence), ``cmq:{q}:seq`` counter;
 - ``cmq:{q}:vis`` sorted set of visible messages scored by sequence number
   (the BDQS sequence index), ``cmq:{q}:inv`` invisible ones (in flight or
-  delayed) scored by the ms at which they become visible;
+  delayed) scored by the ms at which they become visible, and ``cmq:{q}:idx``
+  every message that has been visible, scored by sequence number, until it
+  is deleted: the visible and the in-flight ones in sequence order, which an
+  atomic receive's window counts (:func:`~cmq.service.ordering.window_picks`;
+  every script that makes a message visible or deletes it keeps it);
 - hashes from sequence number to payload, FIFO group, receive count, first
   receive time and receipt token; ``cmq:{q}:dd`` the FIFO dedup window
   (``cmq:{q}:ddx`` its ids by expiry, pruned on send).
 
 A receive first moves due messages from ``inv`` back to ``vis``, then picks
-at random among the first K of ``vis`` (the random numbers come from the
-caller, so the script is deterministic as Redis requires).
+at random among the visible ones of the first K of ``idx`` (the random
+numbers come from the caller, so the script is deterministic as Redis
+requires).
 
 A lock-free receive (``ReceiveMode=lock-free``) splits that in two round
 trips: the ``peek`` script moves due messages back and returns the head of
@@ -83,13 +88,14 @@ RETRY_SECONDS = 20.0
 #: that joins or finishes its sync is waited for from then on.
 SLOT_MAP_TTL = 2.0
 _REGISTRY = "cmq:queues"
-_FIELDS = ("meta", "attr", "seq", "vis", "inv", "msg", "grp", "rc", "fr", "tok", "dd", "ddx")
+_FIELDS = ("meta", "attr", "seq", "vis", "inv", "msg", "grp", "rc", "fr", "tok", "dd", "ddx", "idx")
 
 _PROMOTE = """
 local due = redis.call('ZRANGEBYSCORE', K.inv, '-inf', now, 'LIMIT', 0, 1000)
 for _, s in ipairs(due) do
   redis.call('ZREM', K.inv, s)
   redis.call('ZADD', K.vis, tonumber(s), s)
+  redis.call('ZADD', K.idx, tonumber(s), s)
 end
 """
 
@@ -129,7 +135,7 @@ return 1
 """,
     "purge": _PRELUDE
     + """
-redis.call('DEL', K.vis, K.inv, K.msg, K.grp, K.rc, K.fr, K.tok)
+redis.call('DEL', K.vis, K.inv, K.msg, K.grp, K.rc, K.fr, K.tok, K.idx)
 return 1
 """,
     "counts": _PRELUDE
@@ -170,7 +176,8 @@ for i = 2, #ARGV, 6 do
     local seq = redis.call('INCR', K.seq)
     redis.call('HSET', K.msg, seq, payload)
     if grp ~= '' then redis.call('HSET', K.grp, seq, grp) end
-    if vat <= now then redis.call('ZADD', K.vis, seq, seq)
+    if vat <= now then
+      redis.call('ZADD', K.vis, seq, seq); redis.call('ZADD', K.idx, seq, seq)
     else redis.call('ZADD', K.inv, vat, seq) end
     if dd ~= '' then
       redis.call('HSET', K.dd, dd, mid .. ' ' .. seq .. ' ' .. till)
@@ -190,12 +197,45 @@ local fifo, token = ARGV[5], ARGV[6]
     + """
 local picks = {}
 if fifo == '0' then
-  local window = redis.call('ZRANGE', K.vis, 0, k + n - 2)
+  -- ordering.window_picks: the first k + n - 1 messages visible or in flight
+  -- (idx, merged with the head of vis for messages that predate idx), then
+  -- the visible ones after them that a pick may fall back on.
+  local want = k + n - 1
+  local seqs, known = {}, {}
+  for _, key in ipairs({K.idx, K.vis}) do
+    for _, s in ipairs(redis.call('ZRANGE', key, 0, want - 1)) do
+      if not known[s] then known[s] = true; seqs[#seqs + 1] = tonumber(s) end
+    end
+  end
+  table.sort(seqs)
+  local window, shown = {}, 0
+  for i = 1, math.min(want, #seqs) do
+    local s = string.format('%d', seqs[i])
+    local visible = redis.call('ZSCORE', K.vis, s) ~= false
+    if visible then shown = shown + 1 end
+    window[#window + 1] = {s, visible}
+  end
+  if #window == want and shown < n then
+    local last = window[#window][1]
+    for _, s in ipairs(redis.call('ZRANGEBYSCORE', K.vis, '(' .. last, '+inf', 'LIMIT', 0, n - shown)) do
+      window[#window + 1] = {s, true}
+    end
+  end
   for i = 1, n do
-    if #window == 0 then break end
-    local span = math.min(k, #window)
-    local idx = math.floor(tonumber(ARGV[6 + i]) * span) % span + 1
-    picks[#picks + 1] = table.remove(window, idx)
+    local open = {}
+    for j = 1, math.min(k, #window) do
+      if window[j][2] then open[#open + 1] = j end
+    end
+    local at = nil
+    if #open > 0 then
+      at = open[math.floor(tonumber(ARGV[6 + i]) * #open) % #open + 1]
+    else
+      for j = k + 1, #window do
+        if window[j][2] then at = j; break end
+      end
+    end
+    if at == nil then break end
+    picks[#picks + 1] = table.remove(window, at)[1]
   end
 else
   local all = redis.call('HKEYS', K.msg)
@@ -236,7 +276,7 @@ return redis.call('ZRANGE', K.vis, 0, w - 1)
 for i = 1, #ARGV, 2 do
   local s = ARGV[i]
   if redis.call('HGET', K.tok, s) == ARGV[i + 1] then
-    redis.call('ZREM', K.vis, s); redis.call('ZREM', K.inv, s)
+    redis.call('ZREM', K.vis, s); redis.call('ZREM', K.inv, s); redis.call('ZREM', K.idx, s)
     redis.call('HDEL', K.msg, s); redis.call('HDEL', K.grp, s); redis.call('HDEL', K.rc, s)
     redis.call('HDEL', K.fr, s); redis.call('HDEL', K.tok, s)
   end
@@ -253,6 +293,7 @@ if not deadline or tonumber(deadline) <= now or redis.call('HGET', K.tok, s) ~= 
 end
 if vat <= now then
   redis.call('ZREM', K.inv, s); redis.call('ZADD', K.vis, tonumber(s), s)
+  redis.call('ZADD', K.idx, tonumber(s), s)
 else
   redis.call('ZADD', K.inv, vat, s)
 end

@@ -73,7 +73,7 @@ from cmq.service.model import (
     ReceiveSpec,
     SendResult,
 )
-from cmq.service.ordering import standard_picks
+from cmq.service.ordering import standard_picks, window_picks
 from cmq.service.store.base import Store
 
 __all__ = ["SqliteStore"]
@@ -559,7 +559,7 @@ class SqliteStore(Store):
                     _check_queue(conn, name)
                 return got
             else:
-                picks = _window(conn, name, spec)
+                picks = _atomic_window(conn, name, spec)
             if not picks:
                 # A queue's messages go with it (delete_queue), so picks show
                 # that it exists; only an empty answer needs the check.
@@ -698,6 +698,30 @@ def _window(conn: sqlite3.Connection, name: str, spec: ReceiveSpec) -> list[int]
         )
     ]
     return standard_picks(visible, spec.k, spec.max_messages, spec.rand)
+
+
+def _atomic_window(conn: sqlite3.Connection, name: str, spec: ReceiveSpec) -> list[int]:
+    """An atomic receive's picks: :func:`~cmq.service.ordering.window_picks`
+    over the first messages that are visible or in flight (received, not yet
+    visible again; a delayed one is neither), then the visible ones after
+    them that a pick may fall back on, when the window has too few."""
+    want = spec.k + spec.max_messages - 1
+    rows: list[tuple[int, bool]] = conn.execute(
+        "SELECT seq, visible_at <= ? FROM messages WHERE queue = ? "
+        "AND (visible_at <= ? OR receive_count > 0) ORDER BY seq LIMIT ?",
+        (spec.now, name, spec.now, want),
+    ).fetchall()
+    short = spec.max_messages - sum(visible for _, visible in rows)
+    if len(rows) == want and short > 0:
+        rows += [
+            (r[0], True)
+            for r in conn.execute(
+                "SELECT seq FROM messages WHERE queue = ? AND seq > ? AND visible_at <= ? "
+                "ORDER BY seq LIMIT ?",
+                (name, rows[-1][0], spec.now, short),
+            )
+        ]
+    return window_picks(rows, spec.k, spec.max_messages, spec.rand)
 
 
 def _take_head(conn: sqlite3.Connection, name: str, spec: ReceiveSpec) -> list[Received]:
