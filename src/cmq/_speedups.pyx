@@ -26,6 +26,7 @@ thread owns (the driver's receive lock).
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.ref cimport PyObject, Py_XDECREF
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcmp, memcpy, memset
 from libc.errno cimport errno, EAGAIN, EINTR, EBADF, EINVAL, EIO, ENOPROTOOPT
@@ -55,6 +56,7 @@ cdef extern from "<sys/socket.h>" nogil:
         msghdr msg_hdr
         unsigned int msg_len
     int recvmmsg(int sockfd, mmsghdr *msgvec, unsigned int vlen, int flags, void *timeout)
+    ssize_t sendto(int sockfd, const void *buf, size_t len, int flags, const sockaddr *dest_addr, socklen_t addrlen)
     int sendmmsg(int sockfd, mmsghdr *msgvec, unsigned int vlen, int flags)
     int AF_INET
     int AF_INET6
@@ -83,6 +85,11 @@ cdef extern from "<netinet/in.h>" nogil:
 cdef extern from "Python.h":
     # Runs the Python signal handlers (a KeyboardInterrupt raises from here).
     int PyErr_CheckSignals() except -1
+    # Shrinks a bytes object its caller holds the only reference to, in place
+    # where the allocator can (glibc's realloc shrinks without copying).
+    int _bytes_resize "_PyBytes_Resize"(PyObject **obj, Py_ssize_t size) except -1
+    # A new bytes object as an owned pointer (NULL and an exception on failure).
+    PyObject *_new_bytes "PyBytes_FromStringAndSize"(const char *v, Py_ssize_t n)
 
 cdef extern from "<malloc.h>" nogil:
     int mallopt(int param, int value)
@@ -490,6 +497,9 @@ cdef enum:
     # The most bytes one GSO send carries (an IP datagram's payload).
     GSO_MAX_BYTES = 65000
     CONTROL_SIZE = 64
+    # From this size on a read datagram is handed out without a copy (below
+    # it, copying is cheaper than a new slot buffer).
+    ZERO_COPY = 4096
 
 cdef extern from "<sys/socket.h>" nogil:
     struct cmsghdr:
@@ -534,7 +544,10 @@ cdef class DatagramIO:
     cdef int fd
     cdef unsigned int slots
     cdef size_t size
-    cdef char *buf
+    # One bytes object of ``size`` bytes per slot, owned here, read into: a
+    # large datagram is handed out as its slot's object, shrunk to its
+    # length (no copy), and the slot gets a new one.
+    cdef PyObject **slabs
     cdef mmsghdr *msgs
     cdef iovec *iovs
     cdef sockaddr_storage *names
@@ -552,13 +565,19 @@ cdef class DatagramIO:
     cdef sockaddr_storage last_sa
     cdef socklen_t last_len
     cdef object last_addr
+    # The last destination sent to (by identity) and its socket address.
+    cdef object dest_addr
+    cdef sockaddr_storage dest_sa
+    cdef socklen_t dest_len
 
     def __cinit__(self, int fd, unsigned int slots=32, size_t size=65536, bint gso=True, bint gro=False):
         cdef int one = 1
         self.fd = fd
         self.slots = slots if slots > 0 else 1
         self.size = size
-        self.buf = <char *>malloc(self.slots * size)
+        self.slabs = <PyObject **>malloc(self.slots * sizeof(PyObject *))
+        if self.slabs:
+            memset(self.slabs, 0, self.slots * sizeof(PyObject *))
         self.msgs = <mmsghdr *>malloc(self.slots * sizeof(mmsghdr))
         self.iovs = <iovec *>malloc(self.slots * sizeof(iovec))
         self.names = <sockaddr_storage *>malloc(self.slots * sizeof(sockaddr_storage))
@@ -566,11 +585,18 @@ cdef class DatagramIO:
         self.smsgs = <mmsghdr *>malloc(self.slots * sizeof(mmsghdr))
         self.siovs = <iovec *>malloc(self.slots * GSO_MAX_SEGMENTS * sizeof(iovec))
         self.scontrol = <char *>malloc(self.slots * CONTROL_SIZE)
-        if (not self.buf or not self.msgs or not self.iovs or not self.names or not self.control
+        if (not self.slabs or not self.msgs or not self.iovs or not self.names or not self.control
                 or not self.smsgs or not self.siovs or not self.scontrol):
             raise MemoryError()
+        cdef unsigned int i
+        for i in range(self.slots):
+            self.slabs[i] = _new_bytes(NULL, size)
+            if self.slabs[i] == NULL:
+                raise MemoryError()
         self.last_len = 0
         self.last_addr = None
+        self.dest_addr = None
+        self.dest_len = 0
         self.gso = gso
         # A coalesced read can be as large as a GSO send: only with whole-datagram buffers.
         self.gro = gro and size >= 65536 and setsockopt(fd, SOL_UDP_, UDP_GRO_, &one, sizeof(one)) == 0
@@ -582,9 +608,13 @@ cdef class DatagramIO:
             self.fd = -1
 
     def __dealloc__(self):
+        cdef unsigned int i
         if self.fd >= 0:
             close(self.fd)
-        free(self.buf)
+        if self.slabs:
+            for i in range(self.slots):
+                Py_XDECREF(self.slabs[i])
+        free(self.slabs)
         free(self.msgs)
         free(self.iovs)
         free(self.names)
@@ -596,11 +626,16 @@ cdef class DatagramIO:
     def recv(self, unsigned int limit=0, bint wait=False):
         """Up to ``limit`` (at most ``slots``) reads as ``[(bytes, addr), ...]``, one item per datagram sent.
 
-        Without ``wait`` the call never blocks; an empty list means nothing
-        was there. With ``wait`` it blocks until at least one datagram
-        arrives (the socket's timeout, SO_RCVTIMEO, bounds it). A read the
-        kernel coalesced (GRO) gives several items. A socket shut down
-        gives ``(b"", None)``.
+        Without ``wait`` the call never blocks (and keeps the GIL: a read
+        that cannot block is shorter than handing the interpreter to
+        another thread and back); an empty list means nothing was there.
+        With ``wait`` it blocks, with the GIL released, until at least one
+        datagram arrives (the socket's timeout, SO_RCVTIMEO, bounds it). A
+        read the kernel coalesced (GRO) gives several items. A socket shut
+        down gives ``(b"", None)``.
+
+        A datagram of ``ZERO_COPY`` bytes or more is the very object the
+        kernel wrote it into; smaller ones are copied out of it.
 
         Raises:
             OSError: the system call failed (BlockingIOError on a timeout
@@ -609,12 +644,11 @@ cdef class DatagramIO:
         cdef unsigned int count = self.slots if limit == 0 or limit > self.slots else limit
         cdef unsigned int i
         cdef int got, err = 0
-        cdef int flags = 0 if wait else MSG_DONTWAIT
         if self.fd < 0:
             raise OSError(EBADF, "closed")
         memset(self.msgs, 0, count * sizeof(mmsghdr))
         for i in range(count):
-            self.iovs[i].iov_base = self.buf + i * self.size
+            self.iovs[i].iov_base = PyBytes_AS_STRING(<object>self.slabs[i])
             self.iovs[i].iov_len = self.size
             self.msgs[i].msg_hdr.msg_iov = &self.iovs[i]
             self.msgs[i].msg_hdr.msg_iovlen = 1
@@ -624,25 +658,35 @@ cdef class DatagramIO:
             if self.gro:
                 self.msgs[i].msg_hdr.msg_control = self.control + i * CONTROL_SIZE
                 self.msgs[i].msg_hdr.msg_controllen = CONTROL_SIZE
-        while True:
-            with nogil:
-                # With wait, the first datagram blocks; the rest are only
-                # what is already there (MSG_WAITFORONE).
-                got = recvmmsg(self.fd, self.msgs, count, flags | (0x10000 if wait else 0), NULL)
-                if got < 0:
-                    err = errno
-            if got >= 0 or err != EINTR:
-                break
-            PyErr_CheckSignals()  # as the socket module: a handler may raise
-        if got < 0:
-            if err == EAGAIN:  # EWOULDBLOCK on Linux
-                if not wait:
+        if not wait:
+            while True:
+                got = recvmmsg(self.fd, self.msgs, count, MSG_DONTWAIT, NULL)
+                if got >= 0 or errno != EINTR:
+                    break
+            if got < 0:
+                err = errno
+                if err == EAGAIN:  # EWOULDBLOCK on Linux
                     return []
-            raise OSError(err, "recvmmsg failed")
+                raise OSError(err, "recvmmsg failed")
+        else:
+            while True:
+                with nogil:
+                    # The first datagram blocks; the rest are only what is
+                    # already there (MSG_WAITFORONE).
+                    got = recvmmsg(self.fd, self.msgs, count, 0x10000, NULL)
+                    if got < 0:
+                        err = errno
+                if got >= 0 or err != EINTR:
+                    break
+                PyErr_CheckSignals()  # as the socket module: a handler may raise
+            if got < 0:
+                raise OSError(err, "recvmmsg failed")
         cdef list out = []
         cdef socklen_t namelen
         cdef size_t n, seg, off
         cdef const char *data
+        cdef PyObject *slab
+        cdef PyObject *fresh
         for i in range(<unsigned int>got):
             namelen = self.msgs[i].msg_hdr.msg_namelen
             if namelen == 0:
@@ -653,10 +697,22 @@ cdef class DatagramIO:
                 memcpy(&self.last_sa, &self.names[i], namelen)
                 self.last_len = namelen
             n = self.msgs[i].msg_len
-            data = self.buf + i * self.size
+            data = PyBytes_AS_STRING(<object>self.slabs[i])
             seg = _gro_size(&self.msgs[i].msg_hdr) if self.gro else 0
             if seg == 0 or seg >= n:
-                out.append((PyBytes_FromStringAndSize(data, n), self.last_addr))
+                if n < ZERO_COPY:
+                    out.append((PyBytes_FromStringAndSize(data, n), self.last_addr))
+                    continue
+                # Hand the slot's object out, shrunk to the datagram, and
+                # give the slot a new one (the datagram is not copied).
+                fresh = _new_bytes(NULL, self.size)
+                if fresh == NULL:
+                    raise MemoryError()
+                slab = self.slabs[i]
+                self.slabs[i] = fresh
+                _bytes_resize(&slab, <Py_ssize_t>n)
+                out.append((<object>slab, self.last_addr))
+                Py_XDECREF(slab)  # the list holds it now
                 continue
             self.coalesced += 1
             off = 0
@@ -742,10 +798,17 @@ cdef class DatagramIO:
                 counts[groups] = nseg
                 iov += nseg
                 groups += 1
-            with nogil:
-                sent = sendmmsg(self.fd, self.smsgs, groups, 0)
-                if sent < 0:
-                    err = errno
+            # First without blocking and with the GIL (the common case: the
+            # kernel takes them at once), then, if the buffer is full,
+            # blocking with the GIL released.
+            sent = sendmmsg(self.fd, self.smsgs, groups, MSG_DONTWAIT)
+            if sent < 0:
+                err = errno
+                if err == EAGAIN:
+                    with nogil:
+                        sent = sendmmsg(self.fd, self.smsgs, groups, 0)
+                        if sent < 0:
+                            err = errno
             if sent < 0:
                 if err == EINTR:
                     PyErr_CheckSignals()
@@ -760,9 +823,47 @@ cdef class DatagramIO:
                 done += counts[i]
                 if counts[i] > 1:
                     self.segmented += 1
-            if <unsigned int>sent < groups:
-                return done
+            # Fewer than asked: the next call says why (or sends the rest).
         return done
+
+    def send1(self, bytes data, addr):
+        """Send one datagram to ``addr`` (as ``socket.sendto``, for an
+        address this object was given before: no conversion).
+
+        Tries without blocking and with the GIL first; a full send buffer
+        waits with the GIL released.
+
+        Raises:
+            OSError: the kernel refused it.
+            ValueError: ``addr`` is not a numeric IPv4 or IPv6 address.
+        """
+        cdef ssize_t sent
+        cdef int err = 0
+        if self.fd < 0:
+            raise OSError(EBADF, "closed")
+        if addr is not self.dest_addr:
+            if not _fill_addr(addr, &self.dest_sa, &self.dest_len):
+                self.dest_addr = None
+                raise ValueError(f"not a numeric address: {addr!r}")
+            self.dest_addr = addr
+        cdef const char *p = PyBytes_AS_STRING(data)
+        cdef size_t n = PyBytes_GET_SIZE(data)
+        while True:
+            sent = sendto(self.fd, p, n, MSG_DONTWAIT, <sockaddr *>&self.dest_sa, self.dest_len)
+            if sent >= 0:
+                return
+            err = errno
+            if err == EAGAIN:
+                with nogil:
+                    sent = sendto(self.fd, p, n, 0, <sockaddr *>&self.dest_sa, self.dest_len)
+                    if sent < 0:
+                        err = errno
+                if sent >= 0:
+                    return
+            if err == EINTR:
+                PyErr_CheckSignals()
+                continue
+            raise OSError(err, "sendto failed")
 
 
 cdef size_t _gro_size(msghdr *msg) noexcept nogil:
