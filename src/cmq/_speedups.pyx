@@ -56,6 +56,8 @@ cdef extern from "<sys/socket.h>" nogil:
         msghdr msg_hdr
         unsigned int msg_len
     int recvmmsg(int sockfd, mmsghdr *msgvec, unsigned int vlen, int flags, void *timeout)
+    ssize_t recv(int sockfd, void *buf, size_t len, int flags)
+    int MSG_PEEK
     ssize_t sendto(int sockfd, const void *buf, size_t len, int flags, const sockaddr *dest_addr, socklen_t addrlen)
     int sendmmsg(int sockfd, mmsghdr *msgvec, unsigned int vlen, int flags)
     int AF_INET
@@ -825,6 +827,14 @@ cdef class DatagramIO:
                     self.segmented += 1
             # Fewer than asked: the next call says why (or sends the rest).
         return done
+
+    def ready(self):
+        """Whether a datagram waits to be read (one system call, without blocking or a copy)."""
+        cdef ssize_t got
+        if self.fd < 0:
+            return True  # a read says why
+        got = recv(self.fd, NULL, 0, MSG_PEEK | MSG_DONTWAIT)
+        return got >= 0 or errno != EAGAIN
 
     def send1(self, bytes data, addr):
         """Send one datagram to ``addr`` (as ``socket.sendto``, for an

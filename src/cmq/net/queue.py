@@ -203,8 +203,13 @@ class Queue(Endpoint):
         if self._closed or not self._rx_lock.acquire(False):
             return
         try:
-            self._app_read_at = _monotonic()
-            self._drain(_DRAIN_BATCH)
+            now = self._app_read_at = _monotonic()
+            if self._mmsg is not None and not self._mmsg.ready():
+                # Nothing to read (the common case, once a batch): what a
+                # drain that reads nothing does, without its system calls.
+                self._after_read(now)
+            else:
+                self._drain(_DRAIN_BATCH)
         finally:
             self._rx_lock.release()
 
@@ -507,6 +512,11 @@ class Queue(Endpoint):
             count += len(batch)
             if backlog is not None and receiver.queued() >= backlog:
                 break
+            if receiver.status_urgent:
+                # A STATUS is owed now: it leaves with this call's datagrams,
+                # not after the whole drain (up to a window of datagrams, which
+                # the sender would otherwise wait for before it may send more).
+                self._after_read(_monotonic())
         self._after_read(_monotonic())
         return count
 
