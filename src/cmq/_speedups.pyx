@@ -110,6 +110,11 @@ cdef object CHECK = 4
 # A frame's long length prefix: 0xFF and 8 bytes (cmq.wire.frames).
 cdef enum:
     LONG_PREFIX = 9
+    # A v2 data datagram's header and extension (frames.HEADER_SIZE + EXT_SIZE).
+    V2_HEAD = 24
+    # The reliable flags a plain datagram may carry (frames.R_SYN, R_ORDERED).
+    R_SYN_ = 0x01
+    R_ORDERED_ = 0x02
 
 
 cdef class Stream:
@@ -385,19 +390,9 @@ def frame(list payloads, bytes head, seq, bytes ext):
     return out
 
 
-def split_frames(bytes data, Py_ssize_t start, Py_ssize_t end):
-    """Split ``data[start:end]`` into frame payloads (as :func:`cmq.wire.frames.split_frames`).
-
-    Raises:
-        ProtocolError: a frame runs past ``end``.
-    """
-    cdef Py_ssize_t size = PyBytes_GET_SIZE(data)
-    if start < 0:
-        start = 0
-    if end > size:
-        end = size
-    cdef const unsigned char *b = <const unsigned char *>PyBytes_AS_STRING(data)
-    cdef Py_ssize_t i = start, j
+cdef list _split(const unsigned char *b, Py_ssize_t i, Py_ssize_t end):
+    # The frame payloads of b[i:end] (ProtocolError when one runs past end).
+    cdef Py_ssize_t j
     cdef unsigned long long n
     cdef int k
     cdef list out = []
@@ -418,6 +413,111 @@ def split_frames(bytes data, Py_ssize_t start, Py_ssize_t end):
         out.append(PyBytes_FromStringAndSize(<const char *>b + i, j - i))
         i = j
     return out
+
+
+def split_frames(bytes data, Py_ssize_t start, Py_ssize_t end):
+    """Split ``data[start:end]`` into frame payloads (as :func:`cmq.wire.frames.split_frames`).
+
+    Raises:
+        ProtocolError: a frame runs past ``end``.
+    """
+    cdef Py_ssize_t size = PyBytes_GET_SIZE(data)
+    if start < 0:
+        start = 0
+    if end > size:
+        end = size
+    return _split(<const unsigned char *>PyBytes_AS_STRING(data), start, end)
+
+
+# -- the receiver's fast path of reliable streams ----------------------------------
+
+
+cdef inline unsigned long _be32(const unsigned char *p) noexcept nogil:
+    return (<unsigned long>p[0] << 24) | (<unsigned long>p[1] << 16) | (<unsigned long>p[2] << 8) | p[3]
+
+
+cdef inline long long _seq_diff(unsigned long long a, unsigned long long b) noexcept nogil:
+    # a - b in 32-bit serial-number arithmetic (cmq.wire.reliable.seq_diff).
+    return <long long>((a - b + 0x80000000ULL) & 0xFFFFFFFFULL) - 0x80000000LL
+
+
+def make_receive_v2(chunk, Py_ssize_t status_bytes, double max_ack_delay):
+    """The fast path of :meth:`cmq.wire.receiver.Receiver.datagram_received`
+    for a plain v2 data datagram (untagged, no fragment, control or ack
+    flag; the caller checked that, and counted the datagram):
+    ``receive(rx, data, addr, now)``.
+
+    It does what the pure fast path does, byte for byte: when ``data`` is
+    the next datagram of a known, credited stream with nothing held, within
+    credit and the budget, its messages go to their mailbox as one
+    ``chunk`` and the stream's acknowledgement bookkeeping is done
+    (``_next_arrived``); it returns how many were delivered. Otherwise it
+    changes nothing and returns -1: the general path decides. ``status_bytes``
+    and ``max_ack_delay`` are :mod:`cmq.wire.reliable`'s constants.
+    """
+
+    def receive(rx, bytes data, addr, double now):
+        cdef Py_ssize_t size = PyBytes_GET_SIZE(data)
+        cdef const unsigned char *b = <const unsigned char *>PyBytes_AS_STRING(data)
+        if size < V2_HEAD or b[0] != 0xC3 or b[1] != 0x51:
+            return -1
+        cdef unsigned int flags = b[3]
+        cdef unsigned long sender = _be32(b + 4)
+        cdef unsigned long mailbox = _be32(b + 8)
+        cdef unsigned long seq = _be32(b + 12)
+        cdef unsigned long epoch = _be32(b + 16)
+        cdef unsigned int rflags = b[20]
+        if mailbox & 0x80000000UL:
+            return -1
+        key = (addr, sender, mailbox)
+        rs = rx._rstreams.get(key)
+        # Receiver._next_plain
+        if rs is None or rs.epoch != epoch or rs.next != seq or not rs.granted or rs.held or rs.seen:
+            return -1
+        if rx._unchecked + size > rx._free or rflags & ~(R_SYN_ | R_ORDERED_):
+            return -1
+        if _seq_diff(rs.credit, seq) <= 0:
+            return -1
+        try:
+            payloads = _split(b, V2_HEAD, size)
+        except ProtocolError:
+            rx.dropped["malformed"] += 1
+            return 0
+        mb = rx.mailboxes.get(mailbox)
+        if mb is None:
+            mb = rx.mailbox(mailbox)
+        cdef Py_ssize_t n = PyList_GET_SIZE(payloads)
+        if mb.delivered - mb.consumed + n > rx._max_queued and not rx._fits(mb, n):
+            return rx._overrun(rs, now)
+        if flags:
+            payloads = rx._decode_all(payloads)
+            n = len(payloads)
+        mb.chunks.append(chunk(payloads, (addr, sender, mailbox, seq, None)))
+        mb.delivered += n
+        mb.nbytes += size
+        rx.messages_received += n
+        # Receiver._next_arrived
+        rx._unchecked += size
+        nxt = (seq + 1) & 0xFFFFFFFFUL
+        rs.next = nxt
+        rs.largest = seq
+        rs.largest_at = now
+        rs.last_active = now
+        rs.avg_size += (size - rs.avg_size) * 0.125
+        rs.last_size = size
+        rs.since_status += 1
+        rs.bytes_since += size
+        cdef long long quarter = _seq_diff(rs.credit, nxt) // 4
+        if rs.bytes_since >= status_bytes or rs.since_status >= (quarter if quarter > 1 else 1):
+            rs.urgent = True
+            rx.status_urgent = True
+        elif rs.due is None:
+            rs.due = now + max_ack_delay
+            rx.new_due = True
+        rx._owed[key] = rs
+        return n
+
+    return receive
 
 
 # -- many datagrams per system call ----------------------------------------------
