@@ -12,8 +12,14 @@ the sans-IO tests against both and checks byte-for-byte equal output):
   ``cmq.net._base.Endpoint``);
 - :func:`frame` and :func:`split_frames`: framing and parsing of a
   datagram (as :mod:`cmq.wire.frames`);
+- :func:`make_receive_v2`: the receiver's fast path of reliable streams,
+  the next datagram of a stream split into its mailbox with the
+  acknowledgement bookkeeping (as the one in
+  ``cmq.wire.receiver.Receiver.datagram_received``);
 - :class:`DatagramIO`: many datagrams per system call, ``recvmmsg`` and
-  ``sendmmsg``, with the GIL released around the call.
+  ``sendmmsg``, with the GIL released around every call that may block
+  (calls that cannot block keep it); a large datagram is read into the
+  bytes object handed out, without a copy.
 
 Thread safety. The pure path relies on the GIL for two things, and so does
 this module, on purpose and no more: a ``list.append`` of a payload to a
@@ -949,23 +955,30 @@ cdef class DatagramIO:
         """
         cdef ssize_t sent
         cdef int err = 0
+        cdef sockaddr_storage sa
+        cdef socklen_t salen
         if self.fd < 0:
             raise OSError(EBADF, "closed")
+        # The cache is read and written with the GIL held, as a whole; the
+        # send uses a copy, since another thread may change the cache while
+        # this one waits in a blocking send without the GIL.
         if addr is not self.dest_addr:
             if not _fill_addr(addr, &self.dest_sa, &self.dest_len):
                 self.dest_addr = None
                 raise ValueError(f"not a numeric address: {addr!r}")
             self.dest_addr = addr
+        memcpy(&sa, &self.dest_sa, self.dest_len)
+        salen = self.dest_len
         cdef const char *p = PyBytes_AS_STRING(data)
         cdef size_t n = PyBytes_GET_SIZE(data)
         while True:
-            sent = sendto(self.fd, p, n, MSG_DONTWAIT, <sockaddr *>&self.dest_sa, self.dest_len)
+            sent = sendto(self.fd, p, n, MSG_DONTWAIT, <sockaddr *>&sa, salen)
             if sent >= 0:
                 return
             err = errno
             if err == EAGAIN:
                 with nogil:
-                    sent = sendto(self.fd, p, n, 0, <sockaddr *>&self.dest_sa, self.dest_len)
+                    sent = sendto(self.fd, p, n, 0, <sockaddr *>&sa, salen)
                     if sent < 0:
                         err = errno
                 if sent >= 0:
