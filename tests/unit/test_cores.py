@@ -250,6 +250,36 @@ def test_datagram_io_sends_and_reads_many_per_call_with_the_socket_modules_addre
             rx.recv()
 
 
+def test_datagram_io_sends_one_says_when_one_waits_and_hands_large_reads_out_whole() -> None:
+    a, b = _pair()
+    with a, b:
+        tx = _speedups.DatagramIO(socket.dup(a.fileno()), 2, 65536)
+        rx = _speedups.DatagramIO(socket.dup(b.fileno()), 2, 65536)
+        try:
+            assert not rx.ready()
+            # Below and above the size read without a copy, to two addresses in turn.
+            datagrams = [b"s" * 100, bytes(range(256)) * 40, b"", b"L" * 60000]
+            for d in datagrams:
+                tx.send1(d, b.getsockname())
+                tx.send1(d, a.getsockname())  # the cached address changes every time
+            got: list[bytes] = []
+            while len(got) < len(datagrams):
+                assert rx.ready()
+                got += [d for d, _ in rx.recv(0, True)]
+            assert got == datagrams
+            assert not rx.ready()
+            assert [a.recvfrom(65536)[0] for _ in datagrams] == datagrams
+            with pytest.raises(ValueError):
+                tx.send1(b"x", ("not an address", 1))
+            tx.send1(b"again", b.getsockname())  # a refused name is not cached
+            assert rx.recv(0, True) == [(b"again", a.getsockname())]
+        finally:
+            tx.close()
+            rx.close()
+        with pytest.raises(OSError):
+            tx.send1(b"x", b.getsockname())
+
+
 def test_datagram_io_keeps_the_socket_open_until_closed_and_reports_shutdown() -> None:
     a, b = _pair()
     with a:
