@@ -18,8 +18,7 @@ the sans-IO tests against both and checks byte-for-byte equal output):
   ``cmq.wire.receiver.Receiver.datagram_received``);
 - :class:`DatagramIO`: many datagrams per system call, ``recvmmsg`` and
   ``sendmmsg``, with the GIL released around every call that may block
-  (calls that cannot block keep it); a large datagram is read into the
-  bytes object handed out, without a copy.
+  (calls that cannot block keep it).
 
 Thread safety. The pure path relies on the GIL for two things, and so does
 this module, on purpose and no more: a ``list.append`` of a payload to a
@@ -93,9 +92,6 @@ cdef extern from "<netinet/in.h>" nogil:
 cdef extern from "Python.h":
     # Runs the Python signal handlers (a KeyboardInterrupt raises from here).
     int PyErr_CheckSignals() except -1
-    # Shrinks a bytes object its caller holds the only reference to, in place
-    # where the allocator can (glibc's realloc shrinks without copying).
-    int _bytes_resize "_PyBytes_Resize"(PyObject **obj, Py_ssize_t size) except -1
     # A new bytes object as an owned pointer (NULL and an exception on failure).
     PyObject *_new_bytes "PyBytes_FromStringAndSize"(const char *v, Py_ssize_t n)
 
@@ -605,9 +601,6 @@ cdef enum:
     # The most bytes one GSO send carries (an IP datagram's payload).
     GSO_MAX_BYTES = 65000
     CONTROL_SIZE = 64
-    # From this size on a read datagram is handed out without a copy (below
-    # it, copying is cheaper than a new slot buffer).
-    ZERO_COPY = 4096
 
 cdef extern from "<sys/socket.h>" nogil:
     struct cmsghdr:
@@ -652,9 +645,7 @@ cdef class DatagramIO:
     cdef int fd
     cdef unsigned int slots
     cdef size_t size
-    # One bytes object of ``size`` bytes per slot, owned here, read into: a
-    # large datagram is handed out as its slot's object, shrunk to its
-    # length (no copy), and the slot gets a new one.
+    # One buffer of ``size`` bytes per slot (a bytes object owned here), read into.
     cdef PyObject **slabs
     cdef mmsghdr *msgs
     cdef iovec *iovs
@@ -742,9 +733,6 @@ cdef class DatagramIO:
         read the kernel coalesced (GRO) gives several items. A socket shut
         down gives ``(b"", None)``.
 
-        A datagram of ``ZERO_COPY`` bytes or more is the very object the
-        kernel wrote it into; smaller ones are copied out of it.
-
         Raises:
             OSError: the system call failed (BlockingIOError on a timeout
                 while waiting).
@@ -793,8 +781,6 @@ cdef class DatagramIO:
         cdef socklen_t namelen
         cdef size_t n, seg, off
         cdef const char *data
-        cdef PyObject *slab
-        cdef PyObject *fresh
         for i in range(<unsigned int>got):
             namelen = self.msgs[i].msg_hdr.msg_namelen
             if namelen == 0:
@@ -808,19 +794,7 @@ cdef class DatagramIO:
             data = PyBytes_AS_STRING(<object>self.slabs[i])
             seg = _gro_size(&self.msgs[i].msg_hdr) if self.gro else 0
             if seg == 0 or seg >= n:
-                if n < ZERO_COPY:
-                    out.append((PyBytes_FromStringAndSize(data, n), self.last_addr))
-                    continue
-                # Hand the slot's object out, shrunk to the datagram, and
-                # give the slot a new one (the datagram is not copied).
-                fresh = _new_bytes(NULL, self.size)
-                if fresh == NULL:
-                    raise MemoryError()
-                slab = self.slabs[i]
-                self.slabs[i] = fresh
-                _bytes_resize(&slab, <Py_ssize_t>n)
-                out.append((<object>slab, self.last_addr))
-                Py_XDECREF(slab)  # the list holds it now
+                out.append((PyBytes_FromStringAndSize(data, n), self.last_addr))
                 continue
             self.coalesced += 1
             off = 0
