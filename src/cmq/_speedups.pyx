@@ -12,8 +12,13 @@ the sans-IO tests against both and checks byte-for-byte equal output):
   ``cmq.net._base.Endpoint``);
 - :func:`frame` and :func:`split_frames`: framing and parsing of a
   datagram (as :mod:`cmq.wire.frames`);
+- :func:`make_receive_v2`: the receiver's fast path of reliable streams,
+  the next datagram of a stream split into its mailbox with the
+  acknowledgement bookkeeping (as the one in
+  ``cmq.wire.receiver.Receiver.datagram_received``);
 - :class:`DatagramIO`: many datagrams per system call, ``recvmmsg`` and
-  ``sendmmsg``, with the GIL released around the call.
+  ``sendmmsg``, with the GIL released around every call that may block
+  (calls that cannot block keep it).
 
 Thread safety. The pure path relies on the GIL for two things, and so does
 this module, on purpose and no more: a ``list.append`` of a payload to a
@@ -26,6 +31,7 @@ thread owns (the driver's receive lock).
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.ref cimport PyObject, Py_XDECREF
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcmp, memcpy, memset
 from libc.errno cimport errno, EAGAIN, EINTR, EBADF, EINVAL, EIO, ENOPROTOOPT
@@ -55,6 +61,9 @@ cdef extern from "<sys/socket.h>" nogil:
         msghdr msg_hdr
         unsigned int msg_len
     int recvmmsg(int sockfd, mmsghdr *msgvec, unsigned int vlen, int flags, void *timeout)
+    ssize_t recv(int sockfd, void *buf, size_t len, int flags)
+    int MSG_PEEK
+    ssize_t sendto(int sockfd, const void *buf, size_t len, int flags, const sockaddr *dest_addr, socklen_t addrlen)
     int sendmmsg(int sockfd, mmsghdr *msgvec, unsigned int vlen, int flags)
     int AF_INET
     int AF_INET6
@@ -83,6 +92,8 @@ cdef extern from "<netinet/in.h>" nogil:
 cdef extern from "Python.h":
     # Runs the Python signal handlers (a KeyboardInterrupt raises from here).
     int PyErr_CheckSignals() except -1
+    # A new bytes object as an owned pointer (NULL and an exception on failure).
+    PyObject *_new_bytes "PyBytes_FromStringAndSize"(const char *v, Py_ssize_t n)
 
 cdef extern from "<malloc.h>" nogil:
     int mallopt(int param, int value)
@@ -101,6 +112,11 @@ cdef object CHECK = 4
 # A frame's long length prefix: 0xFF and 8 bytes (cmq.wire.frames).
 cdef enum:
     LONG_PREFIX = 9
+    # A v2 data datagram's header and extension (frames.HEADER_SIZE + EXT_SIZE).
+    V2_HEAD = 24
+    # The reliable flags a plain datagram may carry (frames.R_SYN, R_ORDERED).
+    R_SYN_ = 0x01
+    R_ORDERED_ = 0x02
 
 
 cdef class Stream:
@@ -376,19 +392,9 @@ def frame(list payloads, bytes head, seq, bytes ext):
     return out
 
 
-def split_frames(bytes data, Py_ssize_t start, Py_ssize_t end):
-    """Split ``data[start:end]`` into frame payloads (as :func:`cmq.wire.frames.split_frames`).
-
-    Raises:
-        ProtocolError: a frame runs past ``end``.
-    """
-    cdef Py_ssize_t size = PyBytes_GET_SIZE(data)
-    if start < 0:
-        start = 0
-    if end > size:
-        end = size
-    cdef const unsigned char *b = <const unsigned char *>PyBytes_AS_STRING(data)
-    cdef Py_ssize_t i = start, j
+cdef list _split(const unsigned char *b, Py_ssize_t i, Py_ssize_t end):
+    # The frame payloads of b[i:end] (ProtocolError when one runs past end).
+    cdef Py_ssize_t j
     cdef unsigned long long n
     cdef int k
     cdef list out = []
@@ -409,6 +415,111 @@ def split_frames(bytes data, Py_ssize_t start, Py_ssize_t end):
         out.append(PyBytes_FromStringAndSize(<const char *>b + i, j - i))
         i = j
     return out
+
+
+def split_frames(bytes data, Py_ssize_t start, Py_ssize_t end):
+    """Split ``data[start:end]`` into frame payloads (as :func:`cmq.wire.frames.split_frames`).
+
+    Raises:
+        ProtocolError: a frame runs past ``end``.
+    """
+    cdef Py_ssize_t size = PyBytes_GET_SIZE(data)
+    if start < 0:
+        start = 0
+    if end > size:
+        end = size
+    return _split(<const unsigned char *>PyBytes_AS_STRING(data), start, end)
+
+
+# -- the receiver's fast path of reliable streams ----------------------------------
+
+
+cdef inline unsigned long _be32(const unsigned char *p) noexcept nogil:
+    return (<unsigned long>p[0] << 24) | (<unsigned long>p[1] << 16) | (<unsigned long>p[2] << 8) | p[3]
+
+
+cdef inline long long _seq_diff(unsigned long long a, unsigned long long b) noexcept nogil:
+    # a - b in 32-bit serial-number arithmetic (cmq.wire.reliable.seq_diff).
+    return <long long>((a - b + 0x80000000ULL) & 0xFFFFFFFFULL) - 0x80000000LL
+
+
+def make_receive_v2(chunk, Py_ssize_t status_bytes, double max_ack_delay):
+    """The fast path of :meth:`cmq.wire.receiver.Receiver.datagram_received`
+    for a plain v2 data datagram (untagged, no fragment, control or ack
+    flag; the caller checked that, and counted the datagram):
+    ``receive(rx, data, addr, now)``.
+
+    It does what the pure fast path does, byte for byte: when ``data`` is
+    the next datagram of a known, credited stream with nothing held, within
+    credit and the budget, its messages go to their mailbox as one
+    ``chunk`` and the stream's acknowledgement bookkeeping is done
+    (``_next_arrived``); it returns how many were delivered. Otherwise it
+    changes nothing and returns -1: the general path decides. ``status_bytes``
+    and ``max_ack_delay`` are :mod:`cmq.wire.reliable`'s constants.
+    """
+
+    def receive(rx, bytes data, addr, double now):
+        cdef Py_ssize_t size = PyBytes_GET_SIZE(data)
+        cdef const unsigned char *b = <const unsigned char *>PyBytes_AS_STRING(data)
+        if size < V2_HEAD or b[0] != 0xC3 or b[1] != 0x51:
+            return -1
+        cdef unsigned int flags = b[3]
+        cdef unsigned long sender = _be32(b + 4)
+        cdef unsigned long mailbox = _be32(b + 8)
+        cdef unsigned long seq = _be32(b + 12)
+        cdef unsigned long epoch = _be32(b + 16)
+        cdef unsigned int rflags = b[20]
+        if mailbox & 0x80000000UL:
+            return -1
+        key = (addr, sender, mailbox)
+        rs = rx._rstreams.get(key)
+        # Receiver._next_plain
+        if rs is None or rs.epoch != epoch or rs.next != seq or not rs.granted or rs.held or rs.seen:
+            return -1
+        if rx._unchecked + size > rx._free or rflags & ~(R_SYN_ | R_ORDERED_):
+            return -1
+        if _seq_diff(rs.credit, seq) <= 0:
+            return -1
+        try:
+            payloads = _split(b, V2_HEAD, size)
+        except ProtocolError:
+            rx.dropped["malformed"] += 1
+            return 0
+        mb = rx.mailboxes.get(mailbox)
+        if mb is None:
+            mb = rx.mailbox(mailbox)
+        cdef Py_ssize_t n = PyList_GET_SIZE(payloads)
+        if mb.delivered - mb.consumed + n > rx._max_queued and not rx._fits(mb, n):
+            return rx._overrun(rs, now)
+        if flags:
+            payloads = rx._decode_all(payloads)
+            n = len(payloads)
+        mb.chunks.append(chunk(payloads, (addr, sender, mailbox, seq, None)))
+        mb.delivered += n
+        mb.nbytes += size
+        rx.messages_received += n
+        # Receiver._next_arrived
+        rx._unchecked += size
+        nxt = (seq + 1) & 0xFFFFFFFFUL
+        rs.next = nxt
+        rs.largest = seq
+        rs.largest_at = now
+        rs.last_active = now
+        rs.avg_size += (size - rs.avg_size) * 0.125
+        rs.last_size = size
+        rs.since_status += 1
+        rs.bytes_since += size
+        cdef long long quarter = _seq_diff(rs.credit, nxt) // 4
+        if rs.bytes_since >= status_bytes or rs.since_status >= (quarter if quarter > 1 else 1):
+            rs.urgent = True
+            rx.status_urgent = True
+        elif rs.due is None:
+            rs.due = now + max_ack_delay
+            rx.new_due = True
+        rx._owed[key] = rs
+        return n
+
+    return receive
 
 
 # -- many datagrams per system call ----------------------------------------------
@@ -534,7 +645,8 @@ cdef class DatagramIO:
     cdef int fd
     cdef unsigned int slots
     cdef size_t size
-    cdef char *buf
+    # One buffer of ``size`` bytes per slot (a bytes object owned here), read into.
+    cdef PyObject **slabs
     cdef mmsghdr *msgs
     cdef iovec *iovs
     cdef sockaddr_storage *names
@@ -552,13 +664,19 @@ cdef class DatagramIO:
     cdef sockaddr_storage last_sa
     cdef socklen_t last_len
     cdef object last_addr
+    # The last destination sent to (by identity) and its socket address.
+    cdef object dest_addr
+    cdef sockaddr_storage dest_sa
+    cdef socklen_t dest_len
 
     def __cinit__(self, int fd, unsigned int slots=32, size_t size=65536, bint gso=True, bint gro=False):
         cdef int one = 1
         self.fd = fd
         self.slots = slots if slots > 0 else 1
         self.size = size
-        self.buf = <char *>malloc(self.slots * size)
+        self.slabs = <PyObject **>malloc(self.slots * sizeof(PyObject *))
+        if self.slabs:
+            memset(self.slabs, 0, self.slots * sizeof(PyObject *))
         self.msgs = <mmsghdr *>malloc(self.slots * sizeof(mmsghdr))
         self.iovs = <iovec *>malloc(self.slots * sizeof(iovec))
         self.names = <sockaddr_storage *>malloc(self.slots * sizeof(sockaddr_storage))
@@ -566,11 +684,18 @@ cdef class DatagramIO:
         self.smsgs = <mmsghdr *>malloc(self.slots * sizeof(mmsghdr))
         self.siovs = <iovec *>malloc(self.slots * GSO_MAX_SEGMENTS * sizeof(iovec))
         self.scontrol = <char *>malloc(self.slots * CONTROL_SIZE)
-        if (not self.buf or not self.msgs or not self.iovs or not self.names or not self.control
+        if (not self.slabs or not self.msgs or not self.iovs or not self.names or not self.control
                 or not self.smsgs or not self.siovs or not self.scontrol):
             raise MemoryError()
+        cdef unsigned int i
+        for i in range(self.slots):
+            self.slabs[i] = _new_bytes(NULL, size)
+            if self.slabs[i] == NULL:
+                raise MemoryError()
         self.last_len = 0
         self.last_addr = None
+        self.dest_addr = None
+        self.dest_len = 0
         self.gso = gso
         # A coalesced read can be as large as a GSO send: only with whole-datagram buffers.
         self.gro = gro and size >= 65536 and setsockopt(fd, SOL_UDP_, UDP_GRO_, &one, sizeof(one)) == 0
@@ -582,9 +707,13 @@ cdef class DatagramIO:
             self.fd = -1
 
     def __dealloc__(self):
+        cdef unsigned int i
         if self.fd >= 0:
             close(self.fd)
-        free(self.buf)
+        if self.slabs:
+            for i in range(self.slots):
+                Py_XDECREF(self.slabs[i])
+        free(self.slabs)
         free(self.msgs)
         free(self.iovs)
         free(self.names)
@@ -596,11 +725,13 @@ cdef class DatagramIO:
     def recv(self, unsigned int limit=0, bint wait=False):
         """Up to ``limit`` (at most ``slots``) reads as ``[(bytes, addr), ...]``, one item per datagram sent.
 
-        Without ``wait`` the call never blocks; an empty list means nothing
-        was there. With ``wait`` it blocks until at least one datagram
-        arrives (the socket's timeout, SO_RCVTIMEO, bounds it). A read the
-        kernel coalesced (GRO) gives several items. A socket shut down
-        gives ``(b"", None)``.
+        Without ``wait`` the call never blocks (and keeps the GIL: a read
+        that cannot block is shorter than handing the interpreter to
+        another thread and back); an empty list means nothing was there.
+        With ``wait`` it blocks, with the GIL released, until at least one
+        datagram arrives (the socket's timeout, SO_RCVTIMEO, bounds it). A
+        read the kernel coalesced (GRO) gives several items. A socket shut
+        down gives ``(b"", None)``.
 
         Raises:
             OSError: the system call failed (BlockingIOError on a timeout
@@ -609,12 +740,11 @@ cdef class DatagramIO:
         cdef unsigned int count = self.slots if limit == 0 or limit > self.slots else limit
         cdef unsigned int i
         cdef int got, err = 0
-        cdef int flags = 0 if wait else MSG_DONTWAIT
         if self.fd < 0:
             raise OSError(EBADF, "closed")
         memset(self.msgs, 0, count * sizeof(mmsghdr))
         for i in range(count):
-            self.iovs[i].iov_base = self.buf + i * self.size
+            self.iovs[i].iov_base = PyBytes_AS_STRING(<object>self.slabs[i])
             self.iovs[i].iov_len = self.size
             self.msgs[i].msg_hdr.msg_iov = &self.iovs[i]
             self.msgs[i].msg_hdr.msg_iovlen = 1
@@ -624,21 +754,29 @@ cdef class DatagramIO:
             if self.gro:
                 self.msgs[i].msg_hdr.msg_control = self.control + i * CONTROL_SIZE
                 self.msgs[i].msg_hdr.msg_controllen = CONTROL_SIZE
-        while True:
-            with nogil:
-                # With wait, the first datagram blocks; the rest are only
-                # what is already there (MSG_WAITFORONE).
-                got = recvmmsg(self.fd, self.msgs, count, flags | (0x10000 if wait else 0), NULL)
-                if got < 0:
-                    err = errno
-            if got >= 0 or err != EINTR:
-                break
-            PyErr_CheckSignals()  # as the socket module: a handler may raise
-        if got < 0:
-            if err == EAGAIN:  # EWOULDBLOCK on Linux
-                if not wait:
+        if not wait:
+            while True:
+                got = recvmmsg(self.fd, self.msgs, count, MSG_DONTWAIT, NULL)
+                if got >= 0 or errno != EINTR:
+                    break
+            if got < 0:
+                err = errno
+                if err == EAGAIN:  # EWOULDBLOCK on Linux
                     return []
-            raise OSError(err, "recvmmsg failed")
+                raise OSError(err, "recvmmsg failed")
+        else:
+            while True:
+                with nogil:
+                    # The first datagram blocks; the rest are only what is
+                    # already there (MSG_WAITFORONE).
+                    got = recvmmsg(self.fd, self.msgs, count, 0x10000, NULL)
+                    if got < 0:
+                        err = errno
+                if got >= 0 or err != EINTR:
+                    break
+                PyErr_CheckSignals()  # as the socket module: a handler may raise
+            if got < 0:
+                raise OSError(err, "recvmmsg failed")
         cdef list out = []
         cdef socklen_t namelen
         cdef size_t n, seg, off
@@ -653,7 +791,7 @@ cdef class DatagramIO:
                 memcpy(&self.last_sa, &self.names[i], namelen)
                 self.last_len = namelen
             n = self.msgs[i].msg_len
-            data = self.buf + i * self.size
+            data = PyBytes_AS_STRING(<object>self.slabs[i])
             seg = _gro_size(&self.msgs[i].msg_hdr) if self.gro else 0
             if seg == 0 or seg >= n:
                 out.append((PyBytes_FromStringAndSize(data, n), self.last_addr))
@@ -742,10 +880,17 @@ cdef class DatagramIO:
                 counts[groups] = nseg
                 iov += nseg
                 groups += 1
-            with nogil:
-                sent = sendmmsg(self.fd, self.smsgs, groups, 0)
-                if sent < 0:
-                    err = errno
+            # First without blocking and with the GIL (the common case: the
+            # kernel takes them at once), then, if the buffer is full,
+            # blocking with the GIL released.
+            sent = sendmmsg(self.fd, self.smsgs, groups, MSG_DONTWAIT)
+            if sent < 0:
+                err = errno
+                if err == EAGAIN:
+                    with nogil:
+                        sent = sendmmsg(self.fd, self.smsgs, groups, 0)
+                        if sent < 0:
+                            err = errno
             if sent < 0:
                 if err == EINTR:
                     PyErr_CheckSignals()
@@ -760,9 +905,62 @@ cdef class DatagramIO:
                 done += counts[i]
                 if counts[i] > 1:
                     self.segmented += 1
-            if <unsigned int>sent < groups:
-                return done
+            # Fewer than asked: the next call says why (or sends the rest).
         return done
+
+    def ready(self):
+        """Whether a datagram waits to be read (one system call, without blocking or a copy)."""
+        cdef ssize_t got
+        if self.fd < 0:
+            return True  # a read says why
+        got = recv(self.fd, NULL, 0, MSG_PEEK | MSG_DONTWAIT)
+        return got >= 0 or errno != EAGAIN
+
+    def send1(self, bytes data, addr):
+        """Send one datagram to ``addr`` (as ``socket.sendto``, for an
+        address this object was given before: no conversion).
+
+        Tries without blocking and with the GIL first; a full send buffer
+        waits with the GIL released.
+
+        Raises:
+            OSError: the kernel refused it.
+            ValueError: ``addr`` is not a numeric IPv4 or IPv6 address.
+        """
+        cdef ssize_t sent
+        cdef int err = 0
+        cdef sockaddr_storage sa
+        cdef socklen_t salen
+        if self.fd < 0:
+            raise OSError(EBADF, "closed")
+        # The cache is read and written with the GIL held, as a whole; the
+        # send uses a copy, since another thread may change the cache while
+        # this one waits in a blocking send without the GIL.
+        if addr is not self.dest_addr:
+            if not _fill_addr(addr, &self.dest_sa, &self.dest_len):
+                self.dest_addr = None
+                raise ValueError(f"not a numeric address: {addr!r}")
+            self.dest_addr = addr
+        memcpy(&sa, &self.dest_sa, self.dest_len)
+        salen = self.dest_len
+        cdef const char *p = PyBytes_AS_STRING(data)
+        cdef size_t n = PyBytes_GET_SIZE(data)
+        while True:
+            sent = sendto(self.fd, p, n, MSG_DONTWAIT, <sockaddr *>&sa, salen)
+            if sent >= 0:
+                return
+            err = errno
+            if err == EAGAIN:
+                with nogil:
+                    sent = sendto(self.fd, p, n, 0, <sockaddr *>&sa, salen)
+                    if sent < 0:
+                        err = errno
+                if sent >= 0:
+                    return
+            if err == EINTR:
+                PyErr_CheckSignals()
+                continue
+            raise OSError(err, "sendto failed")
 
 
 cdef size_t _gro_size(msghdr *msg) noexcept nogil:

@@ -12,6 +12,7 @@ import shutil
 import socket
 import struct
 
+import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -161,6 +162,63 @@ def test_receivers_of_both_cores_deliver_the_same(
     assert _deliveries("compiled", datagrams) == _deliveries("python", datagrams)
 
 
+def _reliable_deliveries(core: str, datagrams: list[bytes], ops: list[tuple[int, int]]) -> list[object]:
+    """What a receiver of ``core`` does with a reliable stream's ``datagrams``
+    fed as ``ops`` say: ``(0, i)`` delivers datagram ``i`` (again, or out of
+    order), ``(3, _)`` the one after the last delivered, ``(1, _)`` takes the
+    STATUS due, ``(2, k)`` takes ``k`` messages."""
+    with _impl.using(core):
+        rx = Receiver(QueueConfig(max_queued=12, max_buffered_bytes=6000, max_datagram=2000), sender_id=1)
+    rx.set_kernel_budget(6000)
+    seen: list[object] = []
+    now = 0.0
+    last = -1
+    for op, arg in ops:
+        now += 0.003 if op == 1 else 0.0005  # a STATUS taken is due (max_ack_delay)
+        if op in (0, 3):
+            last = arg % len(datagrams) if op == 0 else (last + 1) % len(datagrams)
+            seen.append(("got", rx.datagram_received(datagrams[last], ("127.0.0.1", 4000), now)))
+        elif op == 1:
+            seen.append(("status", rx.take_status(now)))
+        else:
+            seen.append(("took", rx.mailbox(2).take(arg)))
+    streams = sorted(
+        (k, [getattr(rs, f) for f in sorted(type(rs).__slots__) if f not in ("held", "seen")], sorted(rs.held), sorted(rs.seen))
+        for k, rs in rx._rstreams.items()
+    )
+    counters = (rx.duplicates, rx.overruns, rx.messages_received, rx.status_urgent, rx.owed, rx._unchecked, dict(rx.dropped))
+    return [seen, streams, counters, rx.mailbox(2).take(1 << 20)]
+
+
+@given(
+    chunks=st.lists(st.lists(st.binary(max_size=120), min_size=1, max_size=6), min_size=1, max_size=12),
+    syn=st.integers(0, 4),
+    codec=st.sampled_from([0, frames.FLAG_MSGPACK]),
+    broken=st.lists(st.integers(0, 11), max_size=2),
+    ops=st.lists(st.tuples(st.sampled_from([3, 3, 3, 3, 0, 1, 2]), st.integers(0, 30)), max_size=60),
+)
+@settings(max_examples=300, deadline=None)
+def test_receivers_of_both_cores_keep_reliable_streams_alike(
+    chunks: list[list[bytes]], syn: int, codec: int, broken: list[int], ops: list[tuple[int, int]]
+) -> None:
+    """The reliable fast path (compiled or pure) and the general path it
+    falls back to: in-order, repeated, reordered, over credit, over a full
+    mailbox, malformed and undecodable datagrams, STATUS between them."""
+    head = frames.stream_head(codec, 3, 2, frames.VERSION_2)
+    datagrams = []
+    for seq, payloads in enumerate(chunks):
+        ext = frames.extension(77, frames.R_ORDERED | (frames.R_SYN if seq < syn else 0))
+        if codec:
+            payloads = [msgpack.packb(p) for p in payloads]
+        d = frames.frame(payloads, head, seq, ext)
+        if seq in broken:
+            d = d[:-1] + b"\xff"  # the last frame now runs past the end (or is garbage MessagePack)
+        datagrams.append(d)
+    # The stream starts with its first datagram, so that the rest can be fast.
+    ops = [(0, 0), (1, 0), *ops, (1, 0), (0, 1), (0, 2), (0, 3)]
+    assert _reliable_deliveries("compiled", datagrams, ops) == _reliable_deliveries("python", datagrams, ops)
+
+
 def _pair() -> tuple[socket.socket, socket.socket]:
     a = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     b = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -190,6 +248,36 @@ def test_datagram_io_sends_and_reads_many_per_call_with_the_socket_modules_addre
             rx.close()
         with pytest.raises(OSError):
             rx.recv()
+
+
+def test_datagram_io_sends_one_and_says_when_one_waits() -> None:
+    a, b = _pair()
+    with a, b:
+        tx = _speedups.DatagramIO(socket.dup(a.fileno()), 2, 65536)
+        rx = _speedups.DatagramIO(socket.dup(b.fileno()), 2, 65536)
+        try:
+            assert not rx.ready()
+            # Small and large ones, to two addresses in turn.
+            datagrams = [b"s" * 100, bytes(range(256)) * 40, b"", b"L" * 60000]
+            for d in datagrams:
+                tx.send1(d, b.getsockname())
+                tx.send1(d, a.getsockname())  # the cached address changes every time
+            got: list[bytes] = []
+            while len(got) < len(datagrams):
+                assert rx.ready()
+                got += [d for d, _ in rx.recv(0, True)]
+            assert got == datagrams
+            assert not rx.ready()
+            assert [a.recvfrom(65536)[0] for _ in datagrams] == datagrams
+            with pytest.raises(ValueError):
+                tx.send1(b"x", ("not an address", 1))
+            tx.send1(b"again", b.getsockname())  # a refused name is not cached
+            assert rx.recv(0, True) == [(b"again", a.getsockname())]
+        finally:
+            tx.close()
+            rx.close()
+        with pytest.raises(OSError):
+            tx.send1(b"x", b.getsockname())
 
 
 def test_datagram_io_keeps_the_socket_open_until_closed_and_reports_shutdown() -> None:

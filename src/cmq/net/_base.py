@@ -514,6 +514,11 @@ class Endpoint(ABC):
             if frames[i] is payload:
                 del frames[i]
                 break
+        else:
+            if payload is not None:
+                # Taken already: the acknowledgements read while it waited
+                # gave credit, and its batch left with it. It is queued.
+                return
         st = s.rel
         where = f"{s.addr[0]}:{s.addr[1]} mailbox {s.mailbox & ~ENVELOPE_BIT}"
         if st is not None and st.nbytes < self._send_buffer:

@@ -363,6 +363,11 @@ class Receiver:
         # The fast paths' frame splitter: the compiled core's, or frames.split_frames.
         sp = _impl.speedups
         self._split: Callable[[bytes, int, int], list[bytes]] = split_frames if sp is None else sp.split_frames
+        # The reliable streams' fast path in C (the twin of the one in
+        # datagram_received: tests/unit/test_cores.py), or None.
+        self._fast_v2: Callable[[Receiver, bytes, Any, float], int] | None = (
+            None if sp is None else sp.make_receive_v2(Chunk, STATUS_BYTES, MAX_ACK_DELAY)
+        )
         # Reliable streams, and those owing their sender a STATUS.
         self._rstreams: dict[tuple[Any, int, int], RecvStream] = {}
         self._owed: dict[tuple[Any, int, int], RecvStream] = {}
@@ -510,6 +515,11 @@ class Receiver:
         if self._key is None and len(data) >= _V2_SIZE and data[2] == VERSION_2 and not data[3] & _V2_SLOW:
             # Fast path of reliable streams: the next datagram of a known
             # stream with nothing held, delivered inline (else the general path).
+            if self._fast_v2 is not None:
+                got = self._fast_v2(self, data, addr, now)
+                if got >= 0:
+                    return got
+                return self._general(data, addr, now)
             magic, flags, sender, mailbox, seq, epoch, rflags = _V2.unpack_from(data)
             key = (addr, sender, mailbox)
             rs = self._rstreams.get(key)
@@ -535,6 +545,10 @@ class Receiver:
                 self.messages_received += n
                 self._next_arrived(rs, key, seq, len(data), now)
                 return n
+        return self._general(data, addr, now)
+
+    def _general(self, data: bytes, addr: Any, now: float) -> int:
+        """:meth:`datagram_received` past its fast paths: the one parser, every kind of datagram."""
         try:
             header, body = decode(data, self._key)
         except BadTag:
