@@ -686,12 +686,19 @@ class ReliableSender:
             return
         self.latest_rtt = rtt
         self.min_rtt = min(self.min_rtt, rtt)
+        # The receiver's ack delay is what it measured, not a bound (RFC
+        # 9002's max_ack_delay): subtracted whole, the sample floored at a
+        # quarter of the least RTT seen (against clocks read apart). RFC
+        # 9002 keeps the whole sample when subtracting would go below the
+        # least RTT: with a 100 us path and reports held 2-5 ms, a sample
+        # then swings srtt and rttvar by milliseconds, and the probe timeout
+        # (4 rttvar) with them.
+        adjusted = max(rtt - ack_delay, self.min_rtt / 4)
         if not self._sampled:
             self._sampled = True
-            self.srtt = rtt
-            self.rttvar = rtt / 2
+            self.srtt = adjusted
+            self.rttvar = adjusted / 2
             return
-        adjusted = rtt - ack_delay if rtt - ack_delay >= self.min_rtt else rtt
         self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - adjusted)
         self.srtt = 0.875 * self.srtt + 0.125 * adjusted
 
