@@ -61,3 +61,20 @@ def test_the_rate_is_judged_by_the_interval_of_the_per_round_ratios() -> None:
     assert _rate_verdicts(_rates((5000, 2000), (5000, 2000)))[1] == "inconclusive"
     no_rabbit = ReportData(summary=[r for r in _rates((5000, 2000)).summary if r["system"] != "rabbitmq"])
     assert _rate_verdicts(no_rabbit) == ["inconclusive", "inconclusive"]
+
+
+def test_bench_durable_runs_one_consumer_beside_the_publisher(capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+    import json
+
+    from cmq.lab.bench.broker_durable import main
+
+    args = argparse.Namespace(seconds=0.3, size=1024, window=16, json=True,
+                              amqp_url="amqp://guest:guest@127.0.0.1:1/%2F")  # no RabbitMQ there: skipped
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["rabbitmq_skipped"] is not None
+    runs = out["runs"]
+    assert [(r["persistent"], r["window"]) for r in runs] == [(True, 1), (True, 16), (False, 1), (False, 16)]
+    for r in runs:  # the consumer took messages in every run, never more than were confirmed
+        assert 0 < r["consumed"] <= r["msgs_per_s"] * 0.3 * 1.5 + 16
