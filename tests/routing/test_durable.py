@@ -214,10 +214,11 @@ def test_one_broker_per_data_directory(tmp_path: Path) -> None:
 
 
 class _Proc:
-    def __init__(self, data_dir: Path, *extra: str) -> None:
+    def __init__(self, data_dir: Path | None, *extra: str, cwd: Path | None = None) -> None:
+        where = [] if data_dir is None else ["--data-dir", str(data_dir)]
         self.p = subprocess.Popen(
-            [sys.executable, "-m", "cmq", "broker", "--port", "0", "--data-dir", str(data_dir), *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            [sys.executable, "-m", "cmq", "broker", "--port", "0", *where, *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
         )  # fmt: skip
         assert self.p.stdout is not None
         self.line = self.p.stdout.readline()
@@ -294,6 +295,22 @@ def test_kill_9_keeps_durable_queue_bindings_and_confirmed_persistent_messages(
         assert c.publish("px", "stock.x", b"after", confirm=True, persistent=True) == 1
         with pytest.raises(RemoteError, match="no exchange"):
             c.publish("tx", "", b"x", confirm=True)
+
+
+def test_without_data_dir_the_state_lives_in_cmq_data_where_the_broker_starts(
+    tmp_path: Path, procs: list[_Proc]
+) -> None:
+    b = _Proc(None, cwd=tmp_path)
+    procs.append(b)
+    with BrokerClient(b.addr, timeout=WAIT) as c:
+        c.declare_queue("dq", durable=True)
+        assert c.publish("", "dq", b"kept", confirm=True, persistent=True) == 1
+    b.kill9()
+    assert (tmp_path / "cmq-data" / "broker.sqlite3").exists()
+    again = _Proc(None, cwd=tmp_path)  # started again in the same place: finds it
+    procs.append(again)
+    with BrokerClient(again.addr, timeout=WAIT) as c:
+        assert [d.body for d in _drain(c, "dq", 1)] == [b"kept"]
 
 
 def test_acked_messages_stay_gone_across_two_restarts(tmp_path: Path, procs: list[_Proc]) -> None:
