@@ -205,6 +205,16 @@ def test_messages_of_an_earlier_sqlite_store_move_to_the_log(tmp_path: Path) -> 
     assert _kept(tmp_path) == [7]
 
 
+def test_a_write_that_fails_keeps_nothing_and_the_next_one_works(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    with pytest.raises(KeyError):  # a declaration, then a record the store does not know
+        store.write([("queue", "q", 10, "drop-head", b"\x80", 0), ("nonsense", 1)])
+    assert store.load().queues == []
+    store.write([("queue", "q", 10, "drop-head", b"\x80", 0), _msg(1)])
+    store.close()
+    assert _kept(tmp_path) == [1]
+
+
 def test_one_broker_per_data_directory(tmp_path: Path) -> None:
     with Broker(data_dir=tmp_path), pytest.raises(ConfigError, match="another broker is using"):
         Broker(data_dir=tmp_path)

@@ -417,27 +417,28 @@ class Store:
         db, plan, unsynced = self._db, _PLAN, UNSYNCED
         frames: list[bytes] = []
         sync = declared = False
-        for rec in records:
-            kind = rec[0]
-            if kind not in unsynced:
-                sync = True
-            if kind == "msg":
-                frames.append(_frame(["m", *rec[1:8]]))
-            elif kind == "msg-":
-                frames.append(_frame(["d", rec[1]]))
-            else:
-                if kind in ("purge", "queue-"):
-                    frames.append(_frame(["p", rec[1]]))
-                if plan[kind]:
-                    if not declared:
-                        db.execute("BEGIN")
-                        declared = True
-                    try:
+        try:
+            for rec in records:
+                kind = rec[0]
+                if kind not in unsynced:
+                    sync = True
+                if kind == "msg":
+                    frames.append(_frame(["m", *rec[1:8]]))
+                elif kind == "msg-":
+                    frames.append(_frame(["d", rec[1]]))
+                else:
+                    if kind in ("purge", "queue-"):
+                        frames.append(_frame(["p", rec[1]]))
+                    if plan[kind]:
+                        if not declared:
+                            db.execute("BEGIN")
+                            declared = True
                         for sql, n in plan[kind]:
                             db.execute(sql, rec[1 : n + 1])
-                    except BaseException:
-                        db.execute("ROLLBACK")
-                        raise
+        except BaseException:
+            if declared:
+                db.execute("ROLLBACK")
+            raise
         if declared:
             db.execute("COMMIT")
         if frames:
