@@ -27,17 +27,76 @@ same loop turn share one flush.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Final, TypeVar
 
+from cmq._errors import CmqError
 from cmq._extras import unavailable
-from cmq.lab.experiments.amqp.durable import cmq_consumer, pika_consumer, with_consumer
 
-__all__ = ["main"]
+__all__ = ["cmq_consumer", "main", "pika_consumer", "with_consumer"]
+
+_R = TypeVar("_R")
+
+#: Prefetch of the consumer beside each rate run's publisher.
+_PREFETCH: Final = 256
+
+
+def cmq_consumer(address: str, queue: str, stop: threading.Event) -> int:
+    """Take and ack from ``queue`` through cmq's client until ``stop``; how many."""
+    from cmq.routing import BrokerClient
+
+    n = 0
+    with BrokerClient(address, timeout=10.0) as c, c.consume(queue, prefetch=_PREFETCH) as consumer:
+        while not stop.is_set():
+            with contextlib.suppress(CmqError):  # a timeout: nothing came in the last 0.2 s
+                consumer.ack(consumer.get(timeout=0.2))
+                n += 1
+    return n
+
+
+def pika_consumer(url: str, queue: str, stop: threading.Event) -> int:
+    """Take and ack from ``queue`` through pika until ``stop``; how many."""
+    import pika
+
+    n = 0
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        ch = conn.channel()
+        ch.basic_qos(prefetch_count=_PREFETCH)
+        for method, _props, _body in ch.consume(queue, inactivity_timeout=0.2):
+            if method is not None:
+                ch.basic_ack(method.delivery_tag)
+                n += 1
+            if stop.is_set():
+                break
+        ch.cancel()
+    finally:
+        with contextlib.suppress(Exception):
+            conn.close()
+    return n
+
+
+def with_consumer(consume: Callable[[str, str, threading.Event], int], where: str, queue: str,
+                  publish: Callable[[], _R]) -> tuple[_R, int]:  # fmt: skip
+    """``publish()`` while ``consume(where, queue, stop)`` runs in a thread beside
+    it; what ``publish`` returned, and how many messages the consumer took."""
+    stop = threading.Event()
+    taken: list[int] = []
+    t = threading.Thread(target=lambda: taken.append(consume(where, queue, stop)), daemon=True)
+    t.start()
+    try:
+        done = publish()
+    finally:
+        stop.set()
+        t.join(timeout=10)
+    return done, taken[0] if taken else 0
 
 
 def _start(data_dir: str) -> tuple[subprocess.Popen[str], str]:

@@ -34,10 +34,11 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 from cmq._errors import CmqError
 from cmq.lab._child import child_env
+from cmq.lab.bench.broker_durable import cmq_consumer, pika_consumer, with_consumer
 from cmq.lab.experiments import register_page
 from cmq.lab.experiments.amqp.transport import AMQP_URL, rabbit_available
 from cmq.pipeline.report import Claim, Experiment, ReportData, Section, Table, Verdict
@@ -48,14 +49,11 @@ __all__ = [
     "EXPERIMENT_ID",
     "PROFILES",
     "SIZE",
-    "cmq_consumer",
     "kill_check",
     "measure_durable",
-    "pika_consumer",
     "register_report",
     "round_ratios",
     "systems_for",
-    "with_consumer",
 ]
 
 EXPERIMENT_ID: Final = "amqp-durable"
@@ -98,63 +96,6 @@ def _stop(proc: subprocess.Popen[str]) -> None:
             proc.wait()
     if proc.stdout is not None:
         proc.stdout.close()
-
-
-_R = TypeVar("_R")
-
-#: Prefetch of the consumer beside each rate run's publisher.
-_PREFETCH: Final = 256
-
-
-def cmq_consumer(address: str, queue: str, stop: threading.Event) -> int:
-    """Take and ack from ``queue`` through cmq's client until ``stop``; how many."""
-    from cmq.routing import BrokerClient
-
-    n = 0
-    with BrokerClient(address, timeout=10.0) as c, c.consume(queue, prefetch=_PREFETCH) as consumer:
-        while not stop.is_set():
-            with contextlib.suppress(CmqError):  # a timeout: nothing came in the last 0.2 s
-                consumer.ack(consumer.get(timeout=0.2))
-                n += 1
-    return n
-
-
-def pika_consumer(url: str, queue: str, stop: threading.Event) -> int:
-    """Take and ack from ``queue`` through pika until ``stop``; how many."""
-    import pika
-
-    n = 0
-    conn = pika.BlockingConnection(pika.URLParameters(url))
-    try:
-        ch = conn.channel()
-        ch.basic_qos(prefetch_count=_PREFETCH)
-        for method, _props, _body in ch.consume(queue, inactivity_timeout=0.2):
-            if method is not None:
-                ch.basic_ack(method.delivery_tag)
-                n += 1
-            if stop.is_set():
-                break
-        ch.cancel()
-    finally:
-        with contextlib.suppress(Exception):
-            conn.close()
-    return n
-
-
-def with_consumer(consume: Callable[[str, str, threading.Event], int], where: str, queue: str,
-                  publish: Callable[[], _R]) -> tuple[_R, int]:  # fmt: skip
-    """``publish()`` while ``consume(where, queue, stop)`` runs in a thread beside
-    it; what ``publish`` returned, and how many messages the consumer took."""
-    stop = threading.Event()
-    taken: list[int] = []
-    t = threading.Thread(target=lambda: taken.append(consume(where, queue, stop)), daemon=True)
-    t.start()
-    try:
-        done = publish()
-    finally:
-        stop.set()
-        t.join(timeout=10)
-    return done, taken[0] if taken else 0
 
 
 def _cmq_rate(address: str, seconds: float) -> tuple[int, float]:
