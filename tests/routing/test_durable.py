@@ -112,6 +112,109 @@ def test_a_turn_that_publishes_is_flushed_and_one_of_acks_only_is_not(tmp_path: 
     store.close()
 
 
+def _msg(mid: int, queue: str = "q", body: bytes = b"x") -> tuple[Any, ...]:
+    from cmq.routing._store import pack
+
+    return ("msg", mid, queue, "", queue, pack(body), pack({"delivery_mode": 2}), None)
+
+
+def _kept(data_dir: Path) -> list[int]:
+    store = Store(data_dir)
+    try:
+        return [m.id for m in store.load().messages]
+    finally:
+        store.close()
+
+
+def test_a_frame_torn_by_a_crash_ends_the_log_and_what_came_before_is_kept(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    store.write([("queue", "q", 10, "drop-head", b"\x80", 0), _msg(1), _msg(2)])
+    seg, used = store._seg, store._pos
+    store.write([_msg(3, body=b"y" * 500)])
+    store.close()
+    path = tmp_path / f"messages.{seg}.log"
+    data = bytearray(path.read_bytes())
+    data[used + 20 : used + 30] = bytes(10)  # the third frame half written (zeros where its bytes should be)
+    path.write_bytes(bytes(data))
+    assert _kept(tmp_path) == [1, 2]
+    assert _kept(tmp_path) == [1, 2]  # and the reopened log is whole again
+
+
+def test_a_flush_never_grows_the_segment_file(tmp_path: Path) -> None:
+    """Zeros are written ahead of the frames, so a flush writes data blocks only."""
+    store = Store(tmp_path)
+    store.write([("queue", "q", 10, "drop-head", b"\x80", 0), _msg(1)])
+    path = tmp_path / f"messages.{store._seg}.log"
+    size = path.stat().st_size
+    for i in range(2, 50):
+        store.write([_msg(i, body=b"z" * 1024)])
+    assert path.stat().st_size == size
+    store.close()
+
+
+def test_segments_go_when_emptied_oldest_first_and_a_lingering_message_moves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import cmq.routing._store as st
+
+    monkeypatch.setattr(st, "SEGMENT_BYTES", 4096)
+    store = Store(tmp_path)
+    store.write([("queue", "q", 10**6, "drop-head", b"\x80", 0)])
+    body = b"b" * 500
+    for i in range(1, 81):  # about 7 messages a segment
+        store.write([_msg(i, body=body)])
+    assert len(store._segments_on_disk()) > st._MAX_SEGMENTS  # all kept: every segment stays
+    store.write([("msg-", i) for i in range(2, 81)])  # all but the first go
+    # The first segment's lingering message 1 was written again at the head,
+    # and every segment with nothing kept in it is gone.
+    assert len(store._segments_on_disk()) <= 2
+    for i in range(81, 85):
+        store.write([_msg(i, body=body)])
+    store.close()
+    assert _kept(tmp_path) == [1, 81, 82, 83, 84]
+
+
+def test_a_purge_or_a_deleted_queue_takes_its_messages_from_the_log(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    store.write([("queue", "q", 10, "drop-head", b"\x80", 0), ("queue", "r", 10, "drop-head", b"\x80", 0),
+                 _msg(1), _msg(2, "r"), ("purge", "q"), _msg(3), _msg(4, "r")])  # fmt: skip
+    assert [m.id for m in store.load().messages] == [2, 3, 4]
+    store.write([("queue-", "r"), ("queue", "r", 10, "drop-head", b"\x80", 0), _msg(5, "r")])
+    store.close()
+    assert _kept(tmp_path) == [3, 5]
+
+
+def test_messages_of_an_earlier_sqlite_store_move_to_the_log(tmp_path: Path) -> None:
+    import sqlite3
+
+    from cmq.routing._store import pack
+
+    store = Store(tmp_path)
+    store.write([("queue", "q", 10, "drop-head", b"\x80", 0)])
+    store.close()
+    db = sqlite3.connect(tmp_path / "broker.sqlite3")
+    db.execute("INSERT INTO messages VALUES (7, 'q', '', 'q', ?, NULL, NULL)", (pack(b"old"),))
+    db.commit()
+    db.close()
+    store = Store(tmp_path)
+    assert [(m.id, m.body) for m in store.load().messages] == [(7, b"old")]
+    store.close()
+    db = sqlite3.connect(tmp_path / "broker.sqlite3")
+    assert db.execute("SELECT COUNT(*) FROM messages").fetchone() == (0,)
+    db.close()
+    assert _kept(tmp_path) == [7]
+
+
+def test_a_write_that_fails_keeps_nothing_and_the_next_one_works(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    with pytest.raises(KeyError):  # a declaration, then a record the store does not know
+        store.write([("queue", "q", 10, "drop-head", b"\x80", 0), ("nonsense", 1)])
+    assert store.load().queues == []
+    store.write([("queue", "q", 10, "drop-head", b"\x80", 0), _msg(1)])
+    store.close()
+    assert _kept(tmp_path) == [1]
+
+
 def test_one_broker_per_data_directory(tmp_path: Path) -> None:
     with Broker(data_dir=tmp_path), pytest.raises(ConfigError, match="another broker is using"):
         Broker(data_dir=tmp_path)
@@ -121,10 +224,11 @@ def test_one_broker_per_data_directory(tmp_path: Path) -> None:
 
 
 class _Proc:
-    def __init__(self, data_dir: Path, *extra: str) -> None:
+    def __init__(self, data_dir: Path | None, *extra: str, cwd: Path | None = None) -> None:
+        where = [] if data_dir is None else ["--data-dir", str(data_dir)]
         self.p = subprocess.Popen(
-            [sys.executable, "-m", "cmq", "broker", "--port", "0", "--data-dir", str(data_dir), *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            [sys.executable, "-m", "cmq", "broker", "--port", "0", *where, *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
         )  # fmt: skip
         assert self.p.stdout is not None
         self.line = self.p.stdout.readline()
@@ -201,6 +305,22 @@ def test_kill_9_keeps_durable_queue_bindings_and_confirmed_persistent_messages(
         assert c.publish("px", "stock.x", b"after", confirm=True, persistent=True) == 1
         with pytest.raises(RemoteError, match="no exchange"):
             c.publish("tx", "", b"x", confirm=True)
+
+
+def test_without_data_dir_the_state_lives_in_cmq_data_where_the_broker_starts(
+    tmp_path: Path, procs: list[_Proc]
+) -> None:
+    b = _Proc(None, cwd=tmp_path)
+    procs.append(b)
+    with BrokerClient(b.addr, timeout=WAIT) as c:
+        c.declare_queue("dq", durable=True)
+        assert c.publish("", "dq", b"kept", confirm=True, persistent=True) == 1
+    b.kill9()
+    assert (tmp_path / "cmq-data" / "broker.sqlite3").exists()
+    again = _Proc(None, cwd=tmp_path)  # started again in the same place: finds it
+    procs.append(again)
+    with BrokerClient(again.addr, timeout=WAIT) as c:
+        assert [d.body for d in _drain(c, "dq", 1)] == [b"kept"]
 
 
 def test_acked_messages_stay_gone_across_two_restarts(tmp_path: Path, procs: list[_Proc]) -> None:

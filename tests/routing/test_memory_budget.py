@@ -59,6 +59,25 @@ def test_core_refuses_cmq_publishes_over_the_budget_and_takes_them_again_under_9
     assert _publish(core) == 1
 
 
+@pytest.mark.parametrize("consumer", [False, True])
+def test_the_message_that_reaches_the_budget_raises_the_alarm_without_a_driver_check(consumer: bool) -> None:
+    """A driver may read thousands of publishes in one turn before it checks:
+    the core checks as they come in, so what it holds passes the budget by
+    one message at most, on the queue path and on the hand-over fast path."""
+    from cmq.routing._protocol import Consume
+
+    core = BrokerCore(BrokerConfig(memory_budget=BUDGET))
+    core.call(DeclareQueue(rid=0, name="q", max_length=1_000_000, overflow="drop-head"), ME, 0.0)
+    if consumer:  # messages go straight to a consumer that never acks: still held
+        core.call(Consume(rid=0, tag="c", queue="q", prefetch=0, no_ack=False), ("127.0.0.1", 4001), 0.0)
+    for _ in range(200):  # one turn's worth, never a check_memory() between
+        core.receive(["p", 0, "", "q", BODY], ME, 0.0)
+        core.messages_to_send()
+    assert BUDGET <= core.held_bytes() < BUDGET + len(BODY)
+    assert core.stats().refused_memory == 200 - BUDGET // len(BODY)
+    assert core.memory_alarm
+
+
 def test_live_broker_refuses_confirms_and_stays_bounded_then_takes_publishes_again() -> None:
     with Broker(config=BrokerConfig(memory_budget=BUDGET)).start() as b, BrokerClient(b.address, timeout=WAIT) as c:
         c.declare_queue("q", max_length=1_000_000)

@@ -268,8 +268,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
     p = verbs.add_parser(
         "bench-durable",
-        help="confirmed persistent publishes per second (confirm each, and a window), "
-        "beside transient ones and RabbitMQ's",
+        help="confirmed persistent publishes per second (confirm each, and a window) with one "
+        "consumer beside, beside transient ones and RabbitMQ's",
     )
     p.add_argument("--seconds", type=float, default=2.0, help="length of each measurement")
     p.add_argument("--size", type=int, default=1024, help="message body bytes (default: %(default)s)")

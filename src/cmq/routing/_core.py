@@ -49,9 +49,13 @@ died in its headers, as RabbitMQ writes them (``x-death``, see ``_died``).
 Memory. Each queue keeps the body bytes of the messages it holds (ready, or
 out with a consumer until acknowledged) in ``nbytes``, changed where
 messages enter and leave it for good; ``held_bytes()`` sums them (one step
-per queue) for ``check_memory``, which a driver calls once per turn: it raises
-the memory alarm at ``BrokerConfig.memory_budget`` and clears it under
-``MEMORY_RESUME_FRACTION`` of it. While it is raised, a publish from a
+per queue) for ``check_memory``: it raises the memory alarm at
+``BrokerConfig.memory_budget`` and clears it under ``MEMORY_RESUME_FRACTION``
+of it. A driver calls it once per turn, and the core itself as messages come
+in: it keeps what the last check found plus the bytes that came in since (an
+upper bound of what it holds, one addition a message) and checks at once when
+that reaches the budget, so the message that reaches it raises the alarm and
+the next cmq-protocol publish is refused, whatever the driver reads in a turn. While it is raised, a publish from a
 cmq-protocol client (``p``, ``P``) is refused whole with ``resource-error``
 (the confirming publisher's nack; a fire-and-forget one hears of it through
 its errors) and its messages counted in ``refused_memory``: nothing of it is
@@ -59,8 +63,8 @@ kept, so what the broker holds stops growing however fast such clients
 publish, and consumers still take messages and acknowledge them. AMQP
 publishes are not refused: their driver stops reading their sockets instead
 (TCP pushes back, RabbitMQ's connection.blocked), so what it still reads
-is taken. The alarm is looked at once per turn, so a turn's publishes may
-pass the budget by what that one turn read.
+is taken. What the broker holds passes the budget by at most one publish
+(one message, or one batch publish) from a cmq-protocol client.
 
 Consumers and delivery guarantees. A consumer with ``no_ack`` gets messages as
 fast as they come, at most once (a lost datagram is a lost message). Other
@@ -751,8 +755,12 @@ class BrokerCore:
         # the replies of the same turn leave.
         self.persisting = False
         self.journal: list[tuple[Any, ...]] = []
-        # Raised by check_memory() over the memory budget (see "Memory" above).
+        # Raised by check_memory() over the memory budget (see "Memory" above);
+        # what it last found held, and the bytes that came in since (so that
+        # their sum is never below what is held).
         self.memory_alarm = False
+        self._held_seen = 0
+        self._grown_since = 0
         self._next_pid = 1
         self._durable_exchanges: set[str] = set()
         # Wall-clock seconds at ``now == 0``, set by a driver with a real
@@ -823,6 +831,7 @@ class BrokerCore:
         under ``MEMORY_RESUME_FRACTION`` of it; whether it is raised. Drivers
         call it once per turn (it costs one step per queue)."""
         held, budget = self.held_bytes(), self.config.memory_budget
+        self._held_seen, self._grown_since = held, 0
         if not self.memory_alarm:
             if held >= budget:
                 self.memory_alarm = True
@@ -833,6 +842,14 @@ class BrokerCore:
         elif held < budget * MEMORY_RESUME_FRACTION:
             self.memory_alarm = False
         return self.memory_alarm
+
+    def _grown(self, size: int) -> None:
+        """``size`` more bytes are held: look at the budget at once when what
+        was last found held plus what came in since reaches it, so that the
+        message that reaches the budget raises the alarm (see "Memory")."""
+        self._grown_since += size
+        if not self.memory_alarm and self._held_seen + self._grown_since >= self.config.memory_budget:
+            self.check_memory()
 
     def _refuse_over_budget(self, n: int, sender: Address) -> None:
         """Refuse a cmq-protocol publish of ``n`` messages while the memory
@@ -964,7 +981,9 @@ class BrokerCore:
                 self._expiring.add(q_.name)
             meta = _Meta(expires, (), m.props, m.id)
             q_.ready.append((m.exchange, m.routing_key, m.body, True, meta))
-            q_.nbytes += _bytes_of((q_.ready[-1],))
+            size = _bytes_of((q_.ready[-1],))
+            q_.nbytes += size
+            self._grown(size)
             self._count(q_, "enqueued")
             self._next_pid = max(self._next_pid, m.id + 1)
 
@@ -1072,7 +1091,9 @@ class BrokerCore:
         self._next_dtag = dtag + 1
         if not c.no_ack:
             unacked[dtag] = ((exchange, key, body, False, None), now)
-            q.nbytes += len(body) if type(body) is bytes else _approx_size(body)
+            size = len(body) if type(body) is bytes else _approx_size(body)
+            q.nbytes += size
+            self._grown(size)
         c.pending = [[dtag, exchange, key, False, [body]]]
         self._with_pending[(c.addr, c.tag)] = c
         q.handed += 1  # published, enqueued and delivered (see stats)
@@ -1312,7 +1333,9 @@ class BrokerCore:
         ready = q.ready
         n = len(bodies)
         consumers = q.consumers
-        q.nbytes += sum([len(b) if type(b) is bytes else _approx_size(b) for b in bodies])
+        size = sum([len(b) if type(b) is bytes else _approx_size(b) for b in bodies])
+        q.nbytes += size
+        self._grown(size)
         if q.ttl is not None and (ttl is None or q.ttl < ttl):
             ttl = q.ttl
         if ttl is not None or deaths or props is not None:
@@ -1565,7 +1588,9 @@ class BrokerCore:
                     unsent.append((r[1], r[2], body, r[3], None if p is None else _Meta(None, (), p)))
             back += unsent
             self._count(q, "delivered", -len(unsent))
-            q.nbytes += _bytes_of(unsent)  # counted as gone when handed; they never left
+            size = _bytes_of(unsent)
+            q.nbytes += size  # counted as gone when handed; they never left
+            self._grown(size)
         c.unacked.clear()
         c.pending.clear()
         if back and self._queues.get(q.name) is q:
