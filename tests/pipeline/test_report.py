@@ -261,9 +261,10 @@ def chromium() -> str | None:
 @pytest.mark.skipif(
     chromium() is None, reason="Debian's chromium is not installed (apt-get install -y chromium)"
 )
-def test_report_renders_in_headless_chromium(report: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("width", [1280, 800])
+def test_report_renders_in_headless_chromium(report: Path, tmp_path: Path, width: int) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
-    shot = ARTIFACTS / "report.png"
+    shot = ARTIFACTS / f"report-{width}.png"
     shot.unlink(missing_ok=True)
     browser = chromium()
     assert browser is not None
@@ -274,7 +275,7 @@ def test_report_renders_in_headless_chromium(report: Path, tmp_path: Path) -> No
     ]  # fmt: skip
     url = report.resolve().as_uri()
     done = subprocess.run(
-        [*common, f"--screenshot={shot}", "--window-size=1280,4000", url],
+        [*common, f"--screenshot={shot}", f"--window-size={width},4000", url],
         capture_output=True, text=True, timeout=90, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
@@ -289,6 +290,9 @@ def test_report_renders_in_headless_chromium(report: Path, tmp_path: Path) -> No
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert dom.stdout.count("<svg") == report.read_text(encoding="utf-8").count("<svg")
     assert "The papers' claims at a glance" in dom.stdout or "The papers&#x27; claims at a glance" in dom.stdout
+    # On a narrow screen a wide table scrolls inside its section, not the page:
+    # every table sits in a scrolling wrapper.
+    assert dom.stdout.count("<table") == dom.stdout.count('<div class="table"') > 0
 
 
 def test_verdicts_on_fewer_runs_than_the_full_profile_are_marked_indicative() -> None:
