@@ -795,6 +795,14 @@ def _judge_t1_no_duplicates(data: ReportData) -> Verdict:
     return Verdict(status="pass" if ok else "fail", result=text + " duplicated.")
 
 
+def _atomic(cells: dict[tuple[str, str, int, str], _Cell]) -> tuple[dict[tuple[str, str, int, str], _Cell], int, int]:
+    """The atomic mode's cells of ``cells``, their runs and their duplicates."""
+    atomic = {key: c for key, c in cells.items() if key[1] == "atomic"}
+    runs = sum(len(c.rows) for c in atomic.values())
+    dups = sum(r["duplicates"] for c in atomic.values() for r in c.rows)
+    return atomic, runs, dups
+
+
 def _judge_atomic(data: ReportData) -> Verdict:
     """0 duplicates, and order by request as good as lock-free's.
 
@@ -809,11 +817,9 @@ def _judge_atomic(data: ReportData) -> Verdict:
     sequence, and by request they score 0; by arrival they did not.
     """
     cells = _cells(data)
-    atomic = {key: c for key, c in cells.items() if key[1] == "atomic"}
+    atomic, runs, dups = _atomic(cells)
     if not atomic:
         return Verdict(status="inconclusive", result="Needs atomic runs of cmq serve.")
-    runs = sum(len(c.rows) for c in atomic.values())
-    dups = sum(r["duplicates"] for c in atomic.values() for r in c.rows)
     worse, compared, by_arrival, parts = [], 0, 0, []
     for (system, _, t, k), c in sorted(atomic.items()):
         free = cells.get((system, "lock-free", t, k))
@@ -864,11 +870,9 @@ def _judge_atomic_depth(data: ReportData) -> Verdict:
     arrival are the same).
     """
     cells = _cells(data)
-    atomic = {key: c for key, c in cells.items() if key[1] == "atomic"}
+    atomic, runs, dups = _atomic(cells)
     if not atomic:
         return Verdict(status="inconclusive", result="Needs atomic runs of cmq serve.")
-    runs = sum(len(c.rows) for c in atomic.values())
-    dups = sum(r["duplicates"] for c in atomic.values() for r in c.rows)
     statuses: list[str] = []
     worse: list[str] = []
     missing: list[str] = []
@@ -913,11 +917,9 @@ def _judge_atomic_intervals(data: ReportData) -> Verdict:
     fail when atomic's 95 % interval of the out-of-order rate by request
     lies entirely above lock-free's (see the claim)."""
     cells = _cells(data)
-    atomic = {key: c for key, c in cells.items() if key[1] == "atomic"}
+    atomic, runs, dups = _atomic(cells)
     if not atomic:
         return Verdict(status="inconclusive", result="Needs atomic runs of cmq serve.")
-    runs = sum(len(c.rows) for c in atomic.values())
-    dups = sum(r["duplicates"] for c in atomic.values() for r in c.rows)
     statuses: list[str] = []
     worse: list[str] = []
     missing: list[str] = []
