@@ -522,6 +522,92 @@ def make_receive_v2(chunk, Py_ssize_t status_bytes, double max_ack_delay):
     return receive
 
 
+def make_receive_one_v2(unpack, Py_ssize_t status_bytes, double max_ack_delay,
+                        unsigned int version, unsigned int flag_msgpack):
+    """The latency path of :meth:`cmq.wire.receiver.Receiver.receive_one` for
+    a v2 datagram: ``receive_one(rx, data, addr, now, mailbox)``.
+
+    The twin of the pure ``Receiver._receive_one_v2``: when ``data`` is a
+    plain v2 datagram (no flag but ``flag_msgpack``) of one frame for
+    ``mailbox``, the next of a known, credited stream with nothing held,
+    within credit and the budget, it counts it, does the stream's
+    acknowledgement bookkeeping (``_next_arrived``) and returns ``(payload,
+    meta)``. Otherwise, or when the payload does not decode (``unpack``
+    raises), it changes nothing and returns None: the general path decides.
+    """
+
+    def receive_one(rx, bytes data, addr, double now, unsigned long mailbox):
+        cdef Py_ssize_t size = PyBytes_GET_SIZE(data)
+        cdef const unsigned char *b = <const unsigned char *>PyBytes_AS_STRING(data)
+        # receive_one takes v2 datagrams longer than the header, extension and prefix.
+        if size <= V2_HEAD + 1 or b[0] != 0xC3 or b[1] != 0x51 or b[2] != version:
+            return None
+        cdef unsigned int flags = b[3]
+        if flags != 0 and flags != flag_msgpack:
+            return None
+        cdef unsigned long sender = _be32(b + 4)
+        cdef unsigned long mb = _be32(b + 8)
+        cdef unsigned long seq = _be32(b + 12)
+        cdef unsigned long epoch = _be32(b + 16)
+        cdef unsigned int rflags = b[20]
+        # receiver._lone_frame: one frame filling the datagram.
+        cdef Py_ssize_t body = size - (V2_HEAD + 1)
+        cdef unsigned int n = b[V2_HEAD]
+        cdef Py_ssize_t start = 0
+        cdef unsigned long long long_n = 0
+        cdef int k
+        if n < 255:
+            if n == <unsigned long long>body:
+                start = V2_HEAD + 1
+        elif body >= 8:
+            for k in range(8):
+                long_n = (long_n << 8) | b[V2_HEAD + 1 + k]
+            if long_n == <unsigned long long>(body - 8):
+                start = V2_HEAD + 1 + 8
+        if start == 0 or mb != mailbox:
+            return None
+        key = (addr, sender, mb)
+        rs = rx._rstreams.get(key)
+        # Receiver._next_plain
+        if rs is None or rs.epoch != epoch or rs.next != seq or not rs.granted or rs.held or rs.seen:
+            return None
+        if rx._unchecked + size > rx._free or rflags & ~(R_SYN_ | R_ORDERED_):
+            return None
+        if _seq_diff(rs.credit, seq) <= 0:
+            return None
+        payload = PyBytes_FromStringAndSize(<const char *>b + start, size - start)
+        if flags:
+            try:
+                payload = unpack(payload)
+            except Exception:
+                return None
+        rx.datagrams_received += 1
+        rx.bytes_received += size
+        rx.messages_received += 1
+        # Receiver._next_arrived
+        rx._unchecked += size
+        nxt = (seq + 1) & 0xFFFFFFFFUL
+        rs.next = nxt
+        rs.largest = seq
+        rs.largest_at = now
+        rs.last_active = now
+        rs.avg_size += (size - rs.avg_size) * 0.125
+        rs.last_size = size
+        rs.since_status += 1
+        rs.bytes_since += size
+        cdef long long quarter = _seq_diff(rs.credit, nxt) // 4
+        if rs.bytes_since >= status_bytes or rs.since_status >= (quarter if quarter > 1 else 1):
+            rs.urgent = True
+            rx.status_urgent = True
+        elif rs.due is None:
+            rs.due = now + max_ack_delay
+            rx.new_due = True
+        rx._owed[key] = rs
+        return payload, (addr, sender, mb, seq, None)
+
+    return receive_one
+
+
 # -- many datagrams per system call ----------------------------------------------
 
 

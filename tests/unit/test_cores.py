@@ -166,7 +166,10 @@ def _reliable_deliveries(core: str, datagrams: list[bytes], ops: list[tuple[int,
     """What a receiver of ``core`` does with a reliable stream's ``datagrams``
     fed as ``ops`` say: ``(0, i)`` delivers datagram ``i`` (again, or out of
     order), ``(3, _)`` the one after the last delivered, ``(1, _)`` takes the
-    STATUS due, ``(2, k)`` takes ``k`` messages."""
+    STATUS due, ``(2, k)`` takes ``k`` messages, ``(4, k)`` reads the one
+    after the last delivered as a reader waiting on a mailbox does, once
+    it took all of mailbox 2 and the STATUS owed (``receive_one``: mailbox
+    2, or 0 when ``k`` is a multiple of 3)."""
     with _impl.using(core):
         rx = Receiver(QueueConfig(max_queued=12, max_buffered_bytes=6000, max_datagram=2000), sender_id=1)
     rx.set_kernel_budget(6000)
@@ -178,6 +181,12 @@ def _reliable_deliveries(core: str, datagrams: list[bytes], ops: list[tuple[int,
         if op in (0, 3):
             last = arg % len(datagrams) if op == 0 else (last + 1) % len(datagrams)
             seen.append(("got", rx.datagram_received(datagrams[last], ("127.0.0.1", 4000), now)))
+        elif op == 4:
+            # A reader that took everything, so that credit is open, then waits.
+            seen.append(("took", rx.mailbox(2).take(1 << 20), rx.take_status(now, all_owed=True)))
+            last = (last + 1) % len(datagrams)
+            one = rx.receive_one(datagrams[last], ("127.0.0.1", 4000), now, 2 if arg % 3 else 0)
+            seen.append(("one", one, rx.datagrams_received, rx.bytes_received, rx.new_due))
         elif op == 1:
             seen.append(("status", rx.take_status(now)))
         else:
@@ -195,15 +204,16 @@ def _reliable_deliveries(core: str, datagrams: list[bytes], ops: list[tuple[int,
     syn=st.integers(0, 4),
     codec=st.sampled_from([0, frames.FLAG_MSGPACK]),
     broken=st.lists(st.integers(0, 11), max_size=2),
-    ops=st.lists(st.tuples(st.sampled_from([3, 3, 3, 3, 0, 1, 2]), st.integers(0, 30)), max_size=60),
+    ops=st.lists(st.tuples(st.sampled_from([3, 3, 3, 3, 0, 1, 2, 4, 4]), st.integers(0, 30)), max_size=60),
 )
 @settings(max_examples=300, deadline=None)
 def test_receivers_of_both_cores_keep_reliable_streams_alike(
     chunks: list[list[bytes]], syn: int, codec: int, broken: list[int], ops: list[tuple[int, int]]
 ) -> None:
-    """The reliable fast path (compiled or pure) and the general path it
-    falls back to: in-order, repeated, reordered, over credit, over a full
-    mailbox, malformed and undecodable datagrams, STATUS between them."""
+    """The reliable fast paths (compiled or pure: a drain's and a waiting
+    reader's) and the general path they fall back to: in-order, repeated,
+    reordered, over credit, over a full mailbox, malformed and undecodable
+    datagrams, STATUS between them."""
     head = frames.stream_head(codec, 3, 2, frames.VERSION_2)
     datagrams = []
     for seq, payloads in enumerate(chunks):

@@ -483,7 +483,22 @@ class Endpoint(ABC):
             # the endpoint (not at the caller's earlier `now`): a datagram
             # sent after another then never carries an earlier stamp, which
             # the loss evidence relies on.
-            datagrams = rel.outgoing(st, datagrams, self._now(), whole)
+            stamp = self._now()
+            if whole is None and rel.clear(st, len(datagrams)):
+                # All within credit, nothing waiting (the common case): send
+                # first and buffer after, so that the bookkeeping overlaps the
+                # peer's work rather than delaying the datagram. A STATUS
+                # cannot come between: it is applied under this same lock.
+                try:
+                    self._transmit(s, datagrams, raise_errors=raise_errors)
+                finally:
+                    rel.outgoing(st, datagrams, stamp)
+                    if self._full(st):
+                        self._batcher.hold(s)
+                    if armed is None and st.pto_at is not None:
+                        self._rel_timer(st.pto_at)
+                return
+            datagrams = rel.outgoing(st, datagrams, stamp, whole)
             if self._full(st):
                 self._batcher.hold(s)  # the next push reaches _after_append's backpressure
             if armed is None and st.pto_at is not None:

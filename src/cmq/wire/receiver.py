@@ -368,6 +368,12 @@ class Receiver:
         self._fast_v2: Callable[[Receiver, bytes, Any, float], int] | None = (
             None if sp is None else sp.make_receive_v2(Chunk, STATUS_BYTES, MAX_ACK_DELAY)
         )
+        # receive_one's path for reliable streams in C (the twin of _receive_one_v2), or None.
+        self._one_v2: Callable[[Receiver, bytes, Any, float, int], tuple[Any, Meta] | None] | None = (
+            None
+            if sp is None
+            else sp.make_receive_one_v2(_unpack, STATUS_BYTES, MAX_ACK_DELAY, VERSION_2, FLAG_MSGPACK)
+        )
         # Reliable streams, and those owing their sender a STATUS.
         self._rstreams: dict[tuple[Any, int, int], RecvStream] = {}
         self._owed: dict[tuple[Any, int, int], RecvStream] = {}
@@ -886,7 +892,13 @@ class Receiver:
                 self.messages_received += 1
                 return payload, (addr, sender, mb, seq, None)
             if mvf in _MVF_V2_PLAIN and len(data) > _ONE2_SIZE:
-                return self._receive_one_v2(data, addr, now, mailbox)
+                one = self._one_v2
+                if one is None:
+                    return self._receive_one_v2(data, addr, now, mailbox)
+                got = one(self, data, addr, now, mailbox)
+                if got is None:
+                    self.datagram_received(data, addr, now)
+                return got
         self.datagram_received(data, addr, now)
         return None
 

@@ -474,6 +474,12 @@ class ReliableSender:
         self.total += added
         return self._release(st, now)
 
+    def clear(self, st: SendStream, n: int) -> bool:
+        """Whether :meth:`outgoing` would send all of the stream's ``n`` new
+        datagrams at once: within credit, none waiting before them."""
+        first = (st.stream.seq - n) & MASK
+        return first == st.sent_upto and seq_diff(st.credit, (first + n) & MASK) >= 0
+
     def _release(self, st: SendStream, now: float) -> list[bytes]:
         """Datagrams waiting for credit that the credit now lets go."""
         out: list[bytes] = []
