@@ -582,3 +582,50 @@ def test_keyed_stream_delivers_and_a_forged_status_acknowledges_nothing(make_que
         assert a.stats().dropped["bad_tag"] == 2
     finally:
         sink.close()
+
+
+def test_no_status_is_written_while_another_thread_delivers_a_datagram(make_queue: MakeQueue) -> None:
+    """A STATUS written while a reader is halfway through a datagram could
+    see the datagram's successor and not the datagram, and name it missing
+    (its sender then resends what arrived). The timer side's report waits
+    for the delivery to finish."""
+    q = make_queue()
+    r = q._receiver
+    inside, release = threading.Event(), threading.Event()
+    written_inside: list[str] = []
+
+    def held(real: Callable[..., Any]) -> Callable[..., Any]:
+        def deliver(*args: Any) -> Any:
+            inside.set()
+            try:
+                release.wait(10)
+                return real(*args)
+            finally:
+                inside.clear()
+
+        return deliver
+
+    real_take = r.take_status
+
+    def take_status(now: float, **kwargs: Any) -> Any:
+        if inside.is_set():
+            written_inside.append(threading.current_thread().name)
+        return real_take(now, **kwargs)
+
+    r.receive_one = held(r.receive_one)  # type: ignore[method-assign]
+    r.datagram_received = held(r.datagram_received)  # type: ignore[method-assign]
+    r.take_status = take_status  # type: ignore[method-assign]
+    with make_queue() as sender:
+        sender.push(dest(q), msg(1))
+        sender.flush()
+        reader = threading.Thread(target=q.get, kwargs={"timeout": 10})
+        reader.start()
+        assert inside.wait(10)
+        r.status_urgent = True  # a STATUS is owed now
+        timer = threading.Thread(target=q._fire_reliable, args=(0.0,), name="timer")
+        timer.start()
+        timer.join(0.3)  # without the lock, it writes the STATUS here
+        release.set()
+        reader.join(10)
+        timer.join(10)
+    assert written_inside == []

@@ -180,6 +180,12 @@ class Endpoint(ABC):
         # each take with the sends of its datagrams (taken once per batch,
         # never per message).
         self._timer_lock = lock()
+        # Held while the receiver's state changes under a datagram, and while
+        # a STATUS is written from it: a report written by the timer thread
+        # while a reader delivers could see a datagram's successor and not the
+        # datagram, and name it missing (the sender would resend it). Held
+        # for the processing only, never across a wait on the socket.
+        self._state_lock = lock()
         self._pending: PendingTable[_Attempt] = PendingTable()
         self._buf = bytearray(65536)
         self._view = memoryview(self._buf)
@@ -817,7 +823,9 @@ class Endpoint(ABC):
         if r.controls:
             self._on_controls(now)
         if r.status_urgent:
-            for data, addr in r.take_status(now):
+            with self._state_lock:
+                owed = r.take_status(now)
+            for data, addr in owed:
                 self._send_to(data, addr)
         if r.new_due:
             r.new_due = False
@@ -883,7 +891,9 @@ class Endpoint(ABC):
             self._room_made()
         r = self._receiver
         if r.owed or r.status_urgent:
-            for data, addr in r.take_status(now):
+            with self._state_lock:
+                owed = r.take_status(now)
+            for data, addr in owed:
                 self._send_to(data, addr)
             r.new_due = False
         due = [d for d in (pto, r.next_status_due()) if d is not None]
@@ -892,7 +902,9 @@ class Endpoint(ABC):
     def _settle_owed(self) -> None:
         """Closing: send every STATUS this endpoint owes its senders, so that
         what it received is acknowledged rather than sent again to nobody."""
-        for data, addr in self._receiver.take_status(self._now(), all_owed=True):
+        with self._state_lock:
+            owed = self._receiver.take_status(self._now(), all_owed=True)
+        for data, addr in owed:
             self._send_to(data, addr)
 
     def _report_failures(self) -> None:

@@ -238,7 +238,8 @@ class Queue(Endpoint):
                     got = self._recv_or_fire(remaining)
                     if got is not None:
                         now = _monotonic()
-                        self._receiver.datagram_received(got[0], got[1], now)
+                        with self._state_lock:
+                            self._receiver.datagram_received(got[0], got[1], now)
                         self._after_read(now)
                 finally:
                     self._rx_lock.release()
@@ -374,7 +375,8 @@ class Queue(Endpoint):
                 addr = None  # timed out, closed, or an ICMP error: the general path decides
             if addr is not None:
                 now = self._app_read_at = self._batcher.waited_at = _monotonic()
-                item = self._receiver.receive_one(data, addr, now, mailbox)
+                with self._state_lock:
+                    item = self._receiver.receive_one(data, addr, now, mailbox)
                 self._after_read(now)
                 if item is not None:
                     return item, timeout
@@ -475,7 +477,8 @@ class Queue(Endpoint):
                 continue  # e.g. an ICMP error reported on the socket: nothing to read
             if addr is None:
                 break  # shut down by close()
-            received(data, addr, _monotonic())
+            with self._state_lock:
+                received(data, addr, _monotonic())
             count += 1
             if backlog is not None and self._receiver.queued() >= backlog:
                 break
@@ -502,11 +505,12 @@ class Queue(Endpoint):
                     break
                 continue  # e.g. an ICMP error reported on the socket: nothing to read
             shut = False
-            for data, addr in batch:
-                if addr is None:
-                    shut = True  # shut down by close()
-                    break
-                received(data, addr, _monotonic())
+            with self._state_lock:
+                for data, addr in batch:
+                    if addr is None:
+                        shut = True  # shut down by close()
+                        break
+                    received(data, addr, _monotonic())
             if shut or not batch:
                 break
             count += len(batch)
@@ -556,10 +560,11 @@ class Queue(Endpoint):
             data, addr = got
             item = None
             now = self._app_read_at = self._batcher.waited_at = _monotonic()
-            if fut is None and predicate is None:
-                item = self._receiver.receive_one(data, addr, now, mailbox)
-            else:
-                self._receiver.datagram_received(data, addr, now)
+            with self._state_lock:
+                if fut is None and predicate is None:
+                    item = self._receiver.receive_one(data, addr, now, mailbox)
+                else:
+                    self._receiver.datagram_received(data, addr, now)
             self._after_read(now)
             return item
         finally:
@@ -780,7 +785,7 @@ class Queue(Endpoint):
             except Exception:  # noqa: BLE001 - closing goes on; what is left is reported below
                 pass
         # Not under the receive lock: a reader may hold it, blocked in recv
-        # until close wakes it (take_status is safe beside a reader).
+        # until close wakes it (the STATUS is taken under the state lock).
         self._settle_owed()
         self._closed = True
         self._cache.clear()
