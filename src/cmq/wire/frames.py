@@ -39,7 +39,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import chain
@@ -458,14 +458,17 @@ def _split_equal(data: bytes, start: int, n: int, prefix: int, count: int) -> li
 
 
 def decode(
-    data: bytes, key: bytes | None = None
+    data: bytes,
+    key: bytes | None = None,
+    split: Callable[[bytes, int, int], list[bytes]] | None = None,
 ) -> tuple[Header, list[bytes] | Fragment | list[Status | Probe]]:
     """Decode a whole datagram: its header and its frames, its fragment or its control records.
 
     This is the one parser of the wire format: the receiver's fast paths
     handle a subset of datagrams (plain, untagged v1 and v2 data) and must
     agree with it. With ``key``, the datagram must carry a valid tag;
-    without, a tag that is present is skipped unchecked.
+    without, a tag that is present is skipped unchecked. ``split`` cuts the
+    frames (default :func:`split_frames`; the compiled core's twin).
 
     Raises:
         ProtocolError: anything that is not a valid v1 or v2 datagram
@@ -502,7 +505,7 @@ def decode(
             count=count,
             data=data[start + FRAGMENT_HEADER_SIZE : end],
         )
-    return header, split_frames(data, start, end)
+    return header, (split_frames if split is None else split)(data, start, end)
 
 
 def encode_control(records: Sequence[Status | Probe], sender: int, key: bytes | None = None) -> bytes:

@@ -556,7 +556,7 @@ class Receiver:
     def _general(self, data: bytes, addr: Any, now: float) -> int:
         """:meth:`datagram_received` past its fast paths: the one parser, every kind of datagram."""
         try:
-            header, body = decode(data, self._key)
+            header, body = decode(data, self._key, self._split)
         except BadTag:
             self.dropped["bad_tag"] += 1
             return 0
@@ -620,7 +620,8 @@ class Receiver:
             if self._full(len(data)) and self._consumable():
                 # Held data counts against the budget too: refused, sent again.
                 return self._overrun(rs, now)
-            rs.held[seq] = data
+            # Kept decoded: it is delivered from here once the gap fills.
+            rs.held[seq] = (data, header, body)
             rs.held_bytes += len(data)
             self._held_rel += len(data)
             self._owe(rs, now, urgent=new_gap)
@@ -635,11 +636,11 @@ class Receiver:
             if rs.ordered:
                 held = rs.held
                 while held:
-                    d = held.get(nxt)
-                    if d is None:
+                    entry = held.get(nxt)
+                    if entry is None:
                         break
-                    h, b = decode(d)
-                    got = self._accept(rs, d, h, b, addr, now)  # type: ignore[arg-type]
+                    d, h, b = entry
+                    got = self._accept(rs, d, h, b, addr, now)
                     del held[nxt]
                     rs.held_bytes -= len(d)
                     self._held_rel -= len(d)

@@ -851,7 +851,8 @@ class RecvStream:
         self.next = 0
         self.largest = MASK  # "before 0": nothing seen
         self.largest_at = now
-        self.held: dict[int, bytes] = {}  # ordered: datagrams after a gap
+        # ordered: datagrams after a gap, decoded: (datagram, header, body)
+        self.held: dict[int, tuple[bytes, Any, Any]] = {}
         self.held_bytes = 0
         self.seen: set[int] = set()  # unordered: seqs delivered after a gap
         self.credit = INITIAL_CREDIT
@@ -871,7 +872,10 @@ class RecvStream:
         """Missing ranges between ``next`` and ``largest`` (at most 32)."""
         if seq_diff(self.largest, self.next) < 0:
             return ()
-        got = sorted(seq_diff(q, self.next) for q in (self.held if self.ordered else self.seen))
+        nxt = self.next
+        # Held and seen datagrams are all after next: their offsets from it
+        # are plain differences modulo 2**32 (seq_diff's, without the calls).
+        got = sorted([(q - nxt) & MASK for q in (self.held if self.ordered else self.seen)])
         out: list[tuple[int, int]] = []
         pos = 0  # offset from next
         for off in got:
