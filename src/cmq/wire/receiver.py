@@ -620,13 +620,14 @@ class Receiver:
             if self._full(len(data)) and self._consumable():
                 # Held data counts against the budget too: refused, sent again.
                 return self._overrun(rs, now)
-            # Kept decoded: it is delivered from here once the gap fills.
-            rs.held[seq] = (data, header, body)
+            # Kept decoded (the frames, not the datagram: no second copy):
+            # it is delivered from here once the gap fills.
+            rs.held[seq] = (len(data), header, body)
             rs.held_bytes += len(data)
             self._held_rel += len(data)
             self._owe(rs, now, urgent=new_gap)
             return 0
-        n = self._accept(rs, data, header, body, addr, now)
+        n = self._accept(rs, len(data), header, body, addr, now)
         if n < 0:
             return self._overrun(rs, now)
         if off:
@@ -639,11 +640,11 @@ class Receiver:
                     entry = held.get(nxt)
                     if entry is None:
                         break
-                    d, h, b = entry
-                    got = self._accept(rs, d, h, b, addr, now)
+                    size, h, b = entry
+                    got = self._accept(rs, size, h, b, addr, now)
                     del held[nxt]
-                    rs.held_bytes -= len(d)
-                    self._held_rel -= len(d)
+                    rs.held_bytes -= size
+                    self._held_rel -= size
                     if got < 0:
                         # No room: dropped unacknowledged, an overrun the
                         # sender repairs (kept held at rs.next, nothing
@@ -662,10 +663,11 @@ class Receiver:
         return n
 
     def _accept(
-        self, rs: RecvStream, data: bytes, header: Header, body: list[bytes] | Fragment, addr: Any, now: float
+        self, rs: RecvStream, size: int, header: Header, body: list[bytes] | Fragment, addr: Any, now: float
     ) -> int:
-        """Deliver a reliable datagram whole, or nothing (-1: no room, it is not acknowledged)."""
-        if self._full(len(data)) and not rs.held and self._consumable():
+        """Deliver a reliable datagram (``size`` bytes) whole, or nothing (-1:
+        no room, it is not acknowledged)."""
+        if self._full(size) and not rs.held and self._consumable():
             # Over the budget: refused, not acknowledged (the sender sends it
             # again). Credit keeps most senders under it, but credit given
             # to many streams at once, or a new stream's initial credit, can
@@ -688,7 +690,7 @@ class Receiver:
         n = len(body)
         if mb is not None and mb.delivered - mb.consumed + n > self._max_queued and not self._fits(mb, n):
             return -1
-        return self._deliver(body, flags, addr, sender, mailbox, seq, len(data), whole=True)
+        return self._deliver(body, flags, addr, sender, mailbox, seq, size, whole=True)
 
     def _overrun(self, rs: RecvStream, now: float) -> int:
         """A datagram of ``rs`` refused unacknowledged (no credit, room or

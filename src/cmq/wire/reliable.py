@@ -851,8 +851,8 @@ class RecvStream:
         self.next = 0
         self.largest = MASK  # "before 0": nothing seen
         self.largest_at = now
-        # ordered: datagrams after a gap, decoded: (datagram, header, body)
-        self.held: dict[int, tuple[bytes, Any, Any]] = {}
+        # ordered: datagrams after a gap, decoded: (their size, header, body)
+        self.held: dict[int, tuple[int, Any, Any]] = {}
         self.held_bytes = 0
         self.seen: set[int] = set()  # unordered: seqs delivered after a gap
         self.credit = INITIAL_CREDIT
