@@ -352,6 +352,23 @@ def test_a_stream_that_comes_later_is_not_starved_of_credit(net: SimNetwork) -> 
     settle(net, b, early, late)
 
 
+@pytest.mark.parametrize("loss", [0.0, 0.03])
+def test_a_bulk_senders_window_grows_to_the_endpoints_even_under_loss(net: SimNetwork, loss: float) -> None:
+    """Windows start small and grow with what arrives (not with what is in
+    order: behind a gap, a window kept small would hold the sender back
+    exactly when repairs are under way)."""
+    b = net.add(window=256, **SMALL)
+    a = net.add(**SMALL)
+    net.link(a, b, loss=loss)
+    msgs = messages(3000)
+    push_all(a, b, msgs)
+    assert net.run(until=got_all(b, msgs))
+    assert b.received == msgs
+    (rs,) = b._receiver._rstreams.values()
+    assert rs.win == 256
+    settle(net, a, b)
+
+
 def test_the_endpoint_bound_holds_across_destinations(net: SimNetwork) -> None:
     """max_send_buffered bounds all streams together: one per-stream buffer
     is far from full when pushes to a second destination are refused."""

@@ -794,10 +794,10 @@ class Receiver:
         self._unchecked = 0
         free = self._free - max(self._ahead - mine, 0)
         # Windows grow with use (reliable.START_WINDOW): a quarter of the
-        # window used since the last grant is a sender that may need more.
-        if seq_diff(rs.next, rs.grant_next) * 4 >= rs.win and rs.win < self._wmax:
+        # window arrived since the last grant is a sender that may need more.
+        if seq_diff(rs.largest, rs.grant_seen) * 4 >= rs.win and rs.win < self._wmax:
             rs.win = min(rs.win * 2, self._wmax)
-        rs.grant_next = rs.next
+        rs.grant_seen = rs.largest
         w = min(int(max(free, 0) // self._active_n // unit), rs.win, self._wmax)
         if w < _LIVE_WINDOW and not consumable and not rs.held:
             # Nothing the application could take is here: what fills the

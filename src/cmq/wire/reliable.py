@@ -127,7 +127,7 @@ PROBE_BACKOFF: Final = 1
 #: gives it real credit (one round trip's worth on a LAN).
 INITIAL_CREDIT: Final = 16
 #: The window a receiver's grants start a stream at (datagrams); it doubles
-#: at each grant that finds a quarter of it used since the last, up to the
+#: at each grant that finds a quarter of it arrived since the last, up to the
 #: endpoint's ``window``. A stream that sends a datagram at a time (requests,
 #: a ping-pong) never holds more than this, so the credit a bulk sender
 #: needs, and a new stream's share, is not reserved for streams that never
@@ -830,7 +830,7 @@ class RecvStream:
         "credit",
         "due",
         "epoch",
-        "grant_next",
+        "grant_seen",
         "granted",
         "held",
         "held_bytes",
@@ -867,9 +867,11 @@ class RecvStream:
         # sender's initial credit, which the receiver's budget must still bound.
         self.granted = False
         # The most credit a grant may give it (datagrams), grown as it uses
-        # what it is given (see Receiver._grant); and ``next`` at the last grant.
+        # what it is given (see Receiver._grant); and ``largest`` at the last
+        # grant (arrivals, not ``next``: under loss, what waits behind a gap
+        # counts too, or the window would stay small exactly when it is needed).
         self.win = START_WINDOW
-        self.grant_next = 0
+        self.grant_seen = MASK
         self.since_status = 0  # datagrams since the last STATUS
         self.bytes_since = 0  # and their bytes
         self.urgent = False
