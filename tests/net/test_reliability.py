@@ -18,6 +18,7 @@ import pytest
 
 from cmq import DeliveryFailure, WouldBlock
 from cmq.wire.frames import Status, encode_control
+from cmq.wire.reliable import MAX_ACK_DELAY
 
 from .harness import Datagram, SimEndpoint, SimNetwork
 
@@ -324,6 +325,47 @@ def test_a_receiver_that_does_not_consume_gets_no_more_than_its_budget(net: SimN
     b.consume()
     assert net.run(until=got_all(b, pushed))
     assert b.received == pushed  # the refused pushes were never queued
+    settle(net, a, b)
+
+
+def test_a_stream_that_comes_later_is_not_starved_of_credit(net: SimNetwork) -> None:
+    """A server's first clients do not keep its whole budget: a stream that
+    sends a message at a time is granted a window it uses, so a client that
+    comes later gets credit at once, not 4 datagrams at a time with each
+    raise waiting for the receiver's delayed re-check (a 2 ms stall every
+    few round trips of a ping-pong through a broker)."""
+    b = net.add(max_buffered_bytes=1_000_000, **SMALL)
+    early = net.add(**SMALL)
+    for n, m in enumerate(messages(5), 1):  # requests, one at a time: the first stream granted anything
+        early.push(b.addr, m)
+        assert net.run(until=lambda n=n: len(b.received) >= n)
+    late = net.add(**SMALL)
+    waits = []
+    for n, m in enumerate(messages(200, start=5), 6):  # a ping-pong's side: one in flight
+        pushed_at = net.now
+        late.push(b.addr, m)
+        assert net.run(until=lambda n=n: len(b.received) >= n)
+        waits.append(net.now - pushed_at)
+    assert b.received == messages(205)
+    # One link delay each (1e-4 s here), none held for a STATUS's delay.
+    assert max(waits) < MAX_ACK_DELAY / 2
+    settle(net, b, early, late)
+
+
+@pytest.mark.parametrize("loss", [0.0, 0.03])
+def test_a_bulk_senders_window_grows_to_the_endpoints_even_under_loss(net: SimNetwork, loss: float) -> None:
+    """Windows start small and grow with what arrives (not with what is in
+    order: behind a gap, a window kept small would hold the sender back
+    exactly when repairs are under way)."""
+    b = net.add(window=256, **SMALL)
+    a = net.add(**SMALL)
+    net.link(a, b, loss=loss)
+    msgs = messages(3000)
+    push_all(a, b, msgs)
+    assert net.run(until=got_all(b, msgs))
+    assert b.received == msgs
+    (rs,) = b._receiver._rstreams.values()
+    assert rs.win == 256
     settle(net, a, b)
 
 

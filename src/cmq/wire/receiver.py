@@ -802,7 +802,12 @@ class Receiver:
         self._free = self.budget - held
         self._unchecked = 0
         free = self._free - max(self._ahead - mine, 0)
-        w = min(int(max(free, 0) // self._active_n // unit), self._wmax)
+        # Windows grow with use (reliable.START_WINDOW): a quarter of the
+        # window arrived since the last grant is a sender that may need more.
+        if seq_diff(rs.largest, rs.grant_seen) * 4 >= rs.win and rs.win < self._wmax:
+            rs.win = min(rs.win * 2, self._wmax)
+        rs.grant_seen = rs.largest
+        w = min(int(max(free, 0) // self._active_n // unit), rs.win, self._wmax)
         if w < _LIVE_WINDOW and not consumable and not rs.held:
             # Nothing the application could take is here: what fills the
             # budget is a message being reassembled, which only more data
@@ -835,7 +840,7 @@ class Receiver:
             # Low credit that consuming can raise: something is held (an
             # empty endpoint already granted all its budget allows; polling
             # it again would wake the driver every 2 ms for ever).
-            starved = seq_diff(rs.credit, rs.next) < max(self._wmax // 4, 1) and self._free < self.budget
+            starved = seq_diff(rs.credit, rs.next) < max(min(rs.win, self._wmax) // 4, 1) and self._free < self.budget
             gap = bool(rs.held or rs.seen or seq_diff(rs.largest, rs.next) >= 0)
             # With a gap open, every due STATUS goes, new or not: the repeat
             # is what repairs a lost retransmission before the sender's PTO.

@@ -94,6 +94,7 @@ from cmq.wire.frames import (
 
 __all__ = [
     "INITIAL_CREDIT",
+    "START_WINDOW",
     "STATUS_BYTES",
     "DeliveryFailure",
     "RecvStream",
@@ -125,6 +126,15 @@ PROBE_BACKOFF: Final = 1
 #: Datagrams a sender may send in a new epoch before the first STATUS
 #: gives it real credit (one round trip's worth on a LAN).
 INITIAL_CREDIT: Final = 16
+#: The window a receiver's grants start a stream at (datagrams); it doubles
+#: at each grant that finds a quarter of it arrived since the last, up to the
+#: endpoint's ``window``. A stream that sends a datagram at a time (requests,
+#: a ping-pong) never holds more than this, so the credit a bulk sender
+#: needs, and a new stream's share, is not reserved for streams that never
+#: use it (before, the first streams took the whole budget and kept it, and
+#: a stream that came later got 4 datagrams at a time, each raise waiting
+#: for a 2 ms re-check).
+START_WINDOW: Final = 64
 #: PROBEs a stream remembers the send time of, for the reports naming them
 #: (a report naming an older one is taken as no evidence).
 _PROBES_REMEMBERED: Final = 8
@@ -826,6 +836,7 @@ class RecvStream:
         "credit",
         "due",
         "epoch",
+        "grant_seen",
         "granted",
         "held",
         "held_bytes",
@@ -840,6 +851,7 @@ class RecvStream:
         "sender",
         "since_status",
         "urgent",
+        "win",
     )
 
     def __init__(self, addr: Any, sender: int, mailbox: int, epoch: int, ordered: bool, now: float) -> None:
@@ -861,6 +873,12 @@ class RecvStream:
         # Whether a STATUS gave it credit yet: before, it sends on the
         # sender's initial credit, which the receiver's budget must still bound.
         self.granted = False
+        # The most credit a grant may give it (datagrams), grown as it uses
+        # what it is given (see Receiver._grant); and ``largest`` at the last
+        # grant (arrivals, not ``next``: under loss, what waits behind a gap
+        # counts too, or the window would stay small exactly when it is needed).
+        self.win = START_WINDOW
+        self.grant_seen = MASK
         self.since_status = 0  # datagrams since the last STATUS
         self.bytes_since = 0  # and their bytes
         self.urgent = False
