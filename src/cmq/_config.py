@@ -50,9 +50,13 @@ DEFAULT_MAX_REASSEMBLY: Final = 64 * 1024 * 1024
 DEFAULT_REASSEMBLY_TIMEOUT: Final = 5.0
 #: Kernel socket buffers. The receive buffer is where datagrams wait while
 #: the application is busy (Linux's default 208 KiB overflows in well under
-#: a millisecond at full rate); 16 MiB absorbs a scheduling hiccup of tens of
-#: milliseconds. It is a ceiling, not an allocation. Without root the kernel
-#: caps it at net.core.rmem_max.
+#: a millisecond at full rate). It also bounds a reliable receiver's budget,
+#: and so the credit its senders get: 64 MiB, as much as ``max_buffered_bytes``,
+#: lets a 512-byte stream run at 4.7M rather than 3.1M messages a second on
+#: loopback, where 16 MiB of acknowledgements in flight held it. A ceiling,
+#: not an allocation. Without root the kernel caps it at net.core.rmem_max.
+DEFAULT_RECEIVE_BUFFER: Final = 64 * 1024 * 1024
+#: The send buffer: 16 MiB absorbs a scheduling hiccup of tens of milliseconds.
 DEFAULT_SOCKET_BUFFER: Final = 16 * 1024 * 1024
 
 #: Reliable delivery by default: a message queue that silently loses what a
@@ -135,7 +139,7 @@ class QueueConfig:
     reassembly_timeout: float = field(default=DEFAULT_REASSEMBLY_TIMEOUT, metadata=_doc("seconds"))
     """Seconds a partly received fragmented message is kept."""
 
-    rcvbuf: int = field(default=DEFAULT_SOCKET_BUFFER, metadata=_doc("kernel receive buffer bytes"))
+    rcvbuf: int = field(default=DEFAULT_RECEIVE_BUFFER, metadata=_doc("kernel receive buffer bytes"))
     """Kernel receive buffer size in bytes (as root, set even past rmem_max)."""
 
     sndbuf: int = field(default=DEFAULT_SOCKET_BUFFER, metadata=_doc("kernel send buffer bytes"))
