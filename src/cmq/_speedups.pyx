@@ -443,6 +443,30 @@ cdef inline long long _seq_diff(unsigned long long a, unsigned long long b) noex
     return <long long>((a - b + 0x80000000ULL) & 0xFFFFFFFFULL) - 0x80000000LL
 
 
+cdef inline void _next_arrived(rx, rs, key, unsigned long seq, Py_ssize_t size, double now,
+                               Py_ssize_t status_bytes, double max_ack_delay) except *:
+    # Receiver._next_arrived: rs's next datagram (seq, size bytes, nothing
+    # held) was delivered; note the STATUS owed.
+    rx._unchecked += size
+    nxt = (seq + 1) & 0xFFFFFFFFUL
+    rs.next = nxt
+    rs.largest = seq
+    rs.largest_at = now
+    rs.last_active = now
+    rs.avg_size += (size - rs.avg_size) * 0.125
+    rs.last_size = size
+    rs.since_status += 1
+    rs.bytes_since += size
+    cdef long long quarter = _seq_diff(rs.credit, nxt) // 4
+    if rs.bytes_since >= status_bytes or rs.since_status >= (quarter if quarter > 1 else 1):
+        rs.urgent = True
+        rx.status_urgent = True
+    elif rs.due is None:
+        rs.due = now + max_ack_delay
+        rx.new_due = True
+    rx._owed[key] = rs
+
+
 def make_receive_v2(chunk, Py_ssize_t status_bytes, double max_ack_delay):
     """The fast path of :meth:`cmq.wire.receiver.Receiver.datagram_received`
     for a plain v2 data datagram (untagged, no fragment, control or ack
@@ -498,25 +522,7 @@ def make_receive_v2(chunk, Py_ssize_t status_bytes, double max_ack_delay):
         mb.delivered += n
         mb.nbytes += size
         rx.messages_received += n
-        # Receiver._next_arrived
-        rx._unchecked += size
-        nxt = (seq + 1) & 0xFFFFFFFFUL
-        rs.next = nxt
-        rs.largest = seq
-        rs.largest_at = now
-        rs.last_active = now
-        rs.avg_size += (size - rs.avg_size) * 0.125
-        rs.last_size = size
-        rs.since_status += 1
-        rs.bytes_since += size
-        cdef long long quarter = _seq_diff(rs.credit, nxt) // 4
-        if rs.bytes_since >= status_bytes or rs.since_status >= (quarter if quarter > 1 else 1):
-            rs.urgent = True
-            rx.status_urgent = True
-        elif rs.due is None:
-            rs.due = now + max_ack_delay
-            rx.new_due = True
-        rx._owed[key] = rs
+        _next_arrived(rx, rs, key, seq, size, now, status_bytes, max_ack_delay)
         return n
 
     return receive
@@ -584,25 +590,7 @@ def make_receive_one_v2(unpack, Py_ssize_t status_bytes, double max_ack_delay,
         rx.datagrams_received += 1
         rx.bytes_received += size
         rx.messages_received += 1
-        # Receiver._next_arrived
-        rx._unchecked += size
-        nxt = (seq + 1) & 0xFFFFFFFFUL
-        rs.next = nxt
-        rs.largest = seq
-        rs.largest_at = now
-        rs.last_active = now
-        rs.avg_size += (size - rs.avg_size) * 0.125
-        rs.last_size = size
-        rs.since_status += 1
-        rs.bytes_since += size
-        cdef long long quarter = _seq_diff(rs.credit, nxt) // 4
-        if rs.bytes_since >= status_bytes or rs.since_status >= (quarter if quarter > 1 else 1):
-            rs.urgent = True
-            rx.status_urgent = True
-        elif rs.due is None:
-            rs.due = now + max_ack_delay
-            rx.new_due = True
-        rx._owed[key] = rs
+        _next_arrived(rx, rs, key, seq, size, now, status_bytes, max_ack_delay)
         return payload, (addr, sender, mb, seq, None)
 
     return receive_one
