@@ -34,6 +34,7 @@ from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF
 from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcmp, memcpy, memset
+from libc.math cimport INFINITY
 from libc.errno cimport errno, EAGAIN, EINTR, EBADF, EINVAL, EIO, ENOPROTOOPT
 from posix.unistd cimport close
 
@@ -160,6 +161,9 @@ cdef class Stream:
     cdef public double last_send
 
     def __init__(self, addr, mailbox, qthresh, head=b""):
+        self._init(addr, mailbox, qthresh, head)
+
+    cdef void _init(self, object addr, object mailbox, Py_ssize_t qthresh, object head) noexcept:
         self.addr = addr
         self.mailbox = mailbox
         self.head = head
@@ -170,14 +174,15 @@ cdef class Stream:
         self.check_at = 1
         self.counted = 0
         self.size = 0
-        self.sizes = []
+        # The compiled check keeps no sizes (cut measures the batch): an
+        # empty tuple, shared, rather than a list per stream.
+        self.sizes = ()
         self.seq = 0
         self.gen = 0
         self.armed = -1
-        self.last_send = float("-inf")
-        # See the class's docstring: no cycle can pass through these.
+        self.last_send = -INFINITY
+        # See the class's docstring: no cycle can pass through this.
         PyObject_GC_UnTrack(<void *>self.frames)
-        PyObject_GC_UnTrack(<void *>self.sizes)
         if PyObject_GC_IsTracked(self):
             PyObject_GC_UnTrack(<void *>self)
 
@@ -197,6 +202,30 @@ cdef class Stream:
     def pending(self):
         """Messages waiting in the batch."""
         return len(self.frames)
+
+
+def make_stream(dict streams, dict heads, head_for, Py_ssize_t qthresh):
+    """``Batcher.stream(addr, mailbox, *, reliable=False)``: the stream in
+    ``streams[mailbox][addr]``, made on first use with the header
+    ``heads[mailbox, reliable]``, or ``head_for(mailbox, reliable)`` when
+    ``heads`` has none yet."""
+
+    def stream(addr, mailbox, *, reliable=False):
+        by_addr = streams.get(mailbox)
+        if by_addr is not None:
+            found = (<dict?>by_addr).get(addr)
+            if found is not None:
+                return found
+        else:
+            by_addr = streams.setdefault(mailbox, {})
+        head = heads.get((mailbox, True if reliable else False))
+        if head is None:
+            head = head_for(mailbox, reliable)
+        cdef Stream s = Stream.__new__(Stream)
+        s._init(addr, mailbox, qthresh, head)
+        return (<dict?>by_addr).setdefault(addr, s)
+
+    return stream
 
 
 cdef inline object _append(Stream s, object payload, Py_ssize_t large):

@@ -59,6 +59,9 @@ def test_compiled_stream_has_the_pure_streams_attributes() -> None:
     pure = Stream(("127.0.0.1", 1), 3, 512, b"head")
     compiled = _speedups.Stream(("127.0.0.1", 1), 3, 512, b"head")
     for name in Stream.__slots__:
+        if name == "sizes":  # the compiled check keeps none: a shared empty tuple
+            assert list(compiled.sizes) == pure.sizes == []
+            continue
         assert getattr(compiled, name) == getattr(pure, name) or name == "last_send"
     assert compiled.pending == pure.pending == 0
 

@@ -290,10 +290,17 @@ class Batcher:
             self.check = sp.make_check(self._max_body)  # type: ignore[method-assign]
             if self._key is None:
                 self._cut = sp.cut
-        self._streams: dict[tuple[Address, int], Stream] = {}
+        # mailbox -> address -> stream. Keyed by the address itself, not an
+        # (address, mailbox) tuple: a lookup then makes no tuple, and the
+        # key it finds is usually the very object it was given (no compare),
+        # which matters with many destinations (one cache miss fewer each).
+        self._streams: dict[int, dict[Address, Stream]] = {}
         # Header bytes before the sequence number, by mailbox (the same for
         # every destination): made once, not per stream.
-        self._heads: dict[tuple[int, int], bytes] = {}
+        self._heads: dict[tuple[int, bool], bytes] = {}
+        if sp is not None:
+            # The same lookup, and a new stream made, in C.
+            self.stream = sp.make_stream(self._streams, self._heads, self._head, self._qthresh)  # type: ignore[method-assign]
         #: The deadline heap. Drivers may test it for emptiness (no batch is
         #: open) without a call; only the batcher changes it.
         self.heap: Deadlines = Deadlines() if sp is None else sp.Deadlines()
@@ -312,24 +319,32 @@ class Batcher:
         A new ``reliable`` stream writes version 2 headers; the caller
         attaches its reliability state (``Stream.rel``, ``Stream.ext``).
         """
-        key = (addr, mailbox)
-        s = self._streams.get(key)
-        if s is None:
+        by_addr = self._streams.get(mailbox)
+        if by_addr is not None:
+            s = by_addr.get(addr)
+            if s is not None:
+                return s
+        else:
+            by_addr = self._streams.setdefault(mailbox, {})
+        head = self._head(mailbox, reliable)
+        return by_addr.setdefault(addr, self.Stream(addr, mailbox, self._qthresh, head))
+
+    def _head(self, mailbox: int, reliable: bool) -> bytes:
+        """The header bytes before the sequence number of a new stream's datagrams."""
+        head = self._heads.get((mailbox, reliable))
+        if head is None:
             version = VERSION_2 if reliable else VERSION
-            head = self._heads.get((mailbox, version))
-            if head is None:
-                head = self._heads[(mailbox, version)] = stream_head(self._flags, self.sender, mailbox, version)
-            s = self._streams.setdefault(key, self.Stream(addr, mailbox, self._qthresh, head))
-        return s
+            head = self._heads[(mailbox, reliable)] = stream_head(self._flags, self.sender, mailbox, version)
+        return head
 
     def streams(self) -> list[Stream]:
         """All streams (a copy)."""
-        return list(self._streams.values())
+        return [s for by_addr in list(self._streams.values()) for s in list(by_addr.values())]
 
     @property
     def destinations(self) -> int:
         """Number of streams ever used."""
-        return len(self._streams)
+        return sum(len(by_addr) for by_addr in list(self._streams.values()))
 
     # -- the hot path ------------------------------------------------------
 
@@ -399,7 +414,7 @@ class Batcher:
 
     def close(self) -> None:
         """Every later push, bound senders' too, runs the slow half (where the driver refuses it)."""
-        for s in self._streams.values():
+        for s in self.streams():
             s.check_at = 0
 
     def check(self, s: Stream) -> int:
@@ -565,9 +580,10 @@ class Batcher:
             self.bytes_sent += sum(map(len, cut))
             return cut
         sizes = s.sizes
-        s.sizes = []
+        if sizes:
+            s.sizes = []
         if len(sizes) < len(chunk):
-            sizes += map(len, chunk[len(sizes) :])
+            sizes = [*sizes, *map(len, chunk[len(sizes) :])]
         limit = self._max_body
         n = sizes[0]
         if sizes.count(n) == len(sizes):
