@@ -265,7 +265,8 @@ def make_sender(Stream s, after, encode, bint raw, Py_ssize_t large):
 
 
 def make_push(dict cache, stream_for, after, encode, bint raw, packb, Py_ssize_t large):
-    """``Endpoint.push`` (``push(dest, msg, mailbox=0)``) and its ``forget``.
+    """``Endpoint.push`` (``push(dest, msg, mailbox=0)``) and its ``forget``;
+    ``cache[mailbox][dest]`` is the stream of a destination seen before.
 
     The last (destination, mailbox) is remembered by identity, as the pure
     closure does; ``forget()`` drops that memo.
@@ -278,7 +279,7 @@ def make_push(dict cache, stream_for, after, encode, bint raw, packb, Py_ssize_t
         nonlocal s, last_dest, last_mailbox
         if dest is not last_dest or mailbox != last_mailbox:
             try:
-                s = cache[dest, mailbox]
+                s = cache[mailbox][dest]
             except (KeyError, TypeError):
                 s = stream_for(dest, mailbox)
             if type(dest) is tuple or type(dest) is str:
