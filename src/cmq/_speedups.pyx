@@ -207,11 +207,11 @@ cdef class Stream:
         return len(self.frames)
 
 
-def make_stream(dict streams, dict heads, head_for, Py_ssize_t qthresh):
+def make_stream(dict streams, dict plain_heads, dict reliable_heads, head_for, Py_ssize_t qthresh):
     """``Batcher.stream(addr, mailbox, *, reliable=False)``: the stream in
     ``streams[mailbox][addr]``, made on first use with the header
-    ``heads[mailbox, reliable]``, or ``head_for(mailbox, reliable)`` when
-    ``heads`` has none yet."""
+    ``reliable_heads[mailbox]`` or ``plain_heads[mailbox]``, or
+    ``head_for(mailbox, reliable)`` when that has none yet."""
 
     def stream(addr, mailbox, *, reliable=False):
         by_addr = streams.get(mailbox)
@@ -221,7 +221,7 @@ def make_stream(dict streams, dict heads, head_for, Py_ssize_t qthresh):
                 return found
         else:
             by_addr = streams.setdefault(mailbox, {})
-        head = heads.get((mailbox, True if reliable else False))
+        head = (reliable_heads if reliable else plain_heads).get(mailbox)
         if head is None:
             head = head_for(mailbox, reliable)
         cdef Stream s = Stream.__new__(Stream)

@@ -297,10 +297,11 @@ class Batcher:
         self._streams: dict[int, dict[Address, Stream]] = {}
         # Header bytes before the sequence number, by mailbox (the same for
         # every destination): made once, not per stream.
-        self._heads: dict[tuple[int, bool], bytes] = {}
+        # (Best-effort, reliable): mailbox -> header.
+        self._heads: tuple[dict[int, bytes], dict[int, bytes]] = ({}, {})
         if sp is not None:
             # The same lookup, and a new stream made, in C.
-            self.stream = sp.make_stream(self._streams, self._heads, self._head, self._qthresh)  # type: ignore[method-assign]
+            self.stream = sp.make_stream(self._streams, *self._heads, self._head, self._qthresh)  # type: ignore[method-assign]
         #: The deadline heap. Drivers may test it for emptiness (no batch is
         #: open) without a call; only the batcher changes it.
         self.heap: Deadlines = Deadlines() if sp is None else sp.Deadlines()
@@ -331,10 +332,11 @@ class Batcher:
 
     def _head(self, mailbox: int, reliable: bool) -> bytes:
         """The header bytes before the sequence number of a new stream's datagrams."""
-        head = self._heads.get((mailbox, reliable))
+        heads = self._heads[reliable]
+        head = heads.get(mailbox)
         if head is None:
             version = VERSION_2 if reliable else VERSION
-            head = self._heads[(mailbox, reliable)] = stream_head(self._flags, self.sender, mailbox, version)
+            head = heads[mailbox] = stream_head(self._flags, self.sender, mailbox, version)
         return head
 
     def streams(self) -> list[Stream]:
