@@ -31,9 +31,10 @@ thread owns (the driver's receive lock).
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
-from cpython.ref cimport PyObject, Py_XDECREF
-from libc.stdlib cimport free, malloc
+from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF
+from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcmp, memcpy, memset
+from libc.math cimport INFINITY
 from libc.errno cimport errno, EAGAIN, EINTR, EBADF, EINVAL, EIO, ENOPROTOOPT
 from posix.unistd cimport close
 
@@ -90,6 +91,10 @@ cdef extern from "<netinet/in.h>" nogil:
     unsigned int htonl(unsigned int)
 
 cdef extern from "Python.h":
+    # The cycle collector's list of containers (see Stream).
+    void PyObject_GC_Track(void *op)
+    void PyObject_GC_UnTrack(void *op)
+    int PyObject_GC_IsTracked(object op)
     # Runs the Python signal handlers (a KeyboardInterrupt raises from here).
     int PyErr_CheckSignals() except -1
     # A new bytes object as an owned pointer (NULL and an exception on failure).
@@ -125,45 +130,105 @@ cdef class Stream:
     The compiled twin of :class:`cmq.wire.batcher.Stream`: the same
     attributes, with the batch list and its counters as C fields (every
     push reads them; :func:`check` and :func:`cut` work on them).
+
+    Cyclic garbage collection. A stream without reliability state (``rel``
+    None) holds only objects that cannot lead back to it: its address (a
+    tuple of a str and ints), bytes (``head``, ``ext``, the payloads in its
+    batch), ints, and lists of those. It cannot be part of a reference
+    cycle, so it and its batch list are taken off the cycle collector's
+    list when made: a queue with 100,000 destinations then adds nothing
+    for the collector to walk on each of its full passes (walking them
+    cost more than a push itself). Setting ``rel`` to an object puts the
+    stream back on that list (a reliable stream's state refers back to
+    its stream). Code that stores anything else in a stream breaks this
+    rule; nothing in cmq does.
     """
 
+    # In this order: what every push reads first, next to the object's
+    # reference count (one cache line for a push that joins a batch, which
+    # counts with many destinations), then what check reads.
+    cdef public list frames
+    cdef public Py_ssize_t check_at
+    cdef public Py_ssize_t counted
+    cdef public Py_ssize_t size
+    cdef public Py_ssize_t limit
+    cdef public long long gen
+    cdef public long long armed
+    cdef public double last_send
     cdef public object addr
     cdef public object mailbox
     cdef public object head
     cdef public object ext
-    cdef public object rel
-    cdef public list frames
-    cdef public Py_ssize_t limit
-    cdef public Py_ssize_t check_at
-    cdef public Py_ssize_t counted
-    cdef public Py_ssize_t size
+    cdef object _rel
     cdef public object sizes
     cdef public object seq
-    cdef public long long gen
-    cdef public long long armed
-    cdef public double last_send
 
     def __init__(self, addr, mailbox, qthresh, head=b""):
+        self._init(addr, mailbox, qthresh, head)
+
+    cdef void _init(self, object addr, object mailbox, Py_ssize_t qthresh, object head) noexcept:
         self.addr = addr
         self.mailbox = mailbox
         self.head = head
         self.ext = b""
-        self.rel = None
+        self._rel = None
         self.frames = []
         self.limit = qthresh
         self.check_at = 1
         self.counted = 0
         self.size = 0
-        self.sizes = []
+        # The compiled check keeps no sizes (cut measures the batch): an
+        # empty tuple, shared, rather than a list per stream.
+        self.sizes = ()
         self.seq = 0
         self.gen = 0
         self.armed = -1
-        self.last_send = float("-inf")
+        self.last_send = -INFINITY
+        # See the class's docstring: no cycle can pass through this.
+        PyObject_GC_UnTrack(<void *>self.frames)
+        if PyObject_GC_IsTracked(self):
+            PyObject_GC_UnTrack(<void *>self)
+
+    @property
+    def rel(self):
+        """The reliable stream's state (:class:`cmq.wire.reliable.SendStream`), or None."""
+        return self._rel
+
+    @rel.setter
+    def rel(self, value):
+        self._rel = value
+        if value is not None and not PyObject_GC_IsTracked(self):
+            # It refers back to this stream: the collector must see the pair.
+            PyObject_GC_Track(<void *>self)
 
     @property
     def pending(self):
         """Messages waiting in the batch."""
         return len(self.frames)
+
+
+def make_stream(dict streams, dict plain_heads, dict reliable_heads, head_for, Py_ssize_t qthresh):
+    """``Batcher.stream(addr, mailbox, *, reliable=False)``: the stream in
+    ``streams[mailbox][addr]``, made on first use with the header
+    ``reliable_heads[mailbox]`` or ``plain_heads[mailbox]``, or
+    ``head_for(mailbox, reliable)`` when that has none yet."""
+
+    def stream(addr, mailbox, *, reliable=False):
+        by_addr = streams.get(mailbox)
+        if by_addr is not None:
+            found = (<dict?>by_addr).get(addr)
+            if found is not None:
+                return found
+        else:
+            by_addr = streams.setdefault(mailbox, {})
+        head = (reliable_heads if reliable else plain_heads).get(mailbox)
+        if head is None:
+            head = head_for(mailbox, reliable)
+        cdef Stream s = Stream.__new__(Stream)
+        s._init(addr, mailbox, qthresh, head)
+        return (<dict?>by_addr).setdefault(addr, s)
+
+    return stream
 
 
 cdef inline object _append(Stream s, object payload, Py_ssize_t large):
@@ -203,7 +268,8 @@ def make_sender(Stream s, after, encode, bint raw, Py_ssize_t large):
 
 
 def make_push(dict cache, stream_for, after, encode, bint raw, packb, Py_ssize_t large):
-    """``Endpoint.push`` (``push(dest, msg, mailbox=0)``) and its ``forget``.
+    """``Endpoint.push`` (``push(dest, msg, mailbox=0)``) and its ``forget``;
+    ``cache[mailbox][dest]`` is the stream of a destination seen before.
 
     The last (destination, mailbox) is remembered by identity, as the pure
     closure does; ``forget()`` drops that memo.
@@ -216,7 +282,7 @@ def make_push(dict cache, stream_for, after, encode, bint raw, packb, Py_ssize_t
         nonlocal s, last_dest, last_mailbox
         if dest is not last_dest or mailbox != last_mailbox:
             try:
-                s = cache[dest, mailbox]
+                s = cache[mailbox][dest]
             except (KeyError, TypeError):
                 s = stream_for(dest, mailbox)
             if type(dest) is tuple or type(dest) is str:
@@ -330,6 +396,156 @@ def cut(list chunk, bytes head, seq, bytes ext, Py_ssize_t limit):
         sq = (sq + 1) & 0xFFFFFFFF
         start = end
     return out
+
+
+# -- the batches' deadlines ----------------------------------------------------
+
+
+cdef struct _Deadline:
+    double when
+    unsigned long long order
+    long long gen
+    PyObject *stream  # a strong reference (see Deadlines)
+
+
+cdef inline bint _before(const _Deadline *a, const _Deadline *b) noexcept nogil:
+    return a.when < b.when or (a.when == b.when and a.order < b.order)
+
+
+cdef class Deadlines:
+    """The open batches' deadlines (as :class:`cmq.wire.batcher.Deadlines`).
+
+    A binary heap of ``(deadline, tiebreak, stream, generation)`` entries
+    in one C array: an open batch costs 32 bytes here, not a tuple the
+    cycle collector walks. Entries come out in the same order as the pure
+    twin's (deadlines, then the order of pushes). The array holds a strong
+    reference to each entry's stream; the cycle collector does not see
+    those references, so it counts them as references from outside and
+    never frees a stream that has an entry here. That is safe because no
+    cycle passes through the heap: a stream and its reliability state never
+    refer to the batcher or its heap. Callers serialise every call but
+    ``len`` (the driver's batch lock), as they do for the pure twin; the
+    GIL is not what makes this safe.
+    """
+
+    cdef _Deadline *_a
+    cdef Py_ssize_t _n
+    cdef Py_ssize_t _cap
+    cdef unsigned long long _order
+
+    def __cinit__(self):
+        self._a = NULL
+        self._n = 0
+        self._cap = 0
+        self._order = 0
+
+    def __dealloc__(self):
+        cdef _Deadline *a = self._a
+        cdef Py_ssize_t i, n = self._n
+        self._a = NULL
+        self._n = self._cap = 0
+        for i in range(n):
+            Py_XDECREF(a[i].stream)
+        free(a)
+
+    def __len__(self):
+        """Entries, live or not (an upper bound on open batches)."""
+        return self._n
+
+    def push(self, double deadline, Stream s not None):
+        """Add an entry for ``s``'s open batch (its current generation), due at ``deadline``."""
+        cdef _Deadline e
+        cdef _Deadline *a
+        cdef Py_ssize_t i, parent, cap
+        if self._n == self._cap:
+            cap = self._cap * 2 if self._cap else 64
+            a = <_Deadline *>realloc(self._a, cap * sizeof(_Deadline))
+            if a == NULL:
+                raise MemoryError()
+            self._a = a
+            self._cap = cap
+        a = self._a
+        e.when = deadline
+        e.order = self._order
+        e.gen = s.gen
+        e.stream = <PyObject *>s
+        Py_INCREF(s)
+        self._order += 1
+        i = self._n
+        self._n += 1
+        while i > 0:
+            parent = (i - 1) >> 1
+            if not _before(&e, &a[parent]):
+                break
+            a[i] = a[parent]
+            i = parent
+        a[i] = e
+
+    cdef inline void _pop(self, _Deadline *top) noexcept:
+        # Move the first entry (and its reference) to *top; the heap must not be empty.
+        cdef _Deadline *a = self._a
+        cdef Py_ssize_t i = 0, c, n
+        top[0] = a[0]
+        self._n -= 1
+        n = self._n
+        if n == 0:
+            return
+        cdef _Deadline last = a[n]
+        while True:
+            c = 2 * i + 1
+            if c >= n:
+                break
+            if c + 1 < n and _before(&a[c + 1], &a[c]):
+                c += 1
+            if not _before(&a[c], &last):
+                break
+            a[i] = a[c]
+            i = c
+        a[i] = last
+
+    cdef inline bint _live(self, const _Deadline *e):
+        cdef Stream s = <Stream>e.stream
+        return s.gen == e.gen and s.frames
+
+    def first(self):
+        """The earliest deadline of a live entry, or None; drops the dead entries above it."""
+        cdef _Deadline top
+        while self._n:
+            if self._live(&self._a[0]):
+                return self._a[0].when
+            self._pop(&top)
+            Py_XDECREF(top.stream)  # after the heap is whole again
+        return None
+
+    def pop_due(self, double now):
+        """Pop every entry due at or before ``now``; returns the streams of the live ones, in order."""
+        cdef _Deadline top
+        cdef Stream s
+        cdef list out = []
+        while self._n and self._a[0].when <= now:
+            self._pop(&top)
+            s = <Stream>top.stream
+            Py_XDECREF(top.stream)  # s holds its own reference
+            if s.gen == top.gen and s.frames:
+                out.append(s)
+        return out
+
+    def waiting(self):
+        """The streams of entries whose stream has messages waiting, each once, by deadline."""
+        cdef Py_ssize_t i
+        cdef Stream s
+        cdef list found = []
+        for i in range(self._n):
+            s = <Stream>self._a[i].stream
+            if s.frames:
+                found.append((self._a[i].when, self._a[i].order, s))
+        found.sort(key=lambda entry: (entry[0], entry[1]))
+        cdef dict seen = {}
+        for entry in found:
+            s = entry[2]
+            if id(s) not in seen:
+                seen[id(s)] = s
+        return list(seen.values())
 
 
 # -- framing -------------------------------------------------------------------

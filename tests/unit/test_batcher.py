@@ -120,6 +120,21 @@ def test_sequence_numbers_count_datagrams_per_stream() -> None:
     assert decode(b.take(other, 0.0)[0])[0].seq == 0
 
 
+def test_a_stream_is_one_per_address_and_mailbox_made_once() -> None:
+    b = make()
+    s = b.stream(DEST, 0)
+    assert b.stream(("127.0.0.1", 9), 0) is s  # an equal address, another object
+    assert b.stream(DEST, 0, reliable=True) is s  # made already: reliable only matters when made
+    other = b.stream(DEST, 1, reliable=True)
+    third = b.stream(("127.0.0.1", 10), 1)
+    assert len({id(s), id(other), id(third)}) == 3
+    assert (s.addr, s.mailbox, other.mailbox) == (DEST, 0, 1)
+    assert decode(s.head + bytes(4))[0].version == 1
+    assert decode(other.head + bytes(12))[0].version == 2
+    assert b.destinations == 3
+    assert sorted(map(id, b.streams())) == sorted(map(id, (s, other, third)))
+
+
 def test_idle_rule() -> None:
     b = make(idle_gap=0.001, timeout=0.5)
     s = b.stream(DEST, 0)

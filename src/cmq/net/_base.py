@@ -168,11 +168,13 @@ class Endpoint(ABC):
         self._raw = cfg.codec == "raw"
         self._packb = msgpack.Packer(use_bin_type=True).pack
         self._max_message = cfg.max_message
-        # (dest as the caller spelled it, mailbox) -> stream. Cleared on
-        # close, so the hot path needs no closed check.
-        self._cache: dict[tuple[Any, int], Stream] = {}
+        # mailbox -> dest as the caller spelled it -> stream. Cleared on
+        # close, so the hot path needs no closed check. Nested rather than
+        # keyed by a (dest, mailbox) tuple: a lookup makes no tuple and
+        # usually finds the caller's own dest object as the key.
+        self._cache: dict[int, dict[Any, Stream]] = {}
         # The same for request/response streams, which user pushes cannot reach.
-        self._icache: dict[tuple[Any, int], Stream] = {}
+        self._icache: dict[int, dict[Any, Stream]] = {}
         self._req_lock = lock()
         # Held by the thread reading the socket, one datagram (or a drain) at a time.
         self._rx_lock = lock()
@@ -306,7 +308,7 @@ class Endpoint(ABC):
             nonlocal last_dest, last_mailbox, s
             if dest is not last_dest or mailbox != last_mailbox:
                 try:
-                    s = cache[dest, mailbox]
+                    s = cache[mailbox][dest]
                 except (KeyError, TypeError):
                     s = stream_for(dest, mailbox)
                 if type(dest) is tuple or type(dest) is str:
@@ -344,7 +346,7 @@ class Endpoint(ABC):
             Closed: the queue was closed.
         """
         try:
-            s = self._cache[dest, mailbox]
+            s = self._cache[mailbox][dest]
         except (KeyError, TypeError):
             s = self._stream_for(dest, mailbox)
         after = self._after_append
@@ -375,7 +377,7 @@ class Endpoint(ABC):
         except (TypeError, ValueError, OverflowError) as exc:
             raise TypeError(f"cannot encode {type(msg).__name__} as MessagePack: {exc}") from exc
 
-    def _stream_for(self, dest: Any, mailbox: int, cache: dict[tuple[Any, int], Stream] | None = None) -> Stream:
+    def _stream_for(self, dest: Any, mailbox: int, cache: dict[int, dict[Any, Stream]] | None = None) -> Stream:
         if self._closed:
             raise Closed("queue is closed")
         if cache is None:
@@ -390,7 +392,7 @@ class Endpoint(ABC):
                 if s.rel is None:
                     self._rel.attach(s, ordered=self._ordered)
         try:
-            cache[(dest, mailbox)] = s
+            cache.setdefault(mailbox, {})[dest] = s
         except TypeError:
             pass  # an unhashable spelling (a list): resolved every time
         return s
@@ -420,7 +422,7 @@ class Endpoint(ABC):
         """Push a request or reply: the envelope is outside the user's payload and mailbox range."""
         mailbox |= ENVELOPE_BIT
         try:
-            s = self._icache[(dest, mailbox)]
+            s = self._icache[mailbox][dest]
         except (KeyError, TypeError):
             s = self._stream_for(dest, mailbox, self._icache)
         payload = envelope(kind, corr, body)

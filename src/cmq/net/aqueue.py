@@ -187,7 +187,7 @@ class AsyncQueue(Endpoint):
                 self.push(dest, msg, mailbox)
                 return
             except WouldBlock:
-                s = self._cache.get((dest, mailbox)) if isinstance(dest, tuple | str) else None
+                s = self._cache.get(mailbox, {}).get(dest) if isinstance(dest, tuple | str) else None
                 st = s.rel if s is not None else None
 
                 if not await self._wait_progress(functools.partial(self._room, st), deadline):
