@@ -500,7 +500,7 @@ class Endpoint(ABC):
                 try:
                     self._transmit(s, datagrams, raise_errors=raise_errors)
                 finally:
-                    rel.outgoing(st, datagrams, stamp)
+                    rel.sent(st, datagrams, stamp)
                     if self._full(st):
                         self._batcher.hold(s)
                     if armed is None and st.pto_at is not None:
@@ -825,10 +825,7 @@ class Endpoint(ABC):
         if r.controls:
             self._on_controls(now)
         if r.status_urgent:
-            with self._state_lock:
-                owed = r.take_status(now)
-            for data, addr in owed:
-                self._send_to(data, addr)
+            self._send_owed(now)
         if r.new_due:
             r.new_due = False
             due = r.next_status_due()
@@ -893,21 +890,23 @@ class Endpoint(ABC):
             self._room_made()
         r = self._receiver
         if r.owed or r.status_urgent:
-            with self._state_lock:
-                owed = r.take_status(now)
-            for data, addr in owed:
-                self._send_to(data, addr)
+            self._send_owed(now)
             r.new_due = False
         due = [d for d in (pto, r.next_status_due()) if d is not None]
         self._rel_at = min(due) if due else float("inf")
 
+    def _send_owed(self, now: float, *, all_owed: bool = False) -> None:
+        """Send the STATUS due at ``now`` (every one owed with ``all_owed``),
+        written under the state lock (see ``_state_lock``)."""
+        with self._state_lock:
+            owed = self._receiver.take_status(now, all_owed=all_owed)
+        for data, addr in owed:
+            self._send_to(data, addr)
+
     def _settle_owed(self) -> None:
         """Closing: send every STATUS this endpoint owes its senders, so that
         what it received is acknowledged rather than sent again to nobody."""
-        with self._state_lock:
-            owed = self._receiver.take_status(self._now(), all_owed=True)
-        for data, addr in owed:
-            self._send_to(data, addr)
+        self._send_owed(self._now(), all_owed=True)
 
     def _report_failures(self) -> None:
         failures = self._rel.failures

@@ -881,6 +881,13 @@ class Receiver:
         mailbox). Anything else is handled by :meth:`datagram_received` and
         None is returned. Never raises.
         """
+        one = self._one_v2
+        if one is not None and self._key is None and len(data) > _ONE2_SIZE and data[2] == VERSION_2:
+            # A reliable stream's datagram (the default), straight to the compiled twin.
+            got = one(self, data, addr, now, mailbox)
+            if got is None:
+                self.datagram_received(data, addr, now)
+            return got
         if len(data) >= _ONE_SIZE and self._key is None:
             mvf, sender, mb, seq, n = _ONE.unpack_from(data)
             start = _lone_frame(data, _ONE_SIZE, n)
@@ -900,13 +907,7 @@ class Receiver:
                 self.messages_received += 1
                 return payload, (addr, sender, mb, seq, None)
             if mvf in _MVF_V2_PLAIN and len(data) > _ONE2_SIZE:
-                one = self._one_v2
-                if one is None:
-                    return self._receive_one_v2(data, addr, now, mailbox)
-                got = one(self, data, addr, now, mailbox)
-                if got is None:
-                    self.datagram_received(data, addr, now)
-                return got
+                return self._receive_one_v2(data, addr, now, mailbox)
         self.datagram_received(data, addr, now)
         return None
 

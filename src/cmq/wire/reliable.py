@@ -461,18 +461,8 @@ class ReliableSender:
             body = decode(datagrams[-1])[1]
             if isinstance(body, Fragment):
                 st.wholes[body.message_id] = whole
-        if first == st.sent_upto and seq_diff(st.credit, (first + n) & MASK) >= 0:
-            # All within credit, nothing waiting before them (the common case).
-            seq = first
-            added = 0
-            for d in datagrams:
-                buf[seq] = [d, now, 1]
-                added += len(d)
-                seq = (seq + 1) & MASK
-            st.nbytes += added
-            self.total += added
-            st.sent_upto = seq
-            self._arm(st, now)
+        if self.clear(st, n):
+            self.sent(st, datagrams, now)
             return datagrams
         seq = first
         added = 0
@@ -485,10 +475,24 @@ class ReliableSender:
         return self._release(st, now)
 
     def clear(self, st: SendStream, n: int) -> bool:
-        """Whether :meth:`outgoing` would send all of the stream's ``n`` new
-        datagrams at once: within credit, none waiting before them."""
+        """Whether the stream's ``n`` new datagrams may all go at once: within
+        credit, none waiting before them (the common case)."""
         first = (st.stream.seq - n) & MASK
         return first == st.sent_upto and seq_diff(st.credit, (first + n) & MASK) >= 0
+
+    def sent(self, st: SendStream, datagrams: list[bytes], now: float) -> None:
+        """Buffer the stream's new ``datagrams``, which :meth:`clear` let go, as sent at ``now``."""
+        seq = (st.stream.seq - len(datagrams)) & MASK
+        buf = st.buf
+        added = 0
+        for d in datagrams:
+            buf[seq] = [d, now, 1]
+            added += len(d)
+            seq = (seq + 1) & MASK
+        st.nbytes += added
+        self.total += added
+        st.sent_upto = seq
+        self._arm(st, now)
 
     def _release(self, st: SendStream, now: float) -> list[bytes]:
         """Datagrams waiting for credit that the credit now lets go."""

@@ -900,16 +900,9 @@ def _judge_atomic_depth(data: ReportData) -> Verdict:
             statuses.append("fail")
         else:
             statuses.append("pass")
-    parts = [f"{dups} duplicates in {runs} atomic runs",
-             f"order by request within its reference's interval or below at "
-             f"{statuses.count('pass')} of {len(statuses)} (system, T_recv, K)"]  # fmt: skip
-    if missing:
-        parts.append("no reference for " + ", ".join(missing))
-    parts += worse
-    if gaps:
-        parts.append("with several receivers at K of 2 or more, by request: " + "; ".join(gaps))
-    status = "fail" if dups else combine(statuses)
-    return Verdict(status=status, result="; ".join(parts) + ".")
+    more = ["with several receivers at K of 2 or more, by request: " + "; ".join(gaps)] if gaps else []
+    return _atomic_verdict(dups, runs, "order by request within its reference's interval or below",
+                           statuses, "no reference for", missing, worse + more)  # fmt: skip
 
 
 def _judge_atomic_intervals(data: ReportData) -> Verdict:
@@ -936,12 +929,21 @@ def _judge_atomic_intervals(data: ReportData) -> Verdict:
             statuses.append("fail")
         else:
             statuses.append("pass")
+    return _atomic_verdict(dups, runs, "atomic's interval of the out-of-order rate by request "
+                           "overlaps lock-free's or lies below it", statuses, "no interval for",
+                           missing, worse)  # fmt: skip
+
+
+def _atomic_verdict(dups: int, runs: int, rule: str, statuses: list[str], no_what: str,
+                    missing: list[str], rest: list[str]) -> Verdict:  # fmt: skip
+    """An atomic-order judge's verdict: any duplicate fails; else the cells'
+    statuses combined. ``rule`` is what a passing cell met, ``no_what`` names
+    the cells without a comparison, ``rest`` follows (the cells that failed)."""
     parts = [f"{dups} duplicates in {runs} atomic runs",
-             f"atomic's interval of the out-of-order rate by request overlaps lock-free's or "
-             f"lies below it at {statuses.count('pass')} of {len(statuses)} (system, T_recv, K)"]  # fmt: skip
+             f"{rule} at {statuses.count('pass')} of {len(statuses)} (system, T_recv, K)"]  # fmt: skip
     if missing:
-        parts.append("no interval for " + ", ".join(missing))
-    parts += worse
+        parts.append(f"{no_what} " + ", ".join(missing))
+    parts += rest
     status = "fail" if dups else combine(statuses)
     return Verdict(status=status, result="; ".join(parts) + ".")
 
