@@ -26,6 +26,9 @@ from cmq import ConfigError, QueueConfig
         ({"max_queued": 0}, "max_queued"),
         ({"max_message": 10**10}, "max_message"),
         ({"multicast_ttl": 300}, "multicast_ttl"),
+        ({"spin": -1e-6}, "spin.*negative"),
+        ({"spin": 0.5}, "spin.*at most 0.1"),
+        ({"spin": "fast"}, "spin.*seconds"),
     ],
 )
 def test_bad_values_fail_at_construction(options: dict[str, object], message: str) -> None:

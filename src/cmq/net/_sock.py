@@ -5,8 +5,10 @@ from __future__ import annotations
 import errno
 import ipaddress
 import os
+import select
 import socket
 import struct
+import time
 from typing import Any
 
 from cmq._config import QueueConfig
@@ -14,7 +16,7 @@ from cmq._errors import ConfigError, TransportError
 
 _IP_MULTICAST_ALL = getattr(socket, "IP_MULTICAST_ALL", 49)
 
-__all__ = ["kernel_drops", "open_socket", "parse_address", "resolve"]
+__all__ = ["kernel_drops", "open_socket", "parse_address", "resolve", "spin_readable"]
 
 
 def parse_address(dest: Any) -> tuple[str, int]:
@@ -153,3 +155,30 @@ def kernel_drops(sock: socket.socket) -> int | None:
         except (OSError, StopIteration, ValueError):
             continue
     return None
+
+
+#: A yield that took longer than this gave the CPU to another process.
+_CROWDED = 3e-6
+
+
+def spin_readable(fd: int, seconds: float) -> int:
+    """Poll ``fd`` for input without blocking for up to ``seconds``,
+    yielding the CPU between polls: 1 as soon as it is readable (or broken:
+    the read that follows says what), 0 when the time is up, -1 when a
+    yield gave the CPU to another process (the pure twin of the compiled
+    ``spin_readable``)."""
+    sel, pause, now = select.select, os.sched_yield, time.monotonic
+    watch: list[int] = [fd]
+    end = now() + seconds
+    while True:
+        try:
+            if sel(watch, (), (), 0)[0]:
+                return 1
+        except (OSError, ValueError):
+            return 1
+        before = now()
+        if before >= end:
+            return 0
+        pause()
+        if now() - before > _CROWDED:
+            return -1

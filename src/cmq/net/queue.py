@@ -52,6 +52,7 @@ from cmq._config import QueueConfig
 from cmq._errors import Closed, Timeout, TransportError
 from cmq._types import Address, Message
 from cmq.net._base import Endpoint, message_of, send_error
+from cmq.net._sock import spin_readable
 from cmq.wire.batcher import Stream
 from cmq.wire.receiver import EMPTY, Meta
 
@@ -83,6 +84,14 @@ _FOREVER: Final = float("inf")
 _TIMER_SLACK: Final = 0.001
 #: Longest single wait of a push blocked for room, or of drain (between checks).
 _ROOM_POLL: Final = 0.005
+#: A polling budget that halved below this share of QueueConfig.spin is off ...
+_SPIN_FLOOR: Final = 1 / 8
+#: ... for this many blocking reads, after which polling is tried again whole.
+_SPIN_REST: Final = 32
+#: Polls in a row that gave the CPU to another process before polling is off ...
+_CROWDED_OFF: Final = 3
+#: ... for this many reads (few: the scheduler soon moves one of the two).
+_CROWDED_REST: Final = 4
 _monotonic = time.monotonic
 
 
@@ -134,6 +143,13 @@ class Queue(Endpoint):
             self._mmsg = sp.DatagramIO(os.dup(self._sock.fileno()), _MMSG_SLOTS, _RECV_SIZE, True, False)
             # One datagram: without blocking and the GIL hand-off first (see DatagramIO.send1).
             self._sendto = self._mmsg.send1
+        # Polling before a blocking read (QueueConfig.spin): pointless with
+        # one CPU, where the thread it waits for needs that CPU.
+        self._spin_readable: Callable[[int, float], int] = spin_readable if sp is None else sp.spin_readable
+        self._spin_max = self.config.spin if (os.cpu_count() or 1) > 1 else 0.0
+        self._spin = self._spin_max  # the budget now: halved by each poll that found nothing
+        self._spin_rest = 0  # blocking reads left before polling again
+        self._crowded = 0  # polls in a row that found another process on this CPU
         if sp is not None and not _MALLOC_ENV.intersection(os.environ):
             # Freed datagrams stay in the process for the next ones rather
             # than go back to the kernel and fault in again (_speedups).
@@ -356,6 +372,8 @@ class Queue(Endpoint):
             # blocking read below (SO_RCVTIMEO), not select's two calls.
             short = timeout is not None and timeout < _SHORT_WAIT
             wait = self._rel_bound(timeout, start, _TIMER_SLACK)
+            if self._spin_max:
+                self._poll_first(wait)
             try:
                 if self._big_reads or short:
                     data, addr = self._recv_within(wait)
@@ -387,6 +405,47 @@ class Queue(Endpoint):
         if timeout is not None:
             timeout = max(timeout - (_monotonic() - start), 0.0)
         return None, timeout
+
+    def _poll_first(self, wait: float | None) -> None:
+        """Before a blocking read of at most ``wait`` seconds (None: no
+        bound), poll the socket for the budget (QueueConfig.spin), so that an
+        answer that comes soon is read without a thread wake-up.
+
+        A poll that finds a datagram restores the budget; one that finds
+        nothing halves it, and below an eighth it is off for ``_SPIN_REST``
+        reads, then tried whole again: a reader whose messages come seldom
+        polls on a few reads in thirty-odd. A poll that finds another
+        process running on this CPU between its polls (most likely the peer
+        it waits for) stops; after ``_CROWDED_OFF`` such polls in a row,
+        polling is off for ``_CROWDED_REST`` reads: a sleeping reader gives
+        that process the CPU sooner, and lets the scheduler move one of the
+        two to another CPU."""
+        spin = self._spin
+        if not spin:
+            self._spin_rest -= 1
+            if self._spin_rest > 0:
+                return
+            spin = self._spin = self._spin_max
+        if wait is not None and wait < spin:
+            spin = wait
+        if spin <= 0.0:
+            return
+        got = self._spin_readable(self._sock.fileno(), spin)
+        if got < 0:
+            # Another process ran on this CPU while this one yielded: once
+            # in a while that is a kernel thread or a timer; every time, the
+            # peer on the same CPU.
+            self._crowded += 1
+            if self._crowded >= _CROWDED_OFF:
+                self._spin, self._spin_rest, self._crowded = 0.0, _CROWDED_REST, 0
+            return
+        self._crowded = 0
+        if got > 0:
+            self._spin = self._spin_max
+        elif self._spin * 0.5 < self._spin_max * _SPIN_FLOOR:
+            self._spin, self._spin_rest = 0.0, _SPIN_REST
+        else:
+            self._spin *= 0.5
 
     def receive(
         self, predicate: Callable[[Any], bool], timeout: float | None = None, mailbox: int = 0

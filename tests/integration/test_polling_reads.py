@@ -1,0 +1,195 @@
+"""Polling before a blocking read (``QueueConfig.spin``): the poll itself on
+both cores, and the budget's policy, driven by a scripted poll."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+
+import pytest
+
+import cmq
+from cmq import _impl
+from cmq.net import _sock
+from cmq.net import queue as queue_mod
+from tests.conftest import CORES
+
+Spin = Callable[[int, float], int]
+
+
+def _spins() -> list[tuple[str, Spin]]:
+    found: list[tuple[str, Spin]] = [("python", _sock.spin_readable)]
+    if "compiled" in CORES:
+        from cmq import _speedups  # type: ignore[attr-defined]
+
+        found.append(("compiled", _speedups.spin_readable))
+    return found
+
+
+@pytest.fixture(params=_spins(), ids=lambda p: p[0])
+def spin(request: pytest.FixtureRequest) -> Spin:
+    fn: Spin = request.param[1]
+    return fn
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    rx.bind(("127.0.0.1", 0))
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    tx.connect(rx.getsockname())
+    yield rx, tx
+    rx.close()
+    tx.close()
+
+
+def test_a_waiting_datagram_is_found_at_once(spin: Spin, pair: tuple[socket.socket, socket.socket]) -> None:
+    rx, tx = pair
+    tx.send(b"x")
+    # Loopback delivers before send returns: readable on the first poll.
+    assert spin(rx.fileno(), 10.0) == 1
+    assert rx.recv(16) == b"x"
+
+
+def test_a_datagram_sent_during_the_poll_ends_it(spin: Spin, pair: tuple[socket.socket, socket.socket]) -> None:
+    rx, tx = pair
+    results: list[int] = []
+
+    def poll() -> None:
+        # The budget is far longer than the test: only the datagram ends the
+        # poll (or a process sharing this CPU: then poll again).
+        while (got := spin(rx.fileno(), 30.0)) == -1:
+            pass
+        results.append(got)
+
+    t = threading.Thread(target=poll)
+    t.start()
+    tx.send(b"y")
+    t.join(30)
+    assert results == [1]
+    assert rx.recv(16) == b"y"
+
+
+def test_nothing_to_read_never_reads_as_readable(spin: Spin, pair: tuple[socket.socket, socket.socket]) -> None:
+    rx, _tx = pair
+    assert spin(rx.fileno(), 0.0) in (0, -1)
+    assert spin(rx.fileno(), 0.002) in (0, -1)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs sched_setaffinity (Linux)")
+def test_a_process_running_on_the_same_cpu_stops_the_poll(
+    spin: Spin, pair: tuple[socket.socket, socket.socket]
+) -> None:
+    rx, _tx = pair
+    cpu = min(os.sched_getaffinity(0))
+    busy = subprocess.Popen(
+        [sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}}); print(flush=True)\nwhile True: pass"],
+        stdout=subprocess.PIPE,
+    )
+    mine = os.sched_getaffinity(0)
+    try:
+        assert busy.stdout is not None
+        busy.stdout.readline()  # pinned and spinning
+        os.sched_setaffinity(0, {cpu})
+        # A yield hands the CPU to the busy process, which keeps it for a
+        # scheduler slice: the poll says so rather than running out its time.
+        assert spin(rx.fileno(), 2.0) == -1
+    finally:
+        os.sched_setaffinity(0, mine)
+        busy.kill()
+        busy.wait()
+
+
+class _ScriptedPolls:
+    """Stands in for the poll: answers from a script, records the budgets asked."""
+
+    def __init__(self, answers: list[int]) -> None:
+        self.answers = answers
+        self.asked: list[float] = []
+
+    def __call__(self, fd: int, seconds: float) -> int:
+        self.asked.append(seconds)
+        return self.answers.pop(0)
+
+
+@pytest.fixture
+def polled() -> Iterator[cmq.Queue]:
+    q = cmq.Queue(0, "127.0.0.1", spin=80e-6)
+    q._spin_max = 80e-6  # whatever the machine's CPU count
+    q._spin = q._spin_max
+    yield q
+    q.close()
+
+
+def _reads(q: cmq.Queue, answers: list[int], n: int, wait: float | None = None) -> list[float]:
+    script = _ScriptedPolls(answers)
+    q._spin_readable = script
+    for _ in range(n):
+        q._poll_first(wait)
+    return script.asked
+
+
+def test_empty_polls_halve_the_budget_then_rest_then_try_it_whole(polled: cmq.Queue) -> None:
+    us = 1e-6
+    asked = _reads(polled, [0, 0, 0, 0, 1], 4 + queue_mod._SPIN_REST)
+    assert asked == pytest.approx([80 * us, 40 * us, 20 * us, 10 * us, 80 * us])
+
+
+def test_a_found_datagram_restores_the_whole_budget(polled: cmq.Queue) -> None:
+    asked = _reads(polled, [0, 0, 1, 1], 4)
+    assert asked == pytest.approx([80e-6, 40e-6, 20e-6, 80e-6])
+
+
+def test_the_poll_never_outlasts_the_read_it_precedes(polled: cmq.Queue) -> None:
+    assert _reads(polled, [1], 1, wait=5e-6) == pytest.approx([5e-6])
+    assert _reads(polled, [], 1, wait=0.0) == []
+
+
+def test_a_cpu_shared_with_another_process_turns_polling_off_for_a_few_reads(polled: cmq.Queue) -> None:
+    off = queue_mod._CROWDED_OFF
+    # Now and then crowded (a timer, a kernel thread): the budget stays.
+    asked = _reads(polled, [-1, 1, -1, 1], 4)
+    assert asked == pytest.approx([80e-6] * 4)
+    # Crowded every time: off for _CROWDED_REST reads, then whole again.
+    asked = _reads(polled, [-1] * off + [1], off + queue_mod._CROWDED_REST)
+    assert asked == pytest.approx([80e-6] * (off + 1))
+
+
+def test_a_queue_with_polling_off_never_polls() -> None:
+    with cmq.Queue(0, "127.0.0.1", spin=0) as q:
+        assert _reads(q, [], 3) == []
+
+
+@pytest.mark.parametrize("spin_s", [0.0, 100e-6])
+def test_request_and_reply_arrive_with_polling_on_or_off(spin_s: float) -> None:
+    with cmq.Queue(0, "127.0.0.1", spin=spin_s) as a, cmq.Queue(0, "127.0.0.1", spin=spin_s) as b:
+        stop = threading.Event()
+
+        def echo() -> None:
+            while not stop.is_set():
+                try:
+                    m = b.get_message(timeout=0.2)
+                except cmq.Timeout:
+                    continue
+                b.push(m.sender, m.payload)
+
+        t = threading.Thread(target=echo)
+        t.start()
+        try:
+            for i in range(200):
+                a.push(b.address, b"%d" % i)
+                assert a.get(timeout=10) == b"%d" % i
+        finally:
+            stop.set()
+            t.join(5)
+
+
+def test_both_cores_poll_with_the_same_policy() -> None:
+    for name in CORES:
+        with _impl.using(name), cmq.Queue(0, "127.0.0.1") as q:
+            expected = _sock.spin_readable if name == "python" else _impl.speedups.spin_readable  # type: ignore[union-attr]
+            assert q._spin_readable is expected
