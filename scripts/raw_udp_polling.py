@@ -61,6 +61,7 @@ def one_run(spin: float, stall_every: int, count: int, size: int, pins: tuple[in
     """Round trips in microseconds of one ping-pong (the first tenth dropped as warm-up)."""
     srv = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     srv.bind(("127.0.0.1", 0))
+    addr = srv.getsockname()
     pid = os.fork()
     if pid == 0:  # the server
         try:
@@ -71,7 +72,7 @@ def one_run(spin: float, stall_every: int, count: int, size: int, pins: tuple[in
     if pins is not None:
         os.sched_setaffinity(0, {pins[0]})
     cli = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    cli.connect(srv.getsockname())
+    cli.connect(addr)
     msg = b"x" * size
     out = []
     try:
