@@ -79,6 +79,7 @@ from typing import Any, Final
 
 import msgpack
 
+from cmq import _impl
 from cmq._errors import ProtocolError
 from cmq.wire.frames import (
     FLAG_MSGPACK,
@@ -100,6 +101,7 @@ __all__ = [
     "RecvStream",
     "ReliableSender",
     "SendStream",
+    "release_acked",
     "seq_diff",
 ]
 
@@ -152,6 +154,19 @@ DATAGRAM_OVERHEAD: Final = 512
 def seq_diff(a: int, b: int) -> int:
     """``a - b`` in 32-bit serial-number arithmetic (RFC 1982): negative when ``a`` is before ``b``."""
     return ((a - b + _HALF) & MASK) - _HALF
+
+
+def release_acked(buf: dict[int, list[Any]], seq: int, count: int) -> int:
+    """Remove the entries of a stream's buffer ``buf`` for the ``count``
+    seqs from ``seq`` on (those present: a cumulative acknowledgement);
+    returns the bytes of their datagrams."""
+    freed = 0
+    for _ in range(count):
+        e = buf.pop(seq, None)
+        if e is not None:
+            freed += len(e[0])
+        seq = (seq + 1) & MASK
+    return freed
 
 
 def _in_ranges(seq: int, ranges: tuple[tuple[int, int], ...]) -> bool:
@@ -386,6 +401,15 @@ class ReliableSender:
         self._count_lock = threading.Lock()
         self.dead_streams = 0
         self.epoch_resets = 0
+        # The core (cmq._impl): the compiled twins of the per-datagram
+        # bookkeeping, clear and sent (called for every datagram a reliable
+        # stream sends) and the release of what a STATUS acknowledged.
+        self._release_acked = release_acked
+        sp = _impl.speedups
+        if sp is not None:
+            self.clear = sp.reliable_clear  # type: ignore[method-assign]
+            self.sent = sp.make_reliable_sent(self)  # type: ignore[method-assign]
+            self._release_acked = sp.release_acked
 
     # -- streams -----------------------------------------------------------
 
@@ -610,16 +634,11 @@ class ReliableSender:
         if acked > 0:
             if seq_diff(rec.next_expected, st.sent_upto) > 0:
                 acked = seq_diff(st.sent_upto, st.una)  # never past what was sent
-            seq = st.una
-            freed = 0
-            for _ in range(acked):
-                e = buf.pop(seq, None)
-                if e is not None:
-                    freed += len(e[0])
-                seq = (seq + 1) & MASK
+            acked = max(acked, 0)
+            freed = self._release_acked(buf, st.una, acked)
             st.nbytes -= freed
             self.total -= freed
-            st.una = seq
+            st.una = (st.una + acked) & MASK
             if st.wholes and not buf:
                 st.wholes.clear()
             st.pto_count = 0
