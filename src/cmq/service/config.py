@@ -34,7 +34,7 @@ SCHEDULING_POLICIES = ("batch", "normal")
 #: request (event loop, SQLite writer, fsync thread) and, woken, would each
 #: preempt whatever runs on that core; as batch threads they wait for the
 #: running one's turn to end instead. With four nodes and their load on two
-#: cores that cut a cycle's CPU by 14-30 % (the queue service guide's
+#: cores that cut a cycle's CPU by 12-31 % (the queue service guide's
 #: Throughput section); on idle cores a woken thread runs at once either way.
 DEFAULT_SCHEDULING = "batch"
 
