@@ -352,6 +352,33 @@ def test_a_stream_that_comes_later_is_not_starved_of_credit(net: SimNetwork) -> 
     settle(net, b, early, late)
 
 
+def test_a_fast_one_at_a_time_stream_is_acknowledged_by_the_timer_not_every_few_datagrams(
+    net: SimNetwork,
+) -> None:
+    """A stream that sends a datagram at a time, fast (one every 10 us, as
+    a ping-pong's side on loopback), uses a fifth of a small window well
+    within max_ack_delay: its window grows until the delayed STATUS
+    suffices, so it draws about one STATUS per max_ack_delay, not one every
+    few datagrams (13 with a window of 64), and no more window than five
+    delays' worth of its datagrams."""
+    b = net.add(**SMALL)
+    a = net.add(**SMALL)
+    net.link(a, b, delay=1e-5)
+    net.link(b, a, delay=1e-5)
+    msgs = messages(2000)
+    for n, m in enumerate(msgs, 1):
+        a.push(b.addr, m)
+        a.flush()  # as a blocking get does before it waits for the reply
+        assert net.run(until=lambda n=n: len(b.received) >= n)
+    assert b.received == msgs
+    delays = net.now / MAX_ACK_DELAY
+    (rs,) = b._receiver._rstreams.values()
+    # With the window kept at 64: 154 STATUS in these 10 delays.
+    assert b._receiver.status_sent <= 2 * delays + 10
+    assert rs.win <= 8 * len(msgs) / delays
+    settle(net, a, b)
+
+
 @pytest.mark.parametrize("loss", [0.0, 0.03])
 def test_a_bulk_senders_window_grows_to_the_endpoints_even_under_loss(net: SimNetwork, loss: float) -> None:
     """Windows start small and grow with what arrives (not with what is in

@@ -804,9 +804,21 @@ class Receiver:
         free = self._free - max(self._ahead - mine, 0)
         # Windows grow with use (reliable.START_WINDOW): a quarter of the
         # window arrived since the last grant is a sender that may need more.
-        if seq_diff(rs.largest, rs.grant_seen) * 4 >= rs.win and rs.win < self._wmax:
+        # So is a fifth within max_ack_delay: what a stream sending one
+        # datagram at a time uses up before the delayed STATUS would come
+        # (_owe asks for a STATUS at once when a quarter of the credit left
+        # is used, that is after about a fifth of the window; the 1 covers
+        # that rule's rounding down), so that it would
+        # otherwise draw a STATUS every fifth of START_WINDOW datagrams for
+        # ever (a ping-pong: one every 13 round trips). It grows until its
+        # STATUS go by the timer: as far as a delay's worth of its datagrams.
+        arrived = seq_diff(rs.largest, rs.grant_seen)
+        if rs.win < self._wmax and (
+            arrived * 4 >= rs.win or ((arrived + 1) * 5 >= rs.win and now - rs.grant_at < MAX_ACK_DELAY)
+        ):
             rs.win = min(rs.win * 2, self._wmax)
         rs.grant_seen = rs.largest
+        rs.grant_at = now
         w = min(int(max(free, 0) // self._active_n // unit), rs.win, self._wmax)
         if w < _LIVE_WINDOW and not consumable and not rs.held:
             # Nothing the application could take is here: what fills the

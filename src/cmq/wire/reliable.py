@@ -859,6 +859,7 @@ class RecvStream:
         "credit",
         "due",
         "epoch",
+        "grant_at",
         "grant_seen",
         "granted",
         "held",
@@ -902,6 +903,7 @@ class RecvStream:
         # counts too, or the window would stay small exactly when it is needed).
         self.win = START_WINDOW
         self.grant_seen = MASK
+        self.grant_at = now  # when the last grant was made (see Receiver._grant)
         self.since_status = 0  # datagrams since the last STATUS
         self.bytes_since = 0  # and their bytes
         self.urgent = False
