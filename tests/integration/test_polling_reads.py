@@ -193,3 +193,66 @@ def test_both_cores_poll_with_the_same_policy() -> None:
         with _impl.using(name), cmq.Queue(0, "127.0.0.1") as q:
             expected = _sock.spin_readable if name == "python" else _impl.speedups.spin_readable  # type: ignore[union-attr]
             assert q._spin_readable is expected
+
+
+# -- which reads poll: those awaiting the answer to one message of their own --
+
+
+def _counts(q: cmq.Queue, sent: int, got: int) -> bool:
+    """Set the queue's message counts, then ask whether the next read polls."""
+    q._batcher.messages_sent, q._receiver.messages_received = sent, got
+    return q._awaits_one_answer()
+
+
+def test_a_request_then_its_answer_polls_on_both_sides(polled: cmq.Queue) -> None:
+    # The client: a request out, then the read for its answer, every round.
+    assert [_counts(polled, n + 1, n) for n in range(5)] == [True] * 5
+    with cmq.Queue(0, "127.0.0.1", spin=80e-6) as server:
+        # The server: its first read awaits nothing of its own; each later one
+        # follows the answer it sent to the request it got.
+        assert _counts(server, 0, 0) is False
+        assert [_counts(server, n, n) for n in range(1, 6)] == [True] * 5
+
+
+def test_a_window_of_requests_does_not_poll_until_answered(polled: cmq.Queue) -> None:
+    # Ping-ping: eight out, then one answer in and one more out per read.
+    assert _counts(polled, 8, 0) is False
+    assert [_counts(polled, 8 + n, n) for n in range(1, 6)] == [False] * 5
+    # The window drains (the count stops at _AHEAD_CAP, so it reaches none
+    # early): no polls; then a request alone again.
+    assert [_counts(polled, 13, n) for n in range(6, 14)] == [True] + [False] * 7
+    assert _counts(polled, 14, 13) is True
+
+
+def test_a_reader_that_only_receives_does_not_poll(polled: cmq.Queue) -> None:
+    assert [_counts(polled, 0, n) for n in (0, 1, 100, 10_000)] == [False] * 4
+
+
+def test_one_way_pushes_stop_polling_until_more_came_back(polled: cmq.Queue) -> None:
+    assert _counts(polled, 1000, 0) is False
+    assert _counts(polled, 1001, 1) is False  # a request and its answer on top: still behind
+    assert _counts(polled, 1001, 3) is False  # more back than sent: none unanswered
+    assert _counts(polled, 1002, 3) is True  # a request alone again
+
+
+class _CountedPolls:
+    """The real poll, counted."""
+
+    def __init__(self, real: Spin) -> None:
+        self.real = real
+        self.calls = 0
+
+    def __call__(self, fd: int, seconds: float) -> int:
+        self.calls += 1
+        return self.real(fd, seconds)
+
+
+def test_a_consumer_never_polls_over_real_sockets() -> None:
+    with cmq.Queue(0, "127.0.0.1", spin=100e-6) as a, cmq.Queue(0, "127.0.0.1", spin=100e-6) as b:
+        b._spin_max = b._spin = 100e-6  # whatever the machine's CPU count
+        polls = _CountedPolls(b._spin_readable)
+        b._spin_readable = polls
+        for i in range(50):
+            a.push(b.address, b"%d" % i)
+            assert b.get(timeout=10) == b"%d" % i
+        assert polls.calls == 0

@@ -92,6 +92,16 @@ _SPIN_REST: Final = 32
 _CROWDED_OFF: Final = 3
 #: ... for this many reads (few: the scheduler soon moves one of the two).
 _CROWDED_REST: Final = 4
+#: Messages of this queue's own a read may wait on, unanswered, and still
+#: poll: one, a request and its answer (ping-pong). With more the peer has a
+#: backlog of them to work through, which hides a wake-up, and a poll would
+#: only take CPU from that peer (see Queue._awaits_one_answer).
+_AHEAD_POLL: Final = 1
+#: The count of unanswered messages stops here, so that it comes down soon
+#: after a window of requests; but a queue that left more than one message
+#: unanswered (one-way pushes) polls again only once it got more back than
+#: it sent since, as the counts cannot tell answers from other messages.
+_AHEAD_CAP: Final = _AHEAD_POLL + 1
 _monotonic = time.monotonic
 
 
@@ -150,6 +160,8 @@ class Queue(Endpoint):
         self._spin = self._spin_max  # the budget now: halved by each poll that found nothing
         self._spin_rest = 0  # blocking reads left before polling again
         self._crowded = 0  # polls in a row that found another process on this CPU
+        self._ahead = 0  # own messages not yet answered, as the counts tell (capped)
+        self._sent_seen = self._got_seen = 0  # the counts when _ahead was last brought up to date
         if sp is not None and not _MALLOC_ENV.intersection(os.environ):
             # Freed datagrams stay in the process for the next ones rather
             # than go back to the kernel and fault in again (_speedups).
@@ -372,7 +384,7 @@ class Queue(Endpoint):
             # blocking read below (SO_RCVTIMEO), not select's two calls.
             short = timeout is not None and timeout < _SHORT_WAIT
             wait = self._rel_bound(timeout, start, _TIMER_SLACK)
-            if self._spin_max:
+            if self._spin_max and self._awaits_one_answer():
                 self._poll_first(wait)
             try:
                 if self._big_reads or short:
@@ -405,6 +417,29 @@ class Queue(Endpoint):
         if timeout is not None:
             timeout = max(timeout - (_monotonic() - start), 0.0)
         return None, timeout
+
+    def _awaits_one_answer(self) -> bool:
+        """Whether a blocking read now most likely waits for the answer to
+        the one message of this queue's own that is unanswered: then polling
+        saves a wake-up (ping-pong, request and reply).
+
+        A reader with none unanswered (it only receives: a stream's
+        consumer) or several (ping-ping, a window of requests) waits on a
+        peer that is busy producing or working through a backlog; a
+        wake-up's delay is hidden behind that work, and a poll would keep
+        this CPU busy beside the peer's. On these VMs a busy vCPU slowed
+        the other one by up to 1.8x (scripts/vcpu_contention.py), so a poll
+        beside a busy peer can slow the very work it waits for.
+
+        Counts messages, not answers: the messages received since the last
+        look cancel as many sent before them (never below none), then those
+        sent since are added, capped at ``_AHEAD_CAP``.
+        """
+        sent, got = self._batcher.messages_sent, self._receiver.messages_received
+        ahead = max(self._ahead - (got - self._got_seen), 0) + sent - self._sent_seen
+        self._ahead = ahead = min(ahead, _AHEAD_CAP)
+        self._sent_seen, self._got_seen = sent, got
+        return ahead == _AHEAD_POLL
 
     def _poll_first(self, wait: float | None) -> None:
         """Before a blocking read of at most ``wait`` seconds (None: no
