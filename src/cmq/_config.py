@@ -220,7 +220,11 @@ class QueueConfig:
     answer that comes within it is taken without a thread wake-up. The
     budget adapts: it halves after each poll that found nothing and is off
     after a few, so a reader whose messages come seldom spends almost
-    nothing on it. 0 never polls; on a one-CPU machine it is never used."""
+    nothing on it. Only a read that awaits the answer to the one message
+    of the queue's own that is unanswered polls (request and reply): a
+    consumer that only receives, or a reader with several requests out,
+    waits on a busy peer, whose CPU time a poll could take. 0 never polls;
+    on a one-CPU machine it is never used."""
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> ConfigError:
