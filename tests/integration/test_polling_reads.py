@@ -193,3 +193,40 @@ def test_both_cores_poll_with_the_same_policy() -> None:
         with _impl.using(name), cmq.Queue(0, "127.0.0.1") as q:
             expected = _sock.spin_readable if name == "python" else _impl.speedups.spin_readable  # type: ignore[union-attr]
             assert q._spin_readable is expected
+
+
+@pytest.mark.parametrize("delivery", ["best-effort", "reliable"])
+def test_a_datagram_for_another_mailbox_keeps_the_read_on_its_latency_path(
+    delivery: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A blocking read that first meets a datagram it does not return (for
+    another mailbox here; a STATUS in a reliable request/response) reads
+    again with its poll, rather than through the general path, whose read
+    sleeps at once. (Were the I/O thread to take both datagrams first, the
+    read would find its message queued: never a false failure.)"""
+    with cmq.Queue(0, "127.0.0.1", delivery=delivery) as rx, cmq.Queue(0, "127.0.0.1", delivery=delivery) as tx:
+        general: list[int] = []
+        real = rx._wait_item
+
+        def counted(*args: object, **kwargs: object) -> object:
+            general.append(1)
+            return real(*args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(rx, "_wait_item", counted)
+        # A stream's first datagram takes the general path (it opens the
+        # stream): open mailbox 0's first.
+        tx.push(rx.address, b"first")
+        tx.flush()
+        assert rx.get(timeout=10) == b"first"
+        with pytest.raises(cmq.Timeout):
+            # The application reads (the I/O thread stays off the socket),
+            # long enough for a reliable stream's first STATUS to go.
+            rx.get(timeout=0.005)
+        general.clear()
+        tx.push(rx.address, b"other", 5)
+        tx.flush()
+        tx.push(rx.address, b"mine")
+        tx.flush()
+        assert rx.get(timeout=10) == b"mine"
+        assert general == []
+        assert rx.get(timeout=10, mailbox=5) == b"other"
