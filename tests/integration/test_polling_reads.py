@@ -230,3 +230,24 @@ def test_a_datagram_for_another_mailbox_keeps_the_read_on_its_latency_path(
         assert rx.get(timeout=10) == b"mine"
         assert general == []
         assert rx.get(timeout=10, mailbox=5) == b"other"
+
+
+def test_a_poll_cut_short_by_the_reads_bound_leaves_the_budget_whole(polled: cmq.Queue) -> None:
+    """A poll that ends because the read's wait does (a timer due sooner than
+    the budget) says nothing about how far apart messages come."""
+    assert _reads(polled, [0, 0], 2, wait=5e-6) == pytest.approx([5e-6, 5e-6])
+    assert polled._spin == polled._spin_max
+
+
+def test_a_read_that_waits_through_a_timer_polls_once(polled: cmq.Queue) -> None:
+    """A blocking read whose wait a reliability timer cuts fires it and reads
+    on, without polling again: one empty poll per read halves the budget once,
+    so a reader waiting out a lost message does not turn polling off for the
+    round trips after it."""
+    script = _ScriptedPolls([0, 0, 0, 0])
+    polled._spin_readable = script
+    polled._rel_at = queue_mod._monotonic() + 0.002
+    with pytest.raises(cmq.Timeout):
+        polled.get(timeout=0.01)
+    assert script.asked == pytest.approx([80e-6])
+    assert polled._spin == pytest.approx(40e-6)

@@ -374,6 +374,10 @@ class Queue(Endpoint):
         # The application reads: the I/O thread leaves the socket to it.
         start = now = self._app_read_at = _monotonic()
         deadline = None if timeout is None else start + timeout
+        # Poll until a poll finds nothing (then this read has waited a
+        # while: polling again would only shrink the budget, which is
+        # for spacing between messages, not for each datagram of a read).
+        poll = bool(self._spin_max)
         try:
             for _ in range(_DIRECT_READS):
                 mb = self._mailboxes.get(mailbox)  # again: another reader may have filled it
@@ -391,7 +395,9 @@ class Queue(Endpoint):
                 # so late that its sender's probe timeout fires first),
                 # unless the poll found a datagram.
                 wait = self._rel_bound(left, now, _TIMER_SLACK)
-                found = self._poll_first(wait) if self._spin_max else False
+                found = False
+                if poll:
+                    found = poll = self._poll_first(wait)
                 try:
                     if self._big_reads or (not found and wait is not None and wait < _SHORT_WAIT):
                         data, addr = self._recv_within(wait)
@@ -452,8 +458,9 @@ class Queue(Endpoint):
             if self._spin_rest > 0:
                 return False
             spin = self._spin = self._spin_max
+        cut = False
         if wait is not None and wait < spin:
-            spin = wait
+            spin, cut = wait, True
         if spin <= 0.0:
             return False
         got = self._spin_readable(self._sock.fileno(), spin)
@@ -469,6 +476,8 @@ class Queue(Endpoint):
         if got > 0:
             self._spin = self._spin_max
             return True
+        if cut:
+            return False  # ended by the read's bound (a timer due), not for want of a datagram
         if self._spin * 0.5 < self._spin_max * _SPIN_FLOOR:
             self._spin, self._spin_rest = 0.0, _SPIN_REST
         else:
