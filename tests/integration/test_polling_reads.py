@@ -195,6 +195,65 @@ def test_both_cores_poll_with_the_same_policy() -> None:
             assert q._spin_readable is expected
 
 
+@pytest.mark.parametrize("delivery", ["best-effort", "reliable"])
+def test_a_datagram_for_another_mailbox_keeps_the_read_on_its_latency_path(
+    delivery: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A blocking read that first meets a datagram it does not return (for
+    another mailbox here; a STATUS in a reliable request/response) reads
+    again with its poll, rather than through the general path, whose read
+    sleeps at once. (Were the I/O thread to take both datagrams first, the
+    read would find its message queued: never a false failure.)"""
+    with cmq.Queue(0, "127.0.0.1", delivery=delivery) as rx, cmq.Queue(0, "127.0.0.1", delivery=delivery) as tx:
+        general: list[int] = []
+        real = rx._wait_item
+
+        def counted(*args: object, **kwargs: object) -> object:
+            general.append(1)
+            return real(*args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(rx, "_wait_item", counted)
+        # A stream's first datagram takes the general path (it opens the
+        # stream): open mailbox 0's first.
+        tx.push(rx.address, b"first")
+        tx.flush()
+        assert rx.get(timeout=10) == b"first"
+        with pytest.raises(cmq.Timeout):
+            # The application reads (the I/O thread stays off the socket),
+            # long enough for a reliable stream's first STATUS to go.
+            rx.get(timeout=0.005)
+        general.clear()
+        tx.push(rx.address, b"other", 5)
+        tx.flush()
+        tx.push(rx.address, b"mine")
+        tx.flush()
+        assert rx.get(timeout=10) == b"mine"
+        assert general == []
+        assert rx.get(timeout=10, mailbox=5) == b"other"
+
+
+def test_a_poll_cut_short_by_the_reads_bound_leaves_the_budget_whole(polled: cmq.Queue) -> None:
+    """A poll that ends because the read's wait does (a timer due sooner than
+    the budget) says nothing about how far apart messages come."""
+    assert _reads(polled, [0, 0], 2, wait=5e-6) == pytest.approx([5e-6, 5e-6])
+    assert polled._spin == polled._spin_max
+
+
+def test_a_read_that_waits_through_a_timer_polls_once(polled: cmq.Queue) -> None:
+    """A blocking read whose wait a reliability timer cuts fires it and reads
+    on, without polling again: one empty poll per read halves the budget once,
+    so a reader waiting out a lost message does not turn polling off for the
+    round trips after it."""
+    script = _ScriptedPolls([0, 0, 0, 0])
+    polled._spin_readable = script
+    polled._ahead = queue_mod._AHEAD_POLL  # it awaits the answer to a request of its own
+    polled._rel_at = queue_mod._monotonic() + 0.002
+    with pytest.raises(cmq.Timeout):
+        polled.get(timeout=0.01)
+    assert script.asked == pytest.approx([80e-6])
+    assert polled._spin == pytest.approx(40e-6)
+
+
 # -- which reads poll: those awaiting the answer to one message of their own --
 
 

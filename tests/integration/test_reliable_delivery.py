@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -629,3 +630,30 @@ def test_no_status_is_written_while_another_thread_delivers_a_datagram(make_queu
         reader.join(10)
         timer.join(10)
     assert written_inside == []
+
+
+def test_a_paced_stream_is_acknowledged_before_its_probe_timeout(make_queue: MakeQueue) -> None:
+    """A sender pushing a message every 8 ms to a receiver blocked in
+    ``get()``: the receiver's STATUS, owed 2 ms after each message, goes in
+    time, so the sender's probe timeout (about 3 ms) rarely fires. (A blocking
+    read whose wait the STATUS bounds must not use SO_RCVTIMEO, which the
+    kernel rounds up to a 4 ms tick: then nearly every message drew a PROBE.)"""
+    rx, tx = make_queue(), make_queue()
+    n = 30
+    got: list[bytes] = []
+
+    def read() -> None:
+        for _ in range(n):
+            got.append(rx.get())
+
+    t = threading.Thread(target=read)
+    t.start()
+    try:
+        for i in range(n):
+            tx.push(dest(rx), msg(i))
+            tx.flush()
+            time.sleep(0.008)
+    finally:
+        t.join(10)
+    assert got == [msg(i) for i in range(n)]
+    assert tx.stats().probes < n // 3

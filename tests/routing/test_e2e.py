@@ -416,3 +416,15 @@ def test_spin_returns_a_waiting_message_or_none_at_its_deadline() -> None:
         while got is None and time.monotonic() < deadline:
             got = b._spin(time.monotonic() + 0.05)
         assert got is not None and got.payload == ["probe"]
+
+
+def test_the_brokers_own_endpoint_leaves_polling_to_the_broker() -> None:
+    """A broker polls once after a message (its own loop, BrokerConfig.spin):
+    the endpoint it makes does not poll again before its blocking reads; an
+    endpoint given to it keeps its own setting."""
+    from cmq.net import Queue
+
+    with Broker() as b:
+        assert b.endpoint.config.spin == 0.0
+    with Queue(host="127.0.0.1", codec="msgpack") as ep, Broker(endpoint=ep) as b:
+        assert b.endpoint.config.spin == ep.config.spin > 0.0

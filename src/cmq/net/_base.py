@@ -815,10 +815,11 @@ class Endpoint(ABC):
 
     # -- reliable delivery ---------------------------------------------------
 
-    def _after_read(self, now: float) -> None:
+    def _after_read(self, now: float, fire: bool = True) -> None:
         """After reading datagrams (receive lock held): resolve replies, apply
         STATUS records to our reliable streams, send the STATUS we owe, fire
-        the reliability timers that are due. Cheap when there is nothing to do."""
+        the reliability timers that are due (unless not ``fire``: the caller
+        fires them before its next wait). Cheap when there is nothing to do."""
         r = self._receiver
         if r.replies:
             self._resolve_replies()
@@ -831,7 +832,7 @@ class Endpoint(ABC):
             due = r.next_status_due()
             if due is not None:
                 self._rel_timer(due)
-        if now >= self._rel_at:
+        if fire and now >= self._rel_at:
             self._fire_reliable(now)
 
     def _on_controls(self, now: float) -> None:

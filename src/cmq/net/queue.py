@@ -78,6 +78,8 @@ _TOP_PAD: Final = 16 << 20
 _MMSG_SLOTS: Final = 16
 #: Waits shorter than this use select, not SO_RCVTIMEO (which rounds up to a timer tick).
 _SHORT_WAIT: Final = 0.02
+#: Most datagrams one blocking read takes on its latency path (_read_direct).
+_DIRECT_READS: Final = 8
 _FOREVER: Final = float("inf")
 #: The least wait a reliability timer imposes on a blocking read (it fires
 #: up to a kernel tick late anyway).
@@ -368,50 +370,80 @@ class Queue(Endpoint):
         """The latency path of a blocking read: ``(item or None, the timeout left)``.
 
         When nothing is batched, ``mailbox`` holds nothing and no other
-        thread reads, reads one datagram here; a datagram of one message for
+        thread reads, reads datagrams here; a datagram of one message for
         ``mailbox`` comes straight back, anything else is queued as usual.
+        A datagram that leaves ``mailbox`` empty (a STATUS, a message for
+        another mailbox) and a reliability timer that cut the wait short
+        are followed by another read here, up to ``_DIRECT_READS`` in all:
+        the general path's read does not poll first, and in a reliable
+        request/response the STATUS that comes a few times a round trip in
+        a hundred would cost a process wake-up each. The reliability timers
+        due are fired as a read starts (while the caller waits anyway), not
+        as it returns a message.
         """
         if self._heap or not self._rx_lock.acquire(False):
             return None, timeout
-        start = _monotonic()
+        # The application reads: the I/O thread leaves the socket to it.
+        start = now = self._app_read_at = _monotonic()
+        deadline = None if timeout is None else start + timeout
+        # Poll until a poll finds nothing (then this read has waited a
+        # while: polling again would only shrink the budget, which is
+        # for spacing between messages, not for each datagram of a read).
+        poll = bool(self._spin_max) and self._awaits_one_answer()
         try:
-            mb = self._mailboxes.get(mailbox)  # again: another reader may have filled it
-            if self._closed or (mb is not None and mb.chunks and mb.available()):
-                return None, timeout
-            # A reliability timer due first bounds the wait: this thread
-            # fires it (the I/O thread stays off while the application reads).
-            # A timer a tick late is fine: this bound takes the one-call
-            # blocking read below (SO_RCVTIMEO), not select's two calls.
-            short = timeout is not None and timeout < _SHORT_WAIT
-            wait = self._rel_bound(timeout, start, _TIMER_SLACK)
-            if self._spin_max and self._awaits_one_answer():
-                self._poll_first(wait)
-            try:
-                if self._big_reads or short:
-                    data, addr = self._recv_within(wait)
-                else:
-                    # _recv_within's common case, inline: a blocking read
-                    # into the reused buffer.
-                    if wait is None:
-                        if self._rcvtimeo:
-                            self._set_rcvtimeo(None)
-                    elif not self._rcv_lo <= wait <= self._rcv_hi:
-                        self._set_rcvtimeo(wait)
-                    n, addr = self._sock.recvfrom_into(self._buf)
-                    if n >= _BIG_DATAGRAM:
-                        self._big_reads = True
-                    data = self._view[:n].tobytes()
-            except OSError:
-                addr = None  # timed out, closed, or an ICMP error: the general path decides
-            if addr is not None:
-                now = self._app_read_at = self._batcher.waited_at = _monotonic()
-                with self._state_lock:
-                    item = self._receiver.receive_one(data, addr, now, mailbox)
-                self._after_read(now)
-                if item is not None:
-                    return item, timeout
-            elif _monotonic() >= self._rel_at:
-                self._fire_reliable(_monotonic())
+            for _ in range(_DIRECT_READS):
+                mb = self._mailboxes.get(mailbox)  # again: another reader may have filled it
+                if self._closed or self._heap or (mb is not None and mb.chunks and mb.available()):
+                    break
+                left = None if deadline is None else deadline - now
+                if left is not None and left <= 0.0:
+                    break
+                if now >= self._rel_at:
+                    self._fire_reliable(now)
+                # A reliability timer due first bounds the wait: this thread
+                # fires it (the I/O thread stays off while the application
+                # reads). A short wait is select's (SO_RCVTIMEO rounds up
+                # to a timer tick, 4 ms here: a STATUS owed in 2 ms would go
+                # so late that its sender's probe timeout fires first),
+                # unless the poll found a datagram.
+                wait = self._rel_bound(left, now, _TIMER_SLACK)
+                found = False
+                if poll:
+                    found = poll = self._poll_first(wait)
+                try:
+                    if self._big_reads or (not found and wait is not None and wait < _SHORT_WAIT):
+                        data, addr = self._recv_within(wait)
+                    else:
+                        # _recv_within's common case, inline: a blocking read
+                        # into the reused buffer.
+                        if wait is None:
+                            if self._rcvtimeo:
+                                self._set_rcvtimeo(None)
+                        elif not self._rcv_lo <= wait <= self._rcv_hi:
+                            self._set_rcvtimeo(wait)
+                        n, addr = self._sock.recvfrom_into(self._buf)
+                        if n >= _BIG_DATAGRAM:
+                            self._big_reads = True
+                        data = self._view[:n].tobytes()
+                except OSError:
+                    addr = None  # timed out, closed, or an ICMP error
+                if addr is not None:
+                    now = self._app_read_at = self._batcher.waited_at = _monotonic()
+                    with self._state_lock:
+                        item = self._receiver.receive_one(data, addr, now, mailbox)
+                    if item is not None:
+                        # The timers that fell due wait for this thread's
+                        # next read: a STATUS sent now would reach the peer
+                        # before the request the caller is about to send in
+                        # answer, and delay it.
+                        self._after_read(now, fire=False)
+                        return item, timeout
+                    self._after_read(now)
+                    continue
+                now = _monotonic()
+                if now < self._rel_at:
+                    break  # timed out, closed, or an ICMP error: the general path decides
+                self._fire_reliable(now)
         finally:
             self._rx_lock.release()
         if timeout is not None:
@@ -441,7 +473,7 @@ class Queue(Endpoint):
         self._sent_seen, self._got_seen = sent, got
         return ahead == _AHEAD_POLL
 
-    def _poll_first(self, wait: float | None) -> None:
+    def _poll_first(self, wait: float | None) -> bool:
         """Before a blocking read of at most ``wait`` seconds (None: no
         bound), poll the socket for the budget (QueueConfig.spin), so that an
         answer that comes soon is read without a thread wake-up.
@@ -454,17 +486,18 @@ class Queue(Endpoint):
         it waits for) stops; after ``_CROWDED_OFF`` such polls in a row,
         polling is off for ``_CROWDED_REST`` reads: a sleeping reader gives
         that process the CPU sooner, and lets the scheduler move one of the
-        two to another CPU."""
+        two to another CPU. Returns whether it found a datagram."""
         spin = self._spin
         if not spin:
             self._spin_rest -= 1
             if self._spin_rest > 0:
-                return
+                return False
             spin = self._spin = self._spin_max
+        cut = False
         if wait is not None and wait < spin:
-            spin = wait
+            spin, cut = wait, True
         if spin <= 0.0:
-            return
+            return False
         got = self._spin_readable(self._sock.fileno(), spin)
         if got < 0:
             # Another process ran on this CPU while this one yielded: once
@@ -473,14 +506,18 @@ class Queue(Endpoint):
             self._crowded += 1
             if self._crowded >= _CROWDED_OFF:
                 self._spin, self._spin_rest, self._crowded = 0.0, _CROWDED_REST, 0
-            return
+            return False
         self._crowded = 0
         if got > 0:
             self._spin = self._spin_max
-        elif self._spin * 0.5 < self._spin_max * _SPIN_FLOOR:
+            return True
+        if cut:
+            return False  # ended by the read's bound (a timer due), not for want of a datagram
+        if self._spin * 0.5 < self._spin_max * _SPIN_FLOOR:
             self._spin, self._spin_rest = 0.0, _SPIN_REST
         else:
             self._spin *= 0.5
+        return False
 
     def receive(
         self, predicate: Callable[[Any], bool], timeout: float | None = None, mailbox: int = 0

@@ -75,7 +75,9 @@ Receiver restart
       pipeline's duplicates, both incarnations' deliveries in one stream),
       none by both, and the second incarnation took some.
 
-Ratios under loss (throughput, p50)
+Ratios under loss (throughput, p50), and the reliable modes' round trip
+    The round trip without loss is the median run's p50 of a reliable mode
+    over best-effort's (best-effort runs in every lossless repeat for it).
     Each is judged, as the lab's other comparisons are
     (:mod:`cmq.pipeline.stats`), on per-run values: each run's msgs/s (its
     first deliveries over the span from the first one's send to the last
@@ -127,6 +129,7 @@ __all__ = [
     "P99_BOUND_NS",
     "RELIABLE_MODES",
     "RSS_GROWTH_BOUND",
+    "RT_COST_LIMIT",
     "SLOW_SHARE",
     "THROUGHPUT_TARGETS",
     "Cell",
@@ -141,6 +144,7 @@ __all__ = [
     "judge_no_duplicate",
     "judge_p50",
     "judge_p99",
+    "judge_round_trip_cost",
     "judge_slow_delivery",
     "judge_slow_drops",
     "judge_throughput",
@@ -168,6 +172,9 @@ THROUGHPUT_TARGETS: Final[Mapping[float, float]] = {0.01: 0.90, 0.03: 0.80}
 LATENCY_LOSS: Final = 0.014
 #: p50 under loss within this share of the lossless p50, either way.
 P50_TOLERANCE: Final = 0.10
+#: Without loss, a reliable mode's 512 B round trip (its median run's p50)
+#: at most this multiple of best-effort's.
+RT_COST_LIMIT: Final = 1.1
 #: p99 under loss at most this, per mode (ordered delivery adds head-of-line blocking).
 P99_BOUND_NS: Final[Mapping[str, float]] = {"unordered": 10e6, "reliable": 15e6}
 
@@ -431,6 +438,26 @@ def judge_p50(data: ReportData) -> Verdict:
     """p50 at :data:`LATENCY_LOSS` within :data:`P50_TOLERANCE` of the
     lossless p50, for reliable and unordered."""
     return _with_missing(data, combine([_p50_cell(data, m) for m in RELIABLE_MODES], "p50"))
+
+
+def _cost_cell(data: ReportData, mode: str) -> Cell:
+    mine = per_run(data, "pingpong", mode, 0.0, "p50_ns")
+    base = per_run(data, "pingpong", "best-effort", 0.0, "p50_ns")
+    if not mine or not base:
+        return "inconclusive", f"{mode}: {'best-effort' if mine else mode} not measured without loss"
+    iv = ratio_interval(mine, base)
+    text = (
+        f"{mode}: median run's p50 {statistics.median(mine) / 1e3:.1f} µs against best-effort's "
+        f"{statistics.median(base) / 1e3:.1f} µs ({iv.point:.2f}x; 95% interval "
+        f"{iv.lo:.2f}-{iv.hi:.2f}x, {iv.runs_a} and {iv.runs_b} runs)"
+    )
+    return decide(iv, RT_COST_LIMIT, "at_most"), text
+
+
+def judge_round_trip_cost(data: ReportData) -> Verdict:
+    """Without loss, the reliable modes' 512 B round trip at most
+    :data:`RT_COST_LIMIT` times best-effort's (the median runs' p50s)."""
+    return _with_missing(data, combine([_cost_cell(data, m) for m in RELIABLE_MODES], "round trip"))
 
 
 def _p99_cell(data: ReportData, mode: str) -> Cell:
@@ -779,6 +806,14 @@ CLAIMS: Final = (
         "run's p50, with a 95 % bootstrap interval over runs inside or outside the band "
         "to pass or fail).",
         judge=judge_p50,
+    ),
+    Claim(
+        target=True,
+        text=f"512 B ping-pong without loss: the reliable modes' p50 at most {RT_COST_LIMIT:g}x "
+        "best-effort's (reliable and unordered, in the same namespaces, runs interleaved; the "
+        "median run's p50 over best-effort's, with a 95 % bootstrap interval over runs at or "
+        "below the limit to pass, above it to fail).",
+        judge=judge_round_trip_cost,
     ),
     Claim(
         target=True,
