@@ -21,7 +21,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -633,11 +632,12 @@ def test_no_status_is_written_while_another_thread_delivers_a_datagram(make_queu
 
 
 def test_a_paced_stream_is_acknowledged_before_its_probe_timeout(make_queue: MakeQueue) -> None:
-    """A sender pushing a message every 8 ms to a receiver blocked in
-    ``get()``: the receiver's STATUS, owed 2 ms after each message, goes in
-    time, so the sender's probe timeout (about 3 ms) rarely fires. (A blocking
-    read whose wait the STATUS bounds must not use SO_RCVTIMEO, which the
-    kernel rounds up to a 4 ms tick: then nearly every message drew a PROBE.)"""
+    """A sender pushing its next message once the last is acknowledged, to a
+    receiver blocked in ``get()``: the receiver's STATUS, owed 2 ms after
+    each message, goes in time, so the sender's probe timeout (about 3 ms)
+    rarely fires. (A blocking read whose wait the STATUS bounds must not use
+    SO_RCVTIMEO, which the kernel rounds up to a 4 ms tick: then nearly every
+    message drew a PROBE.)"""
     rx, tx = make_queue(), make_queue()
     n = 30
     got: list[bytes] = []
@@ -652,7 +652,7 @@ def test_a_paced_stream_is_acknowledged_before_its_probe_timeout(make_queue: Mak
         for i in range(n):
             tx.push(dest(rx), msg(i))
             tx.flush()
-            time.sleep(0.008)
+            assert wait_until(lambda: tx.unacknowledged() == 0)
     finally:
         t.join(10)
     assert got == [msg(i) for i in range(n)]
