@@ -395,11 +395,11 @@ class Queue(Endpoint):
                 mb = self._mailboxes.get(mailbox)  # again: another reader may have filled it
                 if self._closed or self._heap or (mb is not None and mb.chunks and mb.available()):
                     break
+                if now >= self._rel_at:
+                    self._fire_reliable(now)
                 left = None if deadline is None else deadline - now
                 if left is not None and left <= 0.0:
                     break
-                if now >= self._rel_at:
-                    self._fire_reliable(now)
                 # A reliability timer due first bounds the wait: this thread
                 # fires it (the I/O thread stays off while the application
                 # reads). A short wait is select's (SO_RCVTIMEO rounds up
@@ -443,7 +443,7 @@ class Queue(Endpoint):
                 now = _monotonic()
                 if now < self._rel_at:
                     break  # timed out, closed, or an ICMP error: the general path decides
-                self._fire_reliable(now)
+                # A timer cut the wait: the next turn fires it and reads on.
         finally:
             self._rx_lock.release()
         if timeout is not None:
