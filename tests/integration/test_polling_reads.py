@@ -159,6 +159,22 @@ def test_a_cpu_shared_with_another_process_turns_polling_off_for_a_few_reads(pol
     assert asked == pytest.approx([80e-6] * (off + 1))
 
 
+def test_a_cpu_that_stays_shared_keeps_polling_off_longer_each_time(polled: cmq.Queue) -> None:
+    """Two processes pinned to one CPU: every poll after a rest is crowded
+    again, so each rest is twice the one before, up to a ceiling; one poll
+    that is not crowded brings the short rest back."""
+    off, rest = queue_mod._CROWDED_OFF, queue_mod._CROWDED_REST
+    for turn in range(12):
+        # off crowded polls, then the reads of the rest but its last, which polls
+        # again (the next turn's first).
+        skipped = min(rest << turn, queue_mod._CROWDED_REST_MAX) - 1
+        assert len(_reads(polled, [-1] * off, off + skipped)) == off
+    assert polled._crowded_rest == queue_mod._CROWDED_REST_MAX
+    # Not crowded once (the scheduler moved one of the two): back to the short rest.
+    assert _reads(polled, [1], 1) == pytest.approx([80e-6])
+    assert polled._crowded_rest == rest
+
+
 def test_a_queue_with_polling_off_never_polls() -> None:
     with cmq.Queue(0, "127.0.0.1", spin=0) as q:
         assert _reads(q, [], 3) == []
@@ -186,6 +202,70 @@ def test_request_and_reply_arrive_with_polling_on_or_off(spin_s: float) -> None:
         finally:
             stop.set()
             t.join(5)
+
+
+def _selects_in_round_trips(monkeypatch: pytest.MonkeyPatch, polls: Spin) -> tuple[int, int]:
+    """A reliable request/response over real sockets, the client's polls
+    answered by ``polls``: (the client's reads that a STATUS due bounded,
+    the select calls its thread made), over 200 round trips."""
+    me = threading.get_ident()
+    selects: list[int] = []
+    real = queue_mod.select.select
+
+    def counted(*args: object) -> object:
+        if threading.get_ident() == me:
+            selects.append(1)
+        return real(*args)  # type: ignore[arg-type]
+
+    with cmq.Queue(0, "127.0.0.1") as a, cmq.Queue(0, "127.0.0.1", spin=0) as b:
+        a._spin_max = a._spin = 100e-6  # whatever the machine's CPU count
+        a._spin_readable = polls
+        stop = threading.Event()
+
+        def echo() -> None:
+            while not stop.is_set():
+                try:
+                    m = b.get_message(timeout=0.2)
+                except cmq.Timeout:
+                    continue
+                b.push(m.sender, m.payload)
+
+        t = threading.Thread(target=echo)
+        t.start()
+        try:
+            for i in range(20):  # the streams open (their first datagrams take the general path)
+                a.push(b.address, b"%d" % i)
+                assert a.get(timeout=10) == b"%d" % i
+            monkeypatch.setattr(queue_mod.select, "select", counted)
+            timed = 0
+            for i in range(200):
+                timed += a._rel_at != float("inf")
+                a.push(b.address, b"%d" % i)
+                assert a.get(timeout=10) == b"%d" % i
+        finally:
+            stop.set()
+            t.join(5)
+    return timed, len(selects)
+
+
+def test_a_read_awaiting_its_answer_on_a_shared_cpu_sleeps_in_the_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reliable request/response owes a STATUS a few ms after each answer,
+    which bounds most reads' waits. On a CPU it shares with another process
+    (every poll crowded), a read that awaits its answer still sleeps in the
+    socket read, as the answer comes first: a wake-up from select made such
+    a round trip about 1.5x as long."""
+    timed, selects = _selects_in_round_trips(monkeypatch, lambda fd, seconds: -1)
+    assert timed > 100  # most reads had a STATUS due: a short, timer-bounded wait
+    assert selects == 0
+
+
+def test_a_read_on_a_cpu_of_its_own_keeps_its_timers_on_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Polls that are not crowded (and find nothing): a timer-bounded wait
+    is select's, which wakes on time (the socket's timeout would be up to a
+    kernel tick late, and a repair that late shows in the tail under loss)."""
+    timed, selects = _selects_in_round_trips(monkeypatch, lambda fd, seconds: 0)
+    assert timed > 100
+    assert selects > 100
 
 
 def test_both_cores_poll_with_the_same_policy() -> None:
@@ -281,6 +361,23 @@ def test_a_window_of_requests_does_not_poll_until_answered(polled: cmq.Queue) ->
     # early): no polls; then a request alone again.
     assert [_counts(polled, 13, n) for n in range(6, 14)] == [True] + [False] * 7
     assert _counts(polled, 14, 13) is True
+
+
+def test_a_request_whose_answer_was_read_unseen_still_counts_as_one(polled: cmq.Queue) -> None:
+    # The first read found its answer queued and did not look: the next look
+    # sees two requests and one answer, which leaves one awaited, not two.
+    assert _counts(polled, 2, 1) is True
+    assert [_counts(polled, n + 1, n) for n in range(2, 7)] == [True] * 5
+
+
+def test_a_read_that_times_out_forgets_what_was_unanswered(polled: cmq.Queue) -> None:
+    # A request whose answer was lost (best-effort), and the next request:
+    # two unanswered, which would keep the count up for every round after.
+    assert _counts(polled, 1, 0) is True
+    assert _counts(polled, 2, 0) is False
+    with pytest.raises(cmq.Timeout):
+        polled.get(timeout=0.001)
+    assert [_counts(polled, n + 1, n - 2) for n in range(2, 7)] == [True] * 5
 
 
 def test_a_reader_that_only_receives_does_not_poll(polled: cmq.Queue) -> None:

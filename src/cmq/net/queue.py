@@ -92,8 +92,13 @@ _SPIN_FLOOR: Final = 1 / 8
 _SPIN_REST: Final = 32
 #: Polls in a row that gave the CPU to another process before polling is off ...
 _CROWDED_OFF: Final = 3
-#: ... for this many reads (few: the scheduler soon moves one of the two).
+#: ... for this many reads (few: the scheduler soon moves one of the two),
+#: twice as many each time it is found crowded again without a poll in
+#: between that was not, up to ``_CROWDED_REST_MAX``: two processes pinned
+#: to one CPU stay crowded, and each crowded poll costs the round trip a
+#: switch to the peer and back.
 _CROWDED_REST: Final = 4
+_CROWDED_REST_MAX: Final = 256
 #: Messages of this queue's own a read may wait on, unanswered, and still
 #: poll: one, a request and its answer (ping-pong). With more the peer has a
 #: backlog of them to work through, which hides a wake-up, and a poll would
@@ -162,6 +167,8 @@ class Queue(Endpoint):
         self._spin = self._spin_max  # the budget now: halved by each poll that found nothing
         self._spin_rest = 0  # blocking reads left before polling again
         self._crowded = 0  # polls in a row that found another process on this CPU
+        self._crowded_rest = _CROWDED_REST  # reads without polling after the next crowded run
+        self._shares_cpu = False  # the last polls found another process on this CPU (see _read_direct)
         self._ahead = 0  # own messages not yet answered, as the counts tell (capped)
         self._sent_seen = self._got_seen = 0  # the counts when _ahead was last brought up to date
         if sp is not None and not _MALLOC_ENV.intersection(os.environ):
@@ -389,7 +396,8 @@ class Queue(Endpoint):
         # Poll until a poll finds nothing (then this read has waited a
         # while: polling again would only shrink the budget, which is
         # for spacing between messages, not for each datagram of a read).
-        poll = bool(self._spin_max) and self._awaits_one_answer()
+        awaits = self._awaits_one_answer()
+        poll = awaits and bool(self._spin_max)
         try:
             for _ in range(_DIRECT_READS):
                 mb = self._mailboxes.get(mailbox)  # again: another reader may have filled it
@@ -404,14 +412,22 @@ class Queue(Endpoint):
                 # fires it (the I/O thread stays off while the application
                 # reads). A short wait is select's (SO_RCVTIMEO rounds up
                 # to a timer tick, 4 ms here: a STATUS owed in 2 ms would go
-                # so late that its sender's probe timeout fires first),
-                # unless the poll found a datagram.
+                # so late that its sender's probe timeout fires first, and
+                # a repair a tick late shows in the tail under loss), but
+                # for a read that awaits its answer on a CPU it shares with
+                # another process (its polls found it crowded): there a
+                # wake-up from select made the one-CPU round trip about 1.5x
+                # as long as one from the read itself, and the answer most
+                # likely comes before the timer. Nor when the poll found a
+                # datagram: the read takes it at once.
                 wait = self._rel_bound(left, now, _TIMER_SLACK)
                 found = False
                 if poll:
                     found = poll = self._poll_first(wait)
                 try:
-                    if self._big_reads or (not found and wait is not None and wait < _SHORT_WAIT):
+                    if self._big_reads or (
+                        not found and wait is not None and wait < _SHORT_WAIT and not (awaits and self._shares_cpu)
+                    ):
                         data, addr = self._recv_within(wait)
                     else:
                         # _recv_within's common case, inline: a blocking read
@@ -464,11 +480,18 @@ class Queue(Endpoint):
         beside a busy peer can slow the very work it waits for.
 
         Counts messages, not answers: the messages received since the last
-        look cancel as many sent before them (never below none), then those
-        sent since are added, capped at ``_AHEAD_CAP``.
+        look cancel as many sent before them, then those sent since are
+        added, capped at ``_AHEAD_CAP``. Received messages left over (more
+        than were unanswered) cancel those sent since too, all but the last:
+        a read that came back without looking (its message was queued
+        already) leaves a request and its answer, then the next request, to
+        the next look, which must count one, not two. A read that times out
+        sets the count to none (see ``_wait_item``): what was unanswered is
+        lost or late, and the count would otherwise stay up for good.
         """
         sent, got = self._batcher.messages_sent, self._receiver.messages_received
-        ahead = max(self._ahead - (got - self._got_seen), 0) + sent - self._sent_seen
+        ahead, came, went = self._ahead, got - self._got_seen, sent - self._sent_seen
+        ahead = max(ahead - came, 0) + went - min(max(came - ahead, 0), max(went - 1, 0))
         self._ahead = ahead = min(ahead, _AHEAD_CAP)
         self._sent_seen, self._got_seen = sent, got
         return ahead == _AHEAD_POLL
@@ -484,9 +507,11 @@ class Queue(Endpoint):
         polls on a few reads in thirty-odd. A poll that finds another
         process running on this CPU between its polls (most likely the peer
         it waits for) stops; after ``_CROWDED_OFF`` such polls in a row,
-        polling is off for ``_CROWDED_REST`` reads: a sleeping reader gives
-        that process the CPU sooner, and lets the scheduler move one of the
-        two to another CPU. Returns whether it found a datagram."""
+        polling is off for ``_CROWDED_REST`` reads, doubling up to
+        ``_CROWDED_REST_MAX`` while the polls after each rest are crowded
+        too: a sleeping reader gives that process the CPU sooner, and lets
+        the scheduler move one of the two to another CPU. Returns whether it
+        found a datagram."""
         spin = self._spin
         if not spin:
             self._spin_rest -= 1
@@ -505,9 +530,11 @@ class Queue(Endpoint):
             # peer on the same CPU.
             self._crowded += 1
             if self._crowded >= _CROWDED_OFF:
-                self._spin, self._spin_rest, self._crowded = 0.0, _CROWDED_REST, 0
+                self._spin, self._spin_rest, self._crowded = 0.0, self._crowded_rest, 0
+                self._crowded_rest = min(self._crowded_rest * 2, _CROWDED_REST_MAX)
+                self._shares_cpu = True
             return False
-        self._crowded = 0
+        self._crowded, self._crowded_rest, self._shares_cpu = 0, _CROWDED_REST, False
         if got > 0:
             self._spin = self._spin_max
             return True
@@ -567,6 +594,7 @@ class Queue(Endpoint):
                 item = self._take_item(mailbox, predicate)
                 if item is not None:
                     return item
+                self._ahead = 0  # what was unanswered is lost or late (see _awaits_one_answer)
                 raise Timeout(f"no message in mailbox {mailbox} within {asked} s")
             # Reads one datagram unless what we wait for is already queued;
             # a datagram of one message for us comes straight back.
