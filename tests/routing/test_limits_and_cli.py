@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from cmq import ConfigError, RemoteError, Timeout
+from cmq import ConfigError, Queue, RemoteError, Timeout
 from cmq.routing import Broker, BrokerClient, BrokerConfig, ErrorCode, _server
 from cmq.routing._core import BrokerCore, Refused
 from cmq.routing._protocol import DeclareExchange, DeclareQueue, PublishBatch
@@ -179,7 +179,13 @@ def test_a_broker_with_a_key_serves_clients_with_it_and_drops_the_others(tmp_pat
             c.declare_queue("q")
             assert c.publish("", "q", b"signed", confirm=True) == 1
         for other in (None, b"another key....."):
-            with BrokerClient(b.address, key=other, timeout=0.5, retries=0) as c, pytest.raises(Timeout):
+            # Refused: its endpoint does not wait at close for acknowledgements
+            # that cannot come (linger, 2 s by default).
+            with (
+                Queue(port=0, host="127.0.0.1", codec="msgpack", key=other, linger=0) as ep,
+                BrokerClient(b.address, timeout=0.5, retries=0, endpoint=ep) as c,
+                pytest.raises(Timeout),
+            ):
                 c.publish("", "q", b"unsigned", confirm=True)
         assert wait_until(lambda: sum(b._endpoint_stats()["dropped"].values()) >= 2, 5.0)
         (q,) = b.stats().per_queue
