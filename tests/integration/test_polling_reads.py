@@ -3,6 +3,7 @@ both cores, and the budget's policy, driven by a scripted poll."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -180,28 +181,34 @@ def test_a_queue_with_polling_off_never_polls() -> None:
         assert _reads(q, [], 3) == []
 
 
+@contextlib.contextmanager
+def _echoing(b: cmq.Queue) -> Iterator[None]:
+    """A thread pushing every message ``b`` gets back to its sender, while the block runs."""
+    stop = threading.Event()
+
+    def echo() -> None:
+        while not stop.is_set():
+            try:
+                m = b.get_message(timeout=0.2)
+            except cmq.Timeout:
+                continue
+            b.push(m.sender, m.payload)
+
+    t = threading.Thread(target=echo)
+    t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        t.join(5)
+
+
 @pytest.mark.parametrize("spin_s", [0.0, 100e-6])
 def test_request_and_reply_arrive_with_polling_on_or_off(spin_s: float) -> None:
-    with cmq.Queue(0, "127.0.0.1", spin=spin_s) as a, cmq.Queue(0, "127.0.0.1", spin=spin_s) as b:
-        stop = threading.Event()
-
-        def echo() -> None:
-            while not stop.is_set():
-                try:
-                    m = b.get_message(timeout=0.2)
-                except cmq.Timeout:
-                    continue
-                b.push(m.sender, m.payload)
-
-        t = threading.Thread(target=echo)
-        t.start()
-        try:
-            for i in range(200):
-                a.push(b.address, b"%d" % i)
-                assert a.get(timeout=10) == b"%d" % i
-        finally:
-            stop.set()
-            t.join(5)
+    with cmq.Queue(0, "127.0.0.1", spin=spin_s) as a, cmq.Queue(0, "127.0.0.1", spin=spin_s) as b, _echoing(b):
+        for i in range(200):
+            a.push(b.address, b"%d" % i)
+            assert a.get(timeout=10) == b"%d" % i
 
 
 def _selects_in_round_trips(monkeypatch: pytest.MonkeyPatch, polls: Spin) -> tuple[int, int]:
@@ -217,34 +224,19 @@ def _selects_in_round_trips(monkeypatch: pytest.MonkeyPatch, polls: Spin) -> tup
             selects.append(1)
         return real(*args)  # type: ignore[arg-type]
 
-    with cmq.Queue(0, "127.0.0.1") as a, cmq.Queue(0, "127.0.0.1", spin=0) as b:
+    with cmq.Queue(0, "127.0.0.1") as a, cmq.Queue(0, "127.0.0.1", spin=0) as b, _echoing(b):
         a._spin_max = a._spin = 100e-6  # whatever the machine's CPU count
         a._spin_readable = polls
-        stop = threading.Event()
-
-        def echo() -> None:
-            while not stop.is_set():
-                try:
-                    m = b.get_message(timeout=0.2)
-                except cmq.Timeout:
-                    continue
-                b.push(m.sender, m.payload)
-
-        t = threading.Thread(target=echo)
-        t.start()
-        try:
-            for i in range(20):  # the streams open (their first datagrams take the general path)
-                a.push(b.address, b"%d" % i)
-                assert a.get(timeout=10) == b"%d" % i
-            monkeypatch.setattr(queue_mod.select, "select", counted)
-            timed = 0
-            for i in range(200):
-                timed += a._rel_at != float("inf")
-                a.push(b.address, b"%d" % i)
-                assert a.get(timeout=10) == b"%d" % i
-        finally:
-            stop.set()
-            t.join(5)
+        for i in range(20):  # the streams open (their first datagrams take the general path)
+            a.push(b.address, b"%d" % i)
+            assert a.get(timeout=10) == b"%d" % i
+        monkeypatch.setattr(queue_mod.select, "select", counted)
+        timed = 0
+        for i in range(200):
+            timed += a._rel_at != float("inf")
+            a.push(b.address, b"%d" % i)
+            assert a.get(timeout=10) == b"%d" % i
+        monkeypatch.undo()
     return timed, len(selects)
 
 
