@@ -426,5 +426,6 @@ def test_the_brokers_own_endpoint_leaves_polling_to_the_broker() -> None:
 
     with Broker() as b:
         assert b.endpoint.config.spin == 0.0
+        assert b.endpoint._pause_after > 1 << 32  # nor pause after empty pops: its loop yields itself
     with Queue(host="127.0.0.1", codec="msgpack") as ep, Broker(endpoint=ep) as b:
         assert b.endpoint.config.spin == ep.config.spin > 0.0

@@ -198,6 +198,8 @@ class Broker:
                 # spin=0: the loop polls itself (_spin, BrokerConfig.spin);
                 # the endpoint's own poll would only add a second one.
                 endpoint = Queue(port=port, host=host, codec="msgpack", linger=_CLOSE_LINGER, key=key, spin=0.0)
+                # Nor does a run of empty pops pause it: _spin yields between them itself.
+                endpoint._pause_after = 1 << 62
             except BaseException:
                 if self.store is not None:
                     self.store.close()
