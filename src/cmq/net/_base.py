@@ -194,7 +194,6 @@ class Endpoint(ABC):
         self._send_drops: dict[str, int] = {"send_failed": 0, "late_reply": 0, "closed": 0, "callback_failed": 0}
         self._last_send_error: OSError | None = None
         self._closed = False
-        self._empty_polls = 0  # polls in a row that read nothing, no message popped since (see Queue._poll)
         self._forget_memo: Callable[[], None] = lambda: None
         self.push = self._make_push()  # type: ignore[method-assign]
 
@@ -645,14 +644,12 @@ class Endpoint(ABC):
         if mb is not None:
             payload = mb.pop()
             if payload is not EMPTY:
-                self._empty_polls = 0
                 return payload
         self._poll()
         mb = self._mailboxes.get(mailbox)
         if mb is not None:
             payload = mb.pop()
             if payload is not EMPTY:
-                self._empty_polls = 0
                 return payload
         if self._closed:
             raise Closed("queue is closed")
@@ -668,7 +665,6 @@ class Endpoint(ABC):
                 if self._closed:
                     raise Closed("queue is closed")
                 return None
-        self._empty_polls = 0
         return message_of(item)
 
     def pop_many(self, limit: int = 1 << 30, mailbox: int = 0) -> list[Any]:
@@ -699,7 +695,6 @@ class Endpoint(ABC):
                 if self._closed:
                     raise Closed("queue is closed")
                 return None
-        self._empty_polls = 0
         return mb
 
     def _take_item(self, mailbox: int, predicate: Callable[[Any], bool] | None) -> tuple[Any, Meta] | None:

@@ -37,7 +37,6 @@ message).
 
 from __future__ import annotations
 
-import functools
 import os
 import select
 import socket
@@ -53,7 +52,7 @@ from cmq._config import QueueConfig
 from cmq._errors import Closed, Timeout, TransportError
 from cmq._types import Address, Message
 from cmq.net._base import Endpoint, message_of, send_error
-from cmq.net._sock import spin_readable
+from cmq.net._sock import spin_readable, yield_cpu
 from cmq.wire.batcher import Stream
 from cmq.wire.receiver import EMPTY, Meta
 
@@ -111,15 +110,13 @@ _AHEAD_POLL: Final = 1
 #: it sent since, as the counts cannot tell answers from other messages.
 _AHEAD_CAP: Final = _AHEAD_POLL + 1
 _monotonic = time.monotonic
-#: Polls in a row that read nothing, no message popped since, before each
+#: Polls in a row that read nothing, no message received since, before each
 #: further one pauses (Queue._poll): more than the few empty pops of code
 #: that drains its mailboxes each turn (a broker client: two or three),
 #: where a pause would only hand the interpreter to another thread.
 _EMPTY_POLLS: Final = 8
-#: Lets the process's other threads run: a yield of the CPU, with the
-#: interpreter released (see Queue._poll). Not time.sleep(0), which took
-#: 77 µs here (a timer, however short).
-_pause: Callable[[], None] = getattr(os, "sched_yield", None) or functools.partial(time.sleep, 0)
+#: Lets the process's other threads run (see Queue._poll).
+_pause = yield_cpu
 
 
 class Queue(Endpoint):
@@ -178,8 +175,9 @@ class Queue(Endpoint):
         self._spin_rest = 0  # blocking reads left before polling again
         self._crowded = 0  # polls in a row that found another process on this CPU
         self._crowded_rest = _CROWDED_REST  # reads without polling after the next crowded run
-        self._shares_cpu = False  # the last polls found another process on this CPU (see _read_direct)
         self._pause_after = _EMPTY_POLLS  # see _poll (the broker's loop, which yields itself, turns it off)
+        self._empty_polls = 0  # polls in a row that read nothing, no message received since (see _poll)
+        self._got_at_poll = 0  # the receiver's message count at the last poll
         self._ahead = 0  # own messages not yet answered, as the counts tell (capped)
         self._sent_seen = self._got_seen = 0  # the counts when _ahead was last brought up to date
         if sp is not None and not _MALLOC_ENV.intersection(os.environ):
@@ -407,8 +405,7 @@ class Queue(Endpoint):
         # Poll until a poll finds nothing (then this read has waited a
         # while: polling again would only shrink the budget, which is
         # for spacing between messages, not for each datagram of a read).
-        awaits = self._awaits_one_answer()
-        poll = awaits and bool(self._spin_max)
+        awaits = poll = bool(self._spin_max) and self._awaits_one_answer()
         try:
             for _ in range(_DIRECT_READS):
                 mb = self._mailboxes.get(mailbox)  # again: another reader may have filled it
@@ -426,7 +423,8 @@ class Queue(Endpoint):
                 # so late that its sender's probe timeout fires first, and
                 # a repair a tick late shows in the tail under loss), but
                 # for a read that awaits its answer on a CPU it shares with
-                # another process (its polls found it crowded): there a
+                # another process (its polls found it crowded: a rest above
+                # the first, and no uncrowded poll since): there a
                 # wake-up from select made the one-CPU round trip about 1.5x
                 # as long as one from the read itself, and the answer most
                 # likely comes before the timer. Nor when the poll found a
@@ -437,7 +435,10 @@ class Queue(Endpoint):
                     found = poll = self._poll_first(wait)
                 try:
                     if self._big_reads or (
-                        not found and wait is not None and wait < _SHORT_WAIT and not (awaits and self._shares_cpu)
+                        not found
+                        and wait is not None
+                        and wait < _SHORT_WAIT
+                        and not (awaits and self._crowded_rest > _CROWDED_REST)
                     ):
                         data, addr = self._recv_within(wait)
                     else:
@@ -543,9 +544,8 @@ class Queue(Endpoint):
             if self._crowded >= _CROWDED_OFF:
                 self._spin, self._spin_rest, self._crowded = 0.0, self._crowded_rest, 0
                 self._crowded_rest = min(self._crowded_rest * 2, _CROWDED_REST_MAX)
-                self._shares_cpu = True
             return False
-        self._crowded, self._crowded_rest, self._shares_cpu = 0, _CROWDED_REST, False
+        self._crowded, self._crowded_rest = 0, _CROWDED_REST
         if got > 0:
             self._spin = self._spin_max
             return True
@@ -621,7 +621,7 @@ class Queue(Endpoint):
         """Drain what the kernel holds, without blocking, unless another thread is reading.
 
         A poll that finds nothing after ``_pause_after`` (``_EMPTY_POLLS``)
-        that found nothing either, with no message popped in between (a
+        that found nothing either, with no message received in between (a
         loop of ``pop`` waiting for one), yields to the other threads of the
         process: the read that cannot block keeps the interpreter, so
         without it a thread pushing beside such a loop got the interpreter
@@ -638,10 +638,13 @@ class Queue(Endpoint):
                 self._rx_lock.release()
         if got:
             self._empty_polls = 0
-        else:
-            self._empty_polls += 1
-            if self._empty_polls > self._pause_after:
-                _pause()
+            return
+        # Messages another thread read since the last poll (the I/O thread,
+        # a blocking get) start the count again too: this poll is its first.
+        seen, self._got_at_poll = self._got_at_poll, self._receiver.messages_received
+        self._empty_polls = 1 if seen != self._got_at_poll else self._empty_polls + 1
+        if self._empty_polls > self._pause_after:
+            _pause()
 
     def _drain(self, limit: int, backlog: int | None = None) -> int:
         """Read up to ``limit`` datagrams without blocking (receive lock held).

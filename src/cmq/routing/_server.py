@@ -63,6 +63,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from cmq._errors import CmqError, ConfigError, MissingExtra, Timeout
 from cmq._extras import optional_imports
+from cmq.net._sock import yield_cpu
 from cmq.routing._client import Endpoint, check_codec
 from cmq.routing._core import Address, BrokerConfig, BrokerCore, BrokerStats, Note
 from cmq.routing._protocol import BROKER_MAILBOX
@@ -87,8 +88,6 @@ _MAX_WAIT: Final = 0.1
 # Misjudging either way costs a few microseconds, never a message: the
 # next read takes what is left.
 _AT_ONCE: Final = 15e-6
-#: Gives the CPU to another ready process between two polls of a spin.
-_yield_cpu = getattr(os, "sched_yield", None) or (lambda: time.sleep(0))
 #: How often the loop looks up the timers' next deadline.
 _RECHECK: Final = 0.01
 #: How long closing waits for clients to acknowledge what was sent to them
@@ -413,7 +412,7 @@ class Broker:
         """Poll for a broker message without blocking until ``until``; the
         message, or None. Yields the CPU between polls, so a process that
         is ready to run on this core (a client) runs first."""
-        pop, monotonic, pause = self.endpoint.pop_message, time.monotonic, _yield_cpu
+        pop, monotonic, pause = self.endpoint.pop_message, time.monotonic, yield_cpu
         while True:
             msg = pop(BROKER_MAILBOX)
             if msg is not None or monotonic() >= until or self._stopping:
