@@ -322,7 +322,7 @@ def _section(data: ReportData, experiment: str) -> Section:
     notes = [
         "confirm-each: one publisher waits for each confirm while one consumer (prefetch 256) takes and acks "
         "the messages; a confirm for a persistent message in a durable queue leaves the broker only after its "
-        "record is fsynced (cmq: SQLite's WAL, fdatasync after the commit; RabbitMQ: fsync), so with one "
+        "record is fsynced (cmq: its message log, one fdatasync per turn of the broker's loop; RabbitMQ: fsync), so with one "
         "message in flight every message pays one fsync and the rate is bounded by the disk's flush latency. "
         "cmq commits the consumer's acks without an fsync (a lost ack means a redelivery, not a loss).",
         "kill-9: the broker is killed with SIGKILL half-way through a confirm-each run and started again on the "
