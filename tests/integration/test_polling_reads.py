@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -404,3 +405,132 @@ def test_a_consumer_never_polls_over_real_sockets() -> None:
             a.push(b.address, b"%d" % i)
             assert b.get(timeout=10) == b"%d" % i
         assert polls.calls == 0
+
+
+# -- a request at a time, with a message that is never answered counted on top --
+
+
+def _at_the_cap_in_lockstep(q: cmq.Queue) -> None:
+    """A request, and a one-way message beside it: the count stands at the
+    cap; then a request and its answer per look, up to the look that tries,
+    which the next read makes."""
+    assert _counts(q, 2, 0) is False
+    lockstep = queue_mod._LOCKSTEP
+    assert [_counts(q, 2 + n, n) for n in range(1, lockstep)] == [False] * (lockstep - 1)
+    q._batcher.messages_sent, q._receiver.messages_received = 2 + lockstep, lockstep
+
+
+def test_lockstep_at_the_cap_tries_a_poll_every_so_many_looks(polled: cmq.Queue) -> None:
+    _at_the_cap_in_lockstep(polled)
+    assert polled._awaits_one_answer() is True
+    assert polled._trial
+    assert polled._ahead == queue_mod._AHEAD_CAP
+    # No poll came of it (the answer was read without one): the next trial
+    # is as many looks away again.
+    lockstep = queue_mod._LOCKSTEP
+    base = 2 + lockstep
+    assert [_counts(polled, base + n, lockstep + n) for n in range(1, lockstep)] == [False] * (lockstep - 1)
+    assert not polled._trial
+    assert _counts(polled, base + lockstep, 2 * lockstep) is True
+    # A look out of step starts the count again.
+    assert _counts(polled, base + lockstep + 2, 2 * lockstep + 1) is False
+    assert polled._lockstep == 0
+
+
+@pytest.fixture
+def plain_pair() -> Iterator[tuple[cmq.Queue, cmq.Queue]]:
+    """A best-effort receiver that polls and its sender: each datagram is one
+    message, read on the latency path."""
+    with cmq.Queue(0, "127.0.0.1", delivery="best-effort", spin=80e-6) as q, \
+            cmq.Queue(0, "127.0.0.1", delivery="best-effort") as tx:  # fmt: skip
+        q._spin_max = q._spin = 80e-6  # whatever the machine's CPU count
+        yield q, tx
+
+
+def test_a_trial_poll_that_waits_for_its_answer_brings_the_count_down(
+    plain_pair: tuple[cmq.Queue, cmq.Queue],
+) -> None:
+    """Nothing is queued when the read begins and the answer comes within the
+    budget: one message was awaited, and the reads after it poll again."""
+    q, tx = plain_pair
+    _at_the_cap_in_lockstep(q)
+    asked: list[float] = []
+
+    def polls(fd: int, seconds: float) -> int:
+        asked.append(seconds)
+        if seconds == 0.0:
+            return 0  # the look at what is queued: nothing
+        tx.push(q.address, b"answer")  # it comes while the read polls
+        tx.flush()
+        return 1
+
+    q._spin_readable = polls
+    assert q.get(timeout=10) == b"answer"
+    assert asked == pytest.approx([0.0, 80e-6])
+    assert q._ahead == queue_mod._AHEAD_POLL
+    assert _counts(q, 3 + queue_mod._LOCKSTEP, 1 + queue_mod._LOCKSTEP) is True  # and the next read polls
+
+
+def test_an_answer_queued_before_the_trial_leaves_the_count(plain_pair: tuple[cmq.Queue, cmq.Queue]) -> None:
+    """A window of requests kept full has its next answer queued already: it
+    does not tell that one message was awaited."""
+    q, tx = plain_pair
+    _at_the_cap_in_lockstep(q)
+
+    def polls(fd: int, seconds: float) -> int:
+        assert seconds == 0.0, "no poll for what is queued"
+        tx.push(q.address, b"queued")
+        tx.flush()
+        return 1
+
+    q._spin_readable = polls
+    assert q.get(timeout=10) == b"queued"
+    assert q._ahead == queue_mod._AHEAD_CAP
+    assert not q._trial
+
+
+def test_no_answer_within_the_budget_of_the_trial_leaves_the_count(plain_pair: tuple[cmq.Queue, cmq.Queue]) -> None:
+    """A peer working through a window answers later than the budget: the
+    count stays."""
+    q, tx = plain_pair
+    _at_the_cap_in_lockstep(q)
+
+    def polls(fd: int, seconds: float) -> int:
+        if seconds:
+            tx.push(q.address, b"late")  # it comes as the poll gives up
+            tx.flush()
+        return 0
+
+    q._spin_readable = polls
+    assert q.get(timeout=10) == b"late"
+    assert q._ahead == queue_mod._AHEAD_CAP
+
+
+def test_a_one_way_message_does_not_stop_a_request_loop_polling_for_good() -> None:
+    """Over real sockets: a request and its answer at a time, one message
+    that is never answered in between; the reads poll again after a trial.
+    The polls wait for the answer, as on an idle machine (a loaded one makes
+    them give up, and polling stays off there by design)."""
+    with cmq.Queue(0, "127.0.0.1") as a, cmq.Queue(0, "127.0.0.1", spin=0) as b, _echoing(b):
+        a._spin_max = a._spin = 100e-6  # whatever the machine's CPU count
+        for i in range(20):
+            a.push(b.address, b"%d" % i)
+            assert a.get(timeout=10) == b"%d" % i
+        a.push(b.address, b"notice", 7)  # nobody answers mailbox 7
+        look = a._spin_readable
+
+        def until_readable(fd: int, seconds: float) -> int:
+            if not seconds:
+                return look(fd, 0.0)
+            return 1 if select.select([fd], [], [], 10.0)[0] else 0
+
+        polls = _CountedPolls(until_readable)
+        a._spin_readable = polls
+        seen = []
+        for i in range(8 * queue_mod._LOCKSTEP):
+            a.push(b.address, b"%d" % i)
+            assert a.get(timeout=10) == b"%d" % i
+            seen.append(a._ahead)
+        assert seen[:2] == [queue_mod._AHEAD_CAP] * 2  # the notice counted as unanswered
+        assert seen[-1] == queue_mod._AHEAD_POLL
+        assert polls.calls > 4 * queue_mod._LOCKSTEP

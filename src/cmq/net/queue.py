@@ -109,6 +109,11 @@ _AHEAD_POLL: Final = 1
 #: unanswered (one-way pushes) polls again only once it got more back than
 #: it sent since, as the counts cannot tell answers from other messages.
 _AHEAD_CAP: Final = _AHEAD_POLL + 1
+#: Looks in a row at the cap that each saw one message go and one come (a
+#: window of requests kept full, or one request at a time with a one-way
+#: message once counted on top: the counts cannot tell) before a read
+#: polls once to tell (see Queue._awaits_one_answer).
+_LOCKSTEP: Final = 64
 _monotonic = time.monotonic
 #: Polls in a row that read nothing, no message received since, before each
 #: further one pauses (Queue._poll): more than the few empty pops of code
@@ -179,6 +184,8 @@ class Queue(Endpoint):
         self._empty_polls = 0  # polls in a row that read nothing, no message received since (see _poll)
         self._got_at_poll = 0  # the receiver's message count at the last poll
         self._ahead = 0  # own messages not yet answered, as the counts tell (capped)
+        self._lockstep = 0  # looks in a row at the cap in lockstep (see _awaits_one_answer)
+        self._trial = False  # whether the read being begun polls to test the count
         self._sent_seen = self._got_seen = 0  # the counts when _ahead was last brought up to date
         if sp is not None and not _MALLOC_ENV.intersection(os.environ):
             # Freed datagrams stay in the process for the next ones rather
@@ -432,7 +439,18 @@ class Queue(Endpoint):
                 wait = self._rel_bound(left, now, _TIMER_SLACK)
                 found = False
                 if poll:
-                    found = poll = self._poll_first(wait)
+                    if self._trial:
+                        self._trial = False
+                        # Nothing queued yet, and a datagram within the budget:
+                        # one message was awaited, not a window of them.
+                        found = self._spin_readable(self._sock.fileno(), 0.0) > 0
+                        if not found:
+                            found = self._poll_first(wait)
+                            if found:
+                                self._ahead = _AHEAD_POLL
+                        poll = found
+                    else:
+                        found = poll = self._poll_first(wait)
                 try:
                     if self._big_reads or (
                         not found
@@ -500,12 +518,32 @@ class Queue(Endpoint):
         the next look, which must count one, not two. A read that times out
         sets the count to none (see ``_wait_item``): what was unanswered is
         lost or late, and the count would otherwise stay up for good.
+
+        At the cap, a queue whose looks each see one message go and one come
+        may keep a window of requests full, or send one request at a time
+        and have once sent a message that is not answered (a notice, an
+        acknowledgement), which the counts take for a second request for
+        good: its reads would never poll again. So after ``_LOCKSTEP`` such
+        looks in a row, one read polls as a trial (``_trial``): a datagram
+        that was not queued when the read began and comes within the budget
+        tells that one message was awaited, and the count comes down to
+        one. An answer queued already, or none within the budget (a peer
+        working through a window), leaves it.
         """
+        self._trial = False
         sent, got = self._batcher.messages_sent, self._receiver.messages_received
         ahead, came, went = self._ahead, got - self._got_seen, sent - self._sent_seen
         ahead = max(ahead - came, 0) + went - min(max(came - ahead, 0), max(went - 1, 0))
         self._ahead = ahead = min(ahead, _AHEAD_CAP)
         self._sent_seen, self._got_seen = sent, got
+        if ahead == _AHEAD_CAP and came == went == 1:
+            self._lockstep += 1
+            if self._lockstep >= _LOCKSTEP:
+                self._lockstep = 0
+                self._trial = True
+                return True
+        else:
+            self._lockstep = 0
         return ahead == _AHEAD_POLL
 
     def _poll_first(self, wait: float | None) -> bool:
