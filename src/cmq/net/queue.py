@@ -107,7 +107,8 @@ _AHEAD_POLL: Final = 1
 #: The count of unanswered messages stops here, so that it comes down soon
 #: after a window of requests; but a queue that left more than one message
 #: unanswered (one-way pushes) polls again only once it got more back than
-#: it sent since, as the counts cannot tell answers from other messages.
+#: it sent since, or a trial poll tells (``_LOCKSTEP``), as the counts cannot
+#: tell answers from other messages.
 _AHEAD_CAP: Final = _AHEAD_POLL + 1
 #: Looks in a row at the cap that each saw one message go and one come (a
 #: window of requests kept full, or one request at a time with a one-way
