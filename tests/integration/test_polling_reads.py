@@ -471,6 +471,32 @@ def test_a_trial_poll_that_waits_for_its_answer_brings_the_count_down(
     assert _counts(q, 3 + queue_mod._LOCKSTEP, 1 + queue_mod._LOCKSTEP) is True  # and the next read polls
 
 
+def test_a_trial_polls_through_a_resting_budget_and_makes_it_whole(
+    plain_pair: tuple[cmq.Queue, cmq.Queue],
+) -> None:
+    """Empty polls had put the budget to rest when the count went up: at the
+    cap only trials poll, so a rest counted down by polls would outlast
+    thousands of reads. The trial polls the whole budget anyway."""
+    q, tx = plain_pair
+    _at_the_cap_in_lockstep(q)
+    q._spin, q._spin_rest = 0.0, queue_mod._SPIN_REST
+    asked: list[float] = []
+
+    def polls(fd: int, seconds: float) -> int:
+        asked.append(seconds)
+        if seconds:
+            tx.push(q.address, b"answer")
+            tx.flush()
+            return 1
+        return 0
+
+    q._spin_readable = polls
+    assert q.get(timeout=10) == b"answer"
+    assert asked == pytest.approx([0.0, 80e-6])
+    assert q._ahead == queue_mod._AHEAD_POLL
+    assert (q._spin, q._spin_rest) == (q._spin_max, 0)
+
+
 def test_an_answer_queued_before_the_trial_leaves_the_count(plain_pair: tuple[cmq.Queue, cmq.Queue]) -> None:
     """A window of requests kept full has its next answer queued already: it
     does not tell that one message was awaited."""
@@ -517,6 +543,8 @@ def test_a_one_way_message_does_not_stop_a_request_loop_polling_for_good() -> No
             a.push(b.address, b"%d" % i)
             assert a.get(timeout=10) == b"%d" % i
         a.push(b.address, b"notice", 7)  # nobody answers mailbox 7
+        # Whatever the polls so far left of the budget: here, a rest.
+        a._spin, a._spin_rest = 0.0, queue_mod._SPIN_REST
         look = a._spin_readable
 
         def until_readable(fd: int, seconds: float) -> int:

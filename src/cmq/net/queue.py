@@ -442,14 +442,7 @@ class Queue(Endpoint):
                 if poll:
                     if self._trial:
                         self._trial = False
-                        # Nothing queued yet, and a datagram within the budget:
-                        # one message was awaited, not a window of them.
-                        found = self._spin_readable(self._sock.fileno(), 0.0) > 0
-                        if not found:
-                            found = self._poll_first(wait)
-                            if found:
-                                self._ahead = _AHEAD_POLL
-                        poll = found
+                        found = poll = self._trial_poll(wait)
                     else:
                         found = poll = self._poll_first(wait)
                 try:
@@ -546,6 +539,24 @@ class Queue(Endpoint):
         else:
             self._lockstep = 0
         return ahead == _AHEAD_POLL
+
+    def _trial_poll(self, wait: float | None) -> bool:
+        """The trial of a read whose count stands at the cap (see
+        :meth:`_awaits_one_answer`): whether a datagram is there to read.
+
+        Nothing queued yet, and a datagram within the whole budget (bounded
+        by ``wait``; a resting budget too, which only trials would count
+        down at the cap): one message was awaited, not a window of them, so
+        the count comes down to one and the budget is whole again."""
+        fd = self._sock.fileno()
+        if self._spin_readable(fd, 0.0) > 0:
+            return True  # queued already: it tells nothing
+        spin = self._spin_max if wait is None else min(self._spin_max, wait)
+        if spin <= 0.0 or self._spin_readable(fd, spin) <= 0:
+            return False
+        self._ahead = _AHEAD_POLL
+        self._spin, self._spin_rest = self._spin_max, 0
+        return True
 
     def _poll_first(self, wait: float | None) -> bool:
         """Before a blocking read of at most ``wait`` seconds (None: no
