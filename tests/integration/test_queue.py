@@ -519,7 +519,7 @@ def test_a_loop_of_pops_that_find_nothing_lets_the_other_threads_run(
     free = queue_mod._EMPTY_POLLS
     a, b = make_queue(), make_queue()
     pauses: list[int] = []
-    monkeypatch.setattr(queue_mod, "_pause", lambda: pauses.append(1))
+    monkeypatch.setattr(queue_mod, "yield_cpu", lambda: pauses.append(1))
     for _ in range(free):
         assert [b.pop(), b.pop_many(), b.pop_message()] == [None, [], None]
     assert len(pauses) == 2 * free  # the first free of the 3 * free did not pause

@@ -121,8 +121,6 @@ _monotonic = time.monotonic
 #: that drains its mailboxes each turn (a broker client: two or three),
 #: where a pause would only hand the interpreter to another thread.
 _EMPTY_POLLS: Final = 8
-#: Lets the process's other threads run (see Queue._poll).
-_pause = yield_cpu
 
 
 class Queue(Endpoint):
@@ -694,7 +692,7 @@ class Queue(Endpoint):
         seen, self._got_at_poll = self._got_at_poll, self._receiver.messages_received
         self._empty_polls = 1 if seen != self._got_at_poll else self._empty_polls + 1
         if self._empty_polls > self._pause_after:
-            _pause()
+            yield_cpu()  # the interpreter released: the process's other threads run
 
     def _drain(self, limit: int, backlog: int | None = None) -> int:
         """Read up to ``limit`` datagrams without blocking (receive lock held).
