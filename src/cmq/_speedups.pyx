@@ -12,6 +12,10 @@ the sans-IO tests against both and checks byte-for-byte equal output):
   ``cmq.net._base.Endpoint``);
 - :func:`frame` and :func:`split_frames`: framing and parsing of a
   datagram (as :mod:`cmq.wire.frames`);
+- :class:`RecvState`, the fields of a receiver's reliable stream (as
+  :class:`cmq.wire.reliable.RecvStream`, whose methods it gets from
+  :func:`cmq.wire.reliable.recv_stream_type`), as C members that the
+  receive paths below reach without attribute lookups;
 - :func:`make_receive_v2`: the receiver's fast path of reliable streams,
   the next datagram of a stream split into its mailbox with the
   acknowledgement bookkeeping (as the one in
@@ -663,7 +667,24 @@ cdef inline long long _seq_diff(unsigned long long a, unsigned long long b) noex
     return <long long>((a - b + 0x80000000ULL) & 0xFFFFFFFFULL) - 0x80000000LL
 
 
-cdef inline void _next_arrived(rx, rs, key, unsigned long seq, Py_ssize_t size, double now,
+cdef class RecvState:
+    """The fields of :class:`cmq.wire.reliable.RecvStream` as C members.
+
+    The compiled core's receiving streams are this class with RecvStream's
+    methods (:func:`cmq.wire.reliable.recv_stream_type`): the receive paths
+    below read and write their fields directly, not through attribute
+    lookups, which were a third of those paths' instructions. Every field
+    is a Python object, as in the pure class, so the receiver's Python code
+    sees the same values whichever core made the stream.
+    """
+
+    cdef public object addr, sender, mailbox, epoch, ordered, next, largest, largest_at
+    cdef public object held, held_bytes, seen, credit, avg_size, last_size, granted, win
+    cdef public object grant_seen, grant_at, since_status, bytes_since, urgent, due
+    cdef public object last_active, answer
+
+
+cdef inline void _next_arrived(rx, RecvState rs, key, unsigned long seq, Py_ssize_t size, double now,
                                Py_ssize_t status_bytes, double max_ack_delay) except *:
     # Receiver._next_arrived: rs's next datagram (seq, size bytes, nothing
     # held) was delivered; note the STATUS owed.
@@ -703,6 +724,7 @@ def make_receive_v2(chunk, Py_ssize_t status_bytes, double max_ack_delay):
     """
 
     def receive(rx, bytes data, addr, double now):
+        cdef RecvState rs
         cdef Py_ssize_t size = PyBytes_GET_SIZE(data)
         cdef const unsigned char *b = <const unsigned char *>PyBytes_AS_STRING(data)
         if size < V2_HEAD or b[0] != 0xC3 or b[1] != 0x51:
@@ -716,9 +738,12 @@ def make_receive_v2(chunk, Py_ssize_t status_bytes, double max_ack_delay):
         if mailbox & 0x80000000UL:
             return -1
         key = (addr, sender, mailbox)
-        rs = rx._rstreams.get(key)
+        found = rx._rstreams.get(key)
+        if found is None:
+            return -1
+        rs = <RecvState?>found
         # Receiver._next_plain
-        if rs is None or rs.epoch != epoch or rs.next != seq or not rs.granted or rs.held or rs.seen:
+        if rs.epoch != epoch or rs.next != seq or not rs.granted or rs.held or rs.seen:
             return -1
         if rx._unchecked + size > rx._free or rflags & ~(R_SYN_ | R_ORDERED_):
             return -1
@@ -770,6 +795,7 @@ def make_receive_one_v2(unpack, Py_ssize_t status_bytes, double max_ack_delay,
     """
 
     def receive_one(rx, bytes data, addr, double now, unsigned long mailbox):
+        cdef RecvState rs
         cdef Py_ssize_t size = PyBytes_GET_SIZE(data)
         cdef const unsigned char *b = <const unsigned char *>PyBytes_AS_STRING(data)
         # receive_one takes v2 datagrams longer than the header, extension and prefix.
@@ -800,9 +826,12 @@ def make_receive_one_v2(unpack, Py_ssize_t status_bytes, double max_ack_delay,
         if start == 0 or mb != mailbox:
             return None
         key = (addr, sender, mb)
-        rs = rx._rstreams.get(key)
+        found = rx._rstreams.get(key)
+        if found is None:
+            return None
+        rs = <RecvState?>found
         # Receiver._next_plain
-        if rs is None or rs.epoch != epoch or rs.next != seq or not rs.granted or rs.held or rs.seen:
+        if rs.epoch != epoch or rs.next != seq or not rs.granted or rs.held or rs.seen:
             return None
         if rx._unchecked + size > rx._free or rflags & ~(R_SYN_ | R_ORDERED_):
             return None

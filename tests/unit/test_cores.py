@@ -25,7 +25,7 @@ from cmq._errors import ProtocolError
 from cmq.wire import frames
 from cmq.wire.batcher import Batcher, Stream
 from cmq.wire.receiver import Receiver
-from cmq.wire.reliable import ReliableSender, release_acked
+from cmq.wire.reliable import RecvStream, ReliableSender, recv_stream_type, release_acked
 
 if not _impl.available():
     pytest.skip("the compiled core is not built here (no C compiler at install time)", allow_module_level=True)
@@ -270,7 +270,7 @@ def _reliable_deliveries(core: str, datagrams: list[bytes], ops: list[tuple[int,
         else:
             seen.append(("took", rx.mailbox(2).take(arg)))
     streams = sorted(
-        (k, [getattr(rs, f) for f in sorted(type(rs).__slots__) if f not in ("held", "seen")], sorted(rs.held), sorted(rs.seen))
+        (k, [getattr(rs, f) for f in sorted(RecvStream.__slots__) if f not in ("held", "seen")], sorted(rs.held), sorted(rs.seen))
         for k, rs in rx._rstreams.items()
     )
     counters = (rx.duplicates, rx.overruns, rx.messages_received, rx.status_urgent, rx.owed, rx._unchecked, dict(rx.dropped))
@@ -528,3 +528,15 @@ def test_queues_with_small_datagrams_deliver_everything_in_order_on_both_cores()
             assert tx.drain(10)
             got = [rx.get(timeout=5) for _ in msgs]
             assert got == msgs, core
+
+
+def test_the_compiled_cores_receiving_streams_have_every_field_and_method_of_recvstream() -> None:
+    twin = recv_stream_type(_speedups)
+    assert twin is not RecvStream and recv_stream_type(_speedups) is twin and recv_stream_type(None) is RecvStream
+    made = [cls(("127.0.0.1", 4000), 3, 2, 77, True, 1.5) for cls in (RecvStream, twin)]
+    for f in RecvStream.__slots__:
+        assert getattr(made[0], f) == getattr(made[1], f), f
+    made[1].largest = 5  # seq 0 to 5 missing: the methods work on the C fields
+    made[0].largest = 5
+    assert made[1].gaps() == made[0].gaps() == ((0, 6),)
+    assert made[1].status(2.0) == made[0].status(2.0)

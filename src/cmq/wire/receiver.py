@@ -88,6 +88,7 @@ from cmq.wire.reliable import (
     RENAK_INTERVAL,
     STATUS_BYTES,
     RecvStream,
+    recv_stream_type,
     seq_diff,
 )
 
@@ -374,6 +375,9 @@ class Receiver:
             if sp is None
             else sp.make_receive_one_v2(_unpack, STATUS_BYTES, MAX_ACK_DELAY, VERSION_2, FLAG_MSGPACK)
         )
+        # The class of reliable streams: with the compiled core, fields the
+        # C paths above reach without attribute lookups.
+        self._rs_type = recv_stream_type(sp)
         # Reliable streams, and those owing their sender a STATUS.
         self._rstreams: dict[tuple[Any, int, int], RecvStream] = {}
         self._owed: dict[tuple[Any, int, int], RecvStream] = {}
@@ -711,7 +715,7 @@ class Receiver:
             del self._rstreams[k]
             self._owed.pop(k, None)
             self._held_rel -= oldest.held_bytes
-        rs = RecvStream(key[0], key[1], key[2], epoch, ordered, now)
+        rs = self._rs_type(key[0], key[1], key[2], epoch, ordered, now)
         self._rstreams[key] = rs
         return rs
 

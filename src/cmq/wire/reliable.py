@@ -75,6 +75,7 @@ import secrets
 import threading
 from collections import deque
 from collections.abc import Iterator
+from types import ModuleType
 from typing import Any, Final
 
 import msgpack
@@ -101,6 +102,7 @@ __all__ = [
     "RecvStream",
     "ReliableSender",
     "SendStream",
+    "recv_stream_type",
     "release_acked",
     "seq_diff",
 ]
@@ -946,3 +948,25 @@ class RecvStream:
             reset=reset,
             probe=self.answer,
         )
+
+
+#: RecvStream's compiled twin, by the compiled module that made it.
+_COMPILED_RECV: dict[int, type[RecvStream]] = {}
+
+
+def recv_stream_type(speedups: ModuleType | None) -> type[RecvStream]:
+    """The class of a receiver's reliable streams: :class:`RecvStream` on
+    the pure-Python core; with the compiled core (``speedups``, the
+    ``cmq._speedups`` module), its twin whose fields are C members
+    (``_speedups.RecvState``, which the compiled receive paths read and
+    write directly) and whose methods are RecvStream's."""
+    if speedups is None:
+        return RecvStream
+    twin = _COMPILED_RECV.get(id(speedups))
+    if twin is None:
+        methods = {
+            k: v for k, v in vars(RecvStream).items() if k not in RecvStream.__slots__ and k not in ("__slots__",)
+        }
+        made: type[RecvStream] = type("RecvStream", (speedups.RecvState,), {**methods, "__slots__": ()})
+        twin = _COMPILED_RECV[id(speedups)] = made
+    return twin
