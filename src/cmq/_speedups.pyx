@@ -20,6 +20,9 @@ the sans-IO tests against both and checks byte-for-byte equal output):
   the next datagram of a stream split into its mailbox with the
   acknowledgement bookkeeping (as the one in
   ``cmq.wire.receiver.Receiver.datagram_received``);
+- :class:`SendState`, the fields of a reliable sending stream (as
+  :class:`cmq.wire.reliable.SendStream`, whose methods it gets from
+  :func:`cmq.wire.reliable.send_stream_type`), as C members;
 - :func:`reliable_clear`, :func:`make_reliable_sent` and
   :func:`release_acked`: the reliable sender's per-datagram bookkeeping (as
   ``ReliableSender.clear``, ``ReliableSender.sent`` and
@@ -855,11 +858,26 @@ def make_receive_one_v2(unpack, Py_ssize_t status_bytes, double max_ack_delay,
 # -- the reliable sender's per-datagram bookkeeping ------------------------------
 
 
-def reliable_clear(st, Py_ssize_t n):
+cdef class SendState:
+    """The fields of :class:`cmq.wire.reliable.SendStream` as C members.
+
+    The compiled core's sending streams are this class with SendStream's
+    methods (:func:`cmq.wire.reliable.send_stream_type`): :func:`reliable_clear`
+    and :func:`make_reliable_sent`, called for every datagram a reliable
+    stream sends, reach their fields without attribute lookups. Every field
+    is a Python object, as in the pure class.
+    """
+
+    cdef public object stream, addr, mailbox, epoch, ordered, syn, una, sent_upto, credit
+    cdef public object buf, nbytes, pto_count, unanswered, dead_at, pto_at, serial, awaiting
+    cdef public object probed, suspects, loss_at, behind_since, sampled, wholes
+
+
+def reliable_clear(SendState st, Py_ssize_t n):
     """``ReliableSender.clear(st, n)`` (:mod:`cmq.wire.reliable`): whether
     the stream's ``n`` new datagrams may all go at once (within credit, none
     waiting before them)."""
-    cdef unsigned long long first = (<unsigned long long>st.stream.seq - <unsigned long long>n) & 0xFFFFFFFFULL
+    cdef unsigned long long first = (<unsigned long long>(<Stream?>st.stream).seq - <unsigned long long>n) & 0xFFFFFFFFULL
     if first != <unsigned long long>st.sent_upto:
         return False
     return _seq_diff(<unsigned long long>st.credit, (first + <unsigned long long>n) & 0xFFFFFFFFULL) >= 0
@@ -872,9 +890,9 @@ def make_reliable_sent(rel):
     none is armed. As every method of the reliable sender, it runs under the
     driver's batch lock: nothing here relies on the GIL."""
 
-    def sent(st, list datagrams, now):
+    def sent(SendState st, list datagrams, now):
         cdef Py_ssize_t n = PyList_GET_SIZE(datagrams)
-        cdef unsigned long long seq = (<unsigned long long>st.stream.seq - <unsigned long long>n) & 0xFFFFFFFFULL
+        cdef unsigned long long seq = (<unsigned long long>(<Stream?>st.stream).seq - <unsigned long long>n) & 0xFFFFFFFFULL
         cdef dict buf = st.buf
         cdef Py_ssize_t i, added = 0
         cdef object d

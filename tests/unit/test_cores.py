@@ -25,7 +25,7 @@ from cmq._errors import ProtocolError
 from cmq.wire import frames
 from cmq.wire.batcher import Batcher, Stream
 from cmq.wire.receiver import Receiver
-from cmq.wire.reliable import RecvStream, ReliableSender, recv_stream_type, release_acked
+from cmq.wire.reliable import RecvStream, ReliableSender, SendStream, recv_stream_type, release_acked, send_stream_type
 
 if not _impl.available():
     pytest.skip("the compiled core is not built here (no C compiler at install time)", allow_module_level=True)
@@ -540,3 +540,15 @@ def test_the_compiled_cores_receiving_streams_have_every_field_and_method_of_rec
     made[0].largest = 5
     assert made[1].gaps() == made[0].gaps() == ((0, 6),)
     assert made[1].status(2.0) == made[0].status(2.0)
+
+
+def test_the_compiled_cores_sending_streams_have_every_field_and_method_of_sendstream() -> None:
+    twin = send_stream_type(_speedups)
+    assert twin is not SendStream and send_stream_type(_speedups) is twin and send_stream_type(None) is SendStream
+    made = [cls(Stream(("127.0.0.1", 4000), 2, 512), 77, True) for cls in (SendStream, twin)]
+    for f in SendStream.__slots__:
+        assert f == "stream" or getattr(made[0], f) == getattr(made[1], f), f
+    assert made[1].ext() == made[0].ext() and made[1].unacked == made[0].unacked == 0
+    assert made[1].waiting == made[0].waiting == 0
+    with pytest.raises(TypeError):
+        _speedups.reliable_clear(made[0], 1)  # the compiled bookkeeping takes the compiled twin only

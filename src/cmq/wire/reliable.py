@@ -76,7 +76,7 @@ import threading
 from collections import deque
 from collections.abc import Iterator
 from types import ModuleType
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import msgpack
 
@@ -104,10 +104,12 @@ __all__ = [
     "SendStream",
     "recv_stream_type",
     "release_acked",
+    "send_stream_type",
     "seq_diff",
 ]
 
 MASK: Final = 0xFFFFFFFF
+_S = TypeVar("_S")
 _HALF: Final = 0x8000_0000
 
 #: RTT assumed before the first sample. RFC 9002 says 333 ms for the
@@ -408,6 +410,7 @@ class ReliableSender:
         # stream sends) and the release of what a STATUS acknowledged.
         self._release_acked = release_acked
         sp = _impl.speedups
+        self._st_type = send_stream_type(sp)
         if sp is not None:
             self.clear = sp.reliable_clear  # type: ignore[method-assign]
             self.sent = sp.make_reliable_sent(self)  # type: ignore[method-assign]
@@ -423,7 +426,7 @@ class ReliableSender:
 
     def attach(self, stream: Any, *, ordered: bool) -> SendStream:
         """Make batcher stream ``stream`` reliable: a new epoch, seqs from 0."""
-        st = SendStream(stream, self._new_epoch(), ordered)
+        st = self._st_type(stream, self._new_epoch(), ordered)
         self.streams[st.epoch] = st
         stream.rel = st
         stream.seq = 0
@@ -950,8 +953,20 @@ class RecvStream:
         )
 
 
-#: RecvStream's compiled twin, by the compiled module that made it.
-_COMPILED_RECV: dict[int, type[RecvStream]] = {}
+#: The compiled twins made so far, by (pure class, compiled base).
+_TWINS: dict[tuple[type, int], type] = {}
+
+
+def _twin(pure: type[_S], base: type) -> type[_S]:
+    """``pure``'s compiled twin: ``base`` (a class of the compiled core with
+    ``pure``'s fields as C members) with ``pure``'s methods."""
+    key = (pure, id(base))
+    twin = _TWINS.get(key)
+    if twin is None:
+        fields: tuple[str, ...] = getattr(pure, "__slots__")  # noqa: B009 - not every class has one
+        methods = {k: v for k, v in vars(pure).items() if k not in fields and k != "__slots__"}
+        twin = _TWINS[key] = type(pure.__name__, (base,), {**methods, "__slots__": ()})
+    return twin
 
 
 def recv_stream_type(speedups: ModuleType | None) -> type[RecvStream]:
@@ -960,13 +975,11 @@ def recv_stream_type(speedups: ModuleType | None) -> type[RecvStream]:
     ``cmq._speedups`` module), its twin whose fields are C members
     (``_speedups.RecvState``, which the compiled receive paths read and
     write directly) and whose methods are RecvStream's."""
-    if speedups is None:
-        return RecvStream
-    twin = _COMPILED_RECV.get(id(speedups))
-    if twin is None:
-        methods = {
-            k: v for k, v in vars(RecvStream).items() if k not in RecvStream.__slots__ and k not in ("__slots__",)
-        }
-        made: type[RecvStream] = type("RecvStream", (speedups.RecvState,), {**methods, "__slots__": ()})
-        twin = _COMPILED_RECV[id(speedups)] = made
-    return twin
+    return RecvStream if speedups is None else _twin(RecvStream, speedups.RecvState)
+
+
+def send_stream_type(speedups: ModuleType | None) -> type[SendStream]:
+    """The class of a sender's reliable streams: :class:`SendStream`, or with
+    the compiled core its twin on ``_speedups.SendState`` (as
+    :func:`recv_stream_type`)."""
+    return SendStream if speedups is None else _twin(SendStream, speedups.SendState)
