@@ -10,6 +10,8 @@ the sans-IO tests against both and checks byte-for-byte equal output):
 - :func:`make_append`, :func:`make_sender` and :func:`make_push`: the fast
   half of a push (as ``Batcher._make_append`` and the closures of
   ``cmq.net._base.Endpoint``);
+- :func:`make_take_idle`: the idle rule's short path, one message to an
+  idle destination leaving at once (as ``Batcher.take_idle``);
 - :func:`frame` and :func:`split_frames`: framing and parsing of a
   datagram (as :mod:`cmq.wire.frames`);
 - :class:`RecvState`, the fields of a receiver's reliable stream (as
@@ -617,6 +619,76 @@ def frame(list payloads, bytes head, seq, bytes ext):
         memcpy(w, PyBytes_AS_STRING(p), n)
         w += n
     return out
+
+
+cdef bytes _frame_one(bytes head, unsigned long sq, bytes ext, bytes p):
+    # frame([p], head, sq, ext) without the list: the idle rule's datagram.
+    cdef Py_ssize_t hlen = PyBytes_GET_SIZE(head)
+    cdef Py_ssize_t elen = PyBytes_GET_SIZE(ext)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(p)
+    out = PyBytes_FromStringAndSize(NULL, hlen + 4 + elen + n + (1 if n < 255 else LONG_PREFIX))
+    cdef unsigned char *w = <unsigned char *>PyBytes_AS_STRING(out)
+    memcpy(w, PyBytes_AS_STRING(head), hlen)
+    w = _put_be32(w + hlen, sq)
+    if elen:
+        memcpy(w, PyBytes_AS_STRING(ext), elen)
+        w += elen
+    w = _put_prefix(w, n)
+    memcpy(w, PyBytes_AS_STRING(p), n)
+    return out
+
+
+def make_take_idle(batcher, fallback):
+    """``Batcher.take_idle`` of an unkeyed ``batcher`` (the idle rule's short
+    path, with :meth:`cmq.wire.batcher.Batcher.is_idle` inline):
+    ``take_idle(s, now)`` answers and changes what the pure method does, on
+    a compiled :class:`Stream` whose reliable state, if any, is a
+    :class:`SendState`. A message that is not ``bytes`` goes to
+    ``fallback`` (the pure method). The batcher's settings are read once,
+    here; ``waited_at`` and the counters on every datagram, as the pure
+    method does. Same serialisation rule as ``Batcher.take``."""
+    cdef bint never_idle = batcher._never_idle
+    cdef double idle_gap = batcher._idle_gap
+    cdef double busy_gap = batcher._busy_gap
+    cdef double timeout = batcher._timeout
+    cdef Py_ssize_t qthresh = batcher._qthresh
+
+    def take_idle(Stream s, double now):
+        cdef list frames = s.frames
+        cdef SendState st = None
+        cdef double gap
+        if PyList_GET_SIZE(frames) != 1 or s.armed == s.gen or never_idle:
+            return None
+        payload = <object>PyList_GET_ITEM(frames, 0)
+        if type(payload) is not bytes:
+            return fallback(s, now)
+        if s._rel is not None:
+            st = <SendState?>s._rel
+            if s.seq != st.sent_upto:
+                return None  # datagrams wait for credit: never idle
+        if s.last_send > <double>batcher.waited_at:
+            gap = busy_gap if st is not None and st.buf else idle_gap
+            if not now - s.last_send >= gap:
+                return None
+        if now - s.last_send >= timeout:
+            s.limit = qthresh
+        s.check_at = 1  # as take: before the message leaves the list
+        del frames[0]
+        s.gen += 1
+        if s.counted:
+            if s.sizes:
+                s.sizes = []
+            s.counted = s.size = 0
+        s.last_send = now
+        seq = s.seq
+        s.seq = (seq + 1) & 0xFFFFFFFF
+        data = _frame_one(s.head, <unsigned long>seq, s.ext, <bytes>payload)
+        batcher.messages_sent += 1
+        batcher.datagrams_sent += 1
+        batcher.bytes_sent += PyBytes_GET_SIZE(data)
+        return data
+
+    return take_idle
 
 
 cdef list _split(const unsigned char *b, Py_ssize_t i, Py_ssize_t end):

@@ -16,16 +16,23 @@ import sys
 
 import msgpack
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import cmq
 from cmq import QueueConfig, _impl
 from cmq._errors import ProtocolError
 from cmq.wire import frames
-from cmq.wire.batcher import Batcher, Stream
+from cmq.wire.batcher import CHECK, Batcher, Stream
 from cmq.wire.receiver import Receiver
-from cmq.wire.reliable import RecvStream, ReliableSender, SendStream, recv_stream_type, release_acked, send_stream_type
+from cmq.wire.reliable import (
+    RecvStream,
+    ReliableSender,
+    SendStream,
+    recv_stream_type,
+    release_acked,
+    send_stream_type,
+)
 
 if not _impl.available():
     pytest.skip("the compiled core is not built here (no C compiler at install time)", allow_module_level=True)
@@ -552,3 +559,69 @@ def test_the_compiled_cores_sending_streams_have_every_field_and_method_of_sends
     assert made[1].waiting == made[0].waiting == 0
     with pytest.raises(TypeError):
         _speedups.reliable_clear(made[0], 1)  # the compiled bookkeeping takes the compiled twin only
+
+
+def _idle_pushes(core: str, ops: list[tuple[int, int, int]]) -> list[object]:
+    """What a batcher of ``core`` answers to pushes through ``advance`` (the
+    idle rule's short path included): ``(0, size, k)`` pushes a message of
+    ``size`` bytes to stream ``k`` (0: best-effort, 1 and 2: reliable),
+    ``(1, _, _)`` says the application got a datagram it waited for
+    (``waited_at``), ``(2, n, k)`` acknowledges stream ``k``'s buffer (for
+    ``n`` 2 mod 4 all but one datagram) or, for odd ``n``, leaves ``n``
+    datagrams waiting for credit, ``(3, _, k)`` takes
+    stream ``k``'s batch. The clock steps 0 to 117 us a push (around the
+    idle and busy gaps) or up to 26 ms (past the batch timeout)."""
+    with _impl.using(core):
+        b = Batcher(QueueConfig(qthresh=600, timeout=0.003, max_datagram=2000), sender=9)
+        rel = ReliableSender(9, codec_msgpack=False, key=None, max_probes=3)
+    epochs = iter(range(100, 1 << 20))
+    rel._new_epoch = lambda: next(epochs)  # type: ignore[method-assign]
+    streams = [b.stream(("127.0.0.1", 4000 + k), 2, reliable=k > 0) for k in range(3)]
+    for s in streams[1:]:
+        rel.attach(s, ordered=True)
+    seen: list[object] = []
+    now = 0.0
+    clock = lambda: now  # noqa: E731 - advance reads the clock through a callable
+    for op, arg, k in ops:
+        s = streams[k]
+        if op == 0:
+            now += (arg % 40) * 3e-6 if arg % 3 else arg * 1e-4  # around the idle and busy gaps, or the timeout
+            r = b.append(s, bytes([arg % 251]) * arg)
+            seen.append(("push", r, b.advance(s, clock) if r == CHECK else None))
+        elif op == 1:
+            b.waited_at = now
+        elif op == 2 and s.rel is not None:
+            st = s.rel
+            if arg % 2:
+                s.seq = (s.seq + arg) & 0xFFFFFFFF  # encoded, not sent: waiting for credit
+            else:
+                st.buf.clear()
+                if arg % 4:
+                    st.buf[s.seq] = [b"d", now, 1]  # one sent, not acknowledged: the busy gap
+                st.sent_upto = s.seq
+        elif op == 3:
+            seen.append(("take", b.take(s, now)))
+        seen.append((s.limit, s.check_at, s.gen, s.armed, s.counted, s.size, s.last_send, s.seq, len(s.frames)))
+    return [seen, b.messages_sent, b.datagrams_sent, b.bytes_sent]
+
+
+@given(
+    ops=st.lists(
+        st.tuples(st.sampled_from([0, 0, 0, 1, 2, 3]), st.one_of(st.integers(0, 40), st.integers(250, 260)), st.integers(0, 2)),
+        max_size=60,
+    )
+)
+@example(ops=[(0, 10, 1), (2, 2, 1), (0, 10, 1), (0, 20, 1), (0, 22, 1), (3, 0, 1), (0, 1, 0), (1, 0, 0), (0, 1, 0)])
+@example(ops=[(0, 10, 1), (2, 3, 1), (0, 10, 1), (2, 0, 1), (0, 250, 1), (0, 255, 1), (0, 90, 2), (0, 260, 2)])
+@settings(max_examples=300, deadline=None)
+def test_the_idle_rule_takes_the_same_datagrams_on_both_cores(ops: list[tuple[int, int, int]]) -> None:
+    assert _idle_pushes("compiled", ops) == _idle_pushes("python", ops)
+
+
+def test_the_compiled_idle_rule_hands_a_message_that_is_not_bytes_to_the_pure_one() -> None:
+    with _impl.using("compiled"):
+        b = Batcher(QueueConfig(codec="raw"), sender=9)
+    s = b.stream(("127.0.0.1", 4000), 0)
+    b.append(s, bytearray(b"abc"))
+    [datagram] = b.advance(s, lambda: 1.0)  # type: ignore[misc]
+    assert datagram.endswith(b"\x03abc") and not s.frames and b.datagrams_sent == 1

@@ -290,6 +290,7 @@ class Batcher:
             self.check = sp.make_check(self._max_body)  # type: ignore[method-assign]
             if self._key is None:
                 self._cut = sp.cut
+                self.take_idle = sp.make_take_idle(self, self.take_idle)  # type: ignore[method-assign]
         # mailbox -> address -> stream. Keyed by the address itself, not an
         # (address, mailbox) tuple: a lookup then makes no tuple, and the
         # key it finds is usually the very object it was given (no compare),
