@@ -756,7 +756,7 @@ cdef class RecvState:
     cdef public object addr, sender, mailbox, epoch, ordered, next, largest, largest_at
     cdef public object held, held_bytes, seen, credit, avg_size, last_size, granted, win
     cdef public object grant_seen, grant_at, since_status, bytes_since, urgent, due
-    cdef public object last_active, answer
+    cdef public object last_active, answer, owing
 
 
 cdef inline void _next_arrived(rx, RecvState rs, key, unsigned long seq, Py_ssize_t size, double now,
@@ -780,7 +780,9 @@ cdef inline void _next_arrived(rx, RecvState rs, key, unsigned long seq, Py_ssiz
     elif rs.due is None:
         rs.due = now + max_ack_delay
         rx.new_due = True
-    rx._owed[key] = rs
+    if rs.owing is not True:
+        rs.owing = True
+        (<dict?>rx._owed)[key] = rs
 
 
 def make_receive_v2(chunk, Py_ssize_t status_bytes, double max_ack_delay):
@@ -813,7 +815,7 @@ def make_receive_v2(chunk, Py_ssize_t status_bytes, double max_ack_delay):
         if mailbox & 0x80000000UL:
             return -1
         key = (addr, sender, mailbox)
-        found = rx._rstreams.get(key)
+        found = (<dict?>rx._rstreams).get(key)  # typed: a dict lookup, not a method call
         if found is None:
             return -1
         rs = <RecvState?>found
@@ -901,7 +903,7 @@ def make_receive_one_v2(unpack, Py_ssize_t status_bytes, double max_ack_delay,
         if start == 0 or mb != mailbox:
             return None
         key = (addr, sender, mb)
-        found = rx._rstreams.get(key)
+        found = (<dict?>rx._rstreams).get(key)  # typed: a dict lookup, not a method call
         if found is None:
             return None
         rs = <RecvState?>found

@@ -728,7 +728,9 @@ class Receiver:
         elif rs.due is None:
             rs.due = now + MAX_ACK_DELAY
             self.new_due = True
-        self._owed[(rs.addr, rs.sender, rs.mailbox)] = rs
+        if not rs.owing:
+            rs.owing = True
+            self._owed[(rs.addr, rs.sender, rs.mailbox)] = rs
 
     def _reset(self, key: tuple[Any, int, int], epoch: int, now: float) -> None:
         rkey = (*key, epoch)
@@ -873,6 +875,7 @@ class Receiver:
                 rs.due = None
                 if self._owed.get(key) is rs and not rs.urgent:
                     del self._owed[key]
+                    rs.owing = False
                 continue
             self.new_due = True
         out: list[tuple[bytes, Any]] = []
@@ -984,7 +987,9 @@ class Receiver:
         elif rs.due is None:
             rs.due = now + MAX_ACK_DELAY
             self.new_due = True
-        self._owed[key] = rs
+        if not rs.owing:
+            rs.owing = True
+            self._owed[key] = rs
 
     def _sequence(self, addr: Any, sender: int, mailbox: int, seq: int) -> None:
         key = (addr, sender, mailbox)

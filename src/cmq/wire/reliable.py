@@ -881,6 +881,7 @@ class RecvStream:
         "since_status",
         "urgent",
         "win",
+        "owing",
     )
 
     def __init__(self, addr: Any, sender: int, mailbox: int, epoch: int, ordered: bool, now: float) -> None:
@@ -915,6 +916,9 @@ class RecvStream:
         self.due: float | None = None  # when a delayed STATUS is due
         self.last_active = now
         self.answer = 0  # the serial of the last PROBE that came (0: none), named by every STATUS
+        # Whether the receiver's table of streams owing a STATUS holds it:
+        # the table is then left alone, not written again for each datagram.
+        self.owing = False
 
     def gaps(self) -> tuple[tuple[int, int], ...]:
         """Missing ranges between ``next`` and ``largest`` (at most 32)."""
