@@ -876,12 +876,12 @@ class RecvStream:
         "mailbox",
         "next",
         "ordered",
+        "owing",
         "seen",
         "sender",
         "since_status",
         "urgent",
         "win",
-        "owing",
     )
 
     def __init__(self, addr: Any, sender: int, mailbox: int, epoch: int, ordered: bool, now: float) -> None:
