@@ -748,23 +748,26 @@ cdef class RecvState:
     The compiled core's receiving streams are this class with RecvStream's
     methods (:func:`cmq.wire.reliable.recv_stream_type`): the receive paths
     below read and write their fields directly, not through attribute
-    lookups, which were a third of those paths' instructions. Every field
-    is a Python object, as in the pure class, so the receiver's Python code
+    lookups, which were a third of those paths' instructions. Numbers are
+    C numbers (sequence numbers and ids of 32 bits, counts, times in
+    seconds), flags C truth values; Python code reads them as the ints,
+    floats and bools the pure class holds, so the receiver's Python code
     sees the same values whichever core made the stream.
     """
 
-    cdef public object addr, sender, mailbox, epoch, ordered, next, largest, largest_at
-    cdef public object held, held_bytes, seen, credit, avg_size, last_size, granted, win
-    cdef public object grant_seen, grant_at, since_status, bytes_since, urgent, due
-    cdef public object last_active, answer, owing
+    cdef public object addr, held, seen, due
+    cdef public unsigned long sender, mailbox, epoch, next, largest, credit, grant_seen
+    cdef public Py_ssize_t held_bytes, last_size, win, since_status, bytes_since, answer
+    cdef public double largest_at, avg_size, grant_at, last_active
+    cdef public bint ordered, granted, urgent, owing
 
 
 cdef inline void _next_arrived(rx, RecvState rs, key, unsigned long seq, Py_ssize_t size, double now,
                                Py_ssize_t status_bytes, double max_ack_delay) except *:
     # Receiver._next_arrived: rs's next datagram (seq, size bytes, nothing
     # held) was delivered; note the STATUS owed.
+    cdef unsigned long nxt = (seq + 1) & 0xFFFFFFFFUL
     rx._unchecked += size
-    nxt = (seq + 1) & 0xFFFFFFFFUL
     rs.next = nxt
     rs.largest = seq
     rs.largest_at = now
@@ -780,7 +783,7 @@ cdef inline void _next_arrived(rx, RecvState rs, key, unsigned long seq, Py_ssiz
     elif rs.due is None:
         rs.due = now + max_ack_delay
         rx.new_due = True
-    if rs.owing is not True:
+    if not rs.owing:
         rs.owing = True
         (<dict?>rx._owed)[key] = rs
 
