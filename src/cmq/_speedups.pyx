@@ -941,13 +941,15 @@ cdef class SendState:
     The compiled core's sending streams are this class with SendStream's
     methods (:func:`cmq.wire.reliable.send_stream_type`): :func:`reliable_clear`
     and :func:`make_reliable_sent`, called for every datagram a reliable
-    stream sends, reach their fields without attribute lookups. Every field
-    is a Python object, as in the pure class.
+    stream sends, reach their fields without attribute lookups. Numbers and
+    flags are C numbers and truth values, as in :class:`RecvState`.
     """
 
-    cdef public object stream, addr, mailbox, epoch, ordered, syn, una, sent_upto, credit
-    cdef public object buf, nbytes, pto_count, unanswered, dead_at, pto_at, serial, awaiting
-    cdef public object probed, suspects, loss_at, behind_since, sampled, wholes
+    cdef public object stream, addr, mailbox, buf, dead_at, pto_at, probed, suspects
+    cdef public object loss_at, behind_since, wholes
+    cdef public unsigned long epoch, una, sent_upto, credit, sampled
+    cdef public Py_ssize_t nbytes, pto_count, unanswered, serial, awaiting
+    cdef public bint ordered, syn
 
 
 def reliable_clear(SendState st, Py_ssize_t n):
