@@ -592,3 +592,22 @@ def test_net_does_not_import_patterns() -> None:
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module:
                 assert not node.module.startswith("cmq.patterns"), f"{path.name} imports {node.module}"
+
+
+def _blocked_signals(tid: int) -> set[int]:
+    with open(f"/proc/self/task/{tid}/status", encoding="ascii") as f:
+        mask = int(next(line for line in f if line.startswith("SigBlk:")).split()[1], 16)
+    return {n for n in range(1, 65) if mask >> (n - 1) & 1}
+
+
+def test_the_io_thread_leaves_sigint_and_sigterm_to_the_application() -> None:
+    # Python runs signal handlers in the main thread only: a SIGTERM the
+    # kernel gave the I/O thread would not wake a main thread blocked in
+    # a system call.
+    import signal
+
+    with cmq.Queue(port=0, host="127.0.0.1") as q:
+        io = q._io_thread.native_id
+        assert io is not None
+        assert wait_until(lambda: {signal.SIGINT, signal.SIGTERM} <= _blocked_signals(io))
+        assert signal.SIGTERM not in _blocked_signals(threading.get_native_id())

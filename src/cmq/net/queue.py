@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import os
 import select
+import signal
 import socket
 import struct
 import threading
@@ -918,6 +919,11 @@ class Queue(Endpoint):
     # -- the I/O thread ----------------------------------------------------
 
     def _io_loop(self) -> None:
+        # SIGINT and SIGTERM go to the application's threads, not this one:
+        # Python runs signal handlers in the main thread only, and a signal
+        # the kernel gave this thread would not interrupt a main thread
+        # blocked in a system call, so Ctrl-C or a TERM could wait for it.
+        signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT, signal.SIGTERM))
         sock: Any = self._sock
         wake: Any = self._wake_r
         yield_until = float("-inf")

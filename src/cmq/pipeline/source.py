@@ -277,6 +277,8 @@ class SpoolReceiver:
             return self._cond.wait_for(lambda: self._spooled >= count, timeout)
 
     def _run(self) -> None:
+        # Signals go to the main thread (see the I/O thread of cmq.Queue).
+        signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT, signal.SIGTERM))
         q = self._queue
         while not self._stop.is_set():
             try:
@@ -737,6 +739,10 @@ def _local_workers_find_cmq(spark: SparkSession) -> None:
         )
 
 
+#: Seconds between the main thread's looks for a signal while it waits.
+_SIGNAL_CHECK: Final = 0.2
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run a :class:`SpoolReceiver` until SIGINT or SIGTERM."""
     parser = argparse.ArgumentParser(
@@ -781,7 +787,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             flush=True,
         )
         try:
-            done.wait()
+            # Woken every _SIGNAL_CHECK seconds: a signal the kernel gives to
+            # another of this process's threads sets no error on the main
+            # thread's lock wait, and Python runs handlers only in the main
+            # thread, so an endless wait could miss SIGTERM for good.
+            while not done.wait(_SIGNAL_CHECK):
+                pass
         except KeyboardInterrupt:
             pass
     return 0
