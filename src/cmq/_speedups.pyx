@@ -585,6 +585,18 @@ cdef inline unsigned char *_put_prefix(unsigned char *p, Py_ssize_t n) noexcept 
     return p + LONG_PREFIX
 
 
+cdef inline unsigned char *_put_head(unsigned char *w, bytes head, unsigned long sq, bytes ext) noexcept:
+    # A stream's datagram up to its frames: head, seq (big-endian), ext.
+    cdef Py_ssize_t hlen = PyBytes_GET_SIZE(head)
+    cdef Py_ssize_t elen = PyBytes_GET_SIZE(ext)
+    memcpy(w, PyBytes_AS_STRING(head), hlen)
+    w = _put_be32(w + hlen, sq)
+    if elen:
+        memcpy(w, PyBytes_AS_STRING(ext), elen)
+        w += elen
+    return w
+
+
 def frame(list payloads, bytes head, seq, bytes ext):
     """``head + seq (4 bytes, big-endian) + ext + frames`` in one allocation
     (as :func:`cmq.wire.frames.frame`): an untagged datagram of a stream.
@@ -606,12 +618,7 @@ def frame(list payloads, bytes head, seq, bytes ext):
         n = PyBytes_GET_SIZE(p)
         total += n + (1 if n < 255 else LONG_PREFIX)
     out = PyBytes_FromStringAndSize(NULL, total)
-    cdef unsigned char *w = <unsigned char *>PyBytes_AS_STRING(out)
-    memcpy(w, PyBytes_AS_STRING(head), hlen)
-    w = _put_be32(w + hlen, sq)
-    if elen:
-        memcpy(w, PyBytes_AS_STRING(ext), elen)
-        w += elen
+    cdef unsigned char *w = _put_head(<unsigned char *>PyBytes_AS_STRING(out), head, sq, ext)
     for i in range(count):
         p = <object>PyList_GET_ITEM(payloads, i)
         n = PyBytes_GET_SIZE(p)
@@ -623,16 +630,11 @@ def frame(list payloads, bytes head, seq, bytes ext):
 
 cdef bytes _frame_one(bytes head, unsigned long sq, bytes ext, bytes p):
     # frame([p], head, sq, ext) without the list: the idle rule's datagram.
-    cdef Py_ssize_t hlen = PyBytes_GET_SIZE(head)
-    cdef Py_ssize_t elen = PyBytes_GET_SIZE(ext)
     cdef Py_ssize_t n = PyBytes_GET_SIZE(p)
-    out = PyBytes_FromStringAndSize(NULL, hlen + 4 + elen + n + (1 if n < 255 else LONG_PREFIX))
-    cdef unsigned char *w = <unsigned char *>PyBytes_AS_STRING(out)
-    memcpy(w, PyBytes_AS_STRING(head), hlen)
-    w = _put_be32(w + hlen, sq)
-    if elen:
-        memcpy(w, PyBytes_AS_STRING(ext), elen)
-        w += elen
+    out = PyBytes_FromStringAndSize(
+        NULL, PyBytes_GET_SIZE(head) + 4 + PyBytes_GET_SIZE(ext) + n + (1 if n < 255 else LONG_PREFIX)
+    )
+    cdef unsigned char *w = _put_head(<unsigned char *>PyBytes_AS_STRING(out), head, sq, ext)
     w = _put_prefix(w, n)
     memcpy(w, PyBytes_AS_STRING(p), n)
     return out
