@@ -1,6 +1,6 @@
 """Run the lab: reproduce the CMQ and ØMQ papers' experiments, aggregate on Spark, write a report.
 
---quick (the default) takes about six minutes on 2 cores; --full runs the papers' scale
+--quick (the default) takes seven to ten minutes on 2 cores; --full runs the papers' scale
 (1000 round trips at every size, the whole tuning grid, a million
 destinations, five minutes of receiver memory). Raw records go to OUT as
 Parquet, the PySpark pipeline aggregates them, and OUT/report.html puts each
@@ -90,7 +90,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="output directory (default: a new cmq-lab/<UTC time>)")  # fmt: skip
     scale = parser.add_mutually_exclusive_group()
     scale.add_argument("--quick", dest="profile", action="store_const", const="quick",
-                       help="about six minutes on 2 cores (the default)")  # fmt: skip
+                       help="seven to ten minutes on 2 cores (the default)")  # fmt: skip
     scale.add_argument("--full", dest="profile", action="store_const", const="full",
                        help="the papers' scale (the CMQ and ØMQ experiments: about 25 minutes on 2 cores; the AMQP and queue-service ones add more)")  # fmt: skip
     # Hidden: "tiny" is for tests of the whole path.
