@@ -761,10 +761,10 @@ cdef class RecvState:
     cdef public unsigned long sender, mailbox, epoch, next, largest, credit, grant_seen
     cdef public Py_ssize_t held_bytes, last_size, win, since_status, bytes_since, answer
     cdef public double largest_at, avg_size, grant_at, last_active
-    cdef public bint ordered, granted, urgent, owing
+    cdef public bint ordered, granted, urgent
 
 
-cdef inline void _next_arrived(rx, RecvState rs, key, unsigned long seq, Py_ssize_t size, double now,
+cdef inline void _next_arrived(rx, RecvState rs, unsigned long seq, Py_ssize_t size, double now,
                                Py_ssize_t status_bytes, double max_ack_delay) except *:
     # Receiver._next_arrived: rs's next datagram (seq, size bytes, nothing
     # held) was delivered; note the STATUS owed.
@@ -785,9 +785,7 @@ cdef inline void _next_arrived(rx, RecvState rs, key, unsigned long seq, Py_ssiz
     elif rs.due is None:
         rs.due = now + max_ack_delay
         rx.new_due = True
-    if not rs.owing:
-        rs.owing = True
-        (<dict?>rx._owed)[key] = rs
+    (<dict?>rx._owed)[rs] = None  # keyed by the stream: an identity hash, no tuple to hash
 
 
 def make_receive_v2(chunk, Py_ssize_t status_bytes, double max_ack_delay):
@@ -856,7 +854,7 @@ def make_receive_v2(chunk, Py_ssize_t status_bytes, double max_ack_delay):
         mb.delivered += n
         mb.nbytes += size
         rx.messages_received += n
-        _next_arrived(rx, rs, key, seq, size, now, status_bytes, max_ack_delay)
+        _next_arrived(rx, rs, seq, size, now, status_bytes, max_ack_delay)
         return n
 
     return receive
@@ -928,7 +926,7 @@ def make_receive_one_v2(unpack, Py_ssize_t status_bytes, double max_ack_delay,
         rx.datagrams_received += 1
         rx.bytes_received += size
         rx.messages_received += 1
-        _next_arrived(rx, rs, key, seq, size, now, status_bytes, max_ack_delay)
+        _next_arrived(rx, rs, seq, size, now, status_bytes, max_ack_delay)
         return payload, (addr, sender, mb, seq, None)
 
     return receive_one

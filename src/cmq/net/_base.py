@@ -501,7 +501,7 @@ class Endpoint(ABC):
                     self._transmit(s, datagrams, raise_errors=raise_errors)
                 finally:
                     rel.sent(st, datagrams, stamp)
-                    if st.nbytes >= self._send_buffer or rel.total >= self._send_total:  # self._full(st), inline
+                    if self._full(st):
                         self._batcher.hold(s)
                     if armed is None and st.pto_at is not None:
                         self._rel_timer(st.pto_at)

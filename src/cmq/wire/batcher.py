@@ -483,8 +483,7 @@ class Batcher:
         that follows a round trip is idle.
         """
         rel = s.rel
-        # rel.waiting, without its call: datagrams encoded past those sent.
-        if self._never_idle or (rel is not None and s.seq != rel.sent_upto):
+        if self._never_idle or (rel is not None and rel.waiting):
             return False
         if s.last_send <= self.waited_at:
             return True

@@ -380,7 +380,9 @@ class Receiver:
         self._rs_type = recv_stream_type(sp)
         # Reliable streams, and those owing their sender a STATUS.
         self._rstreams: dict[tuple[Any, int, int], RecvStream] = {}
-        self._owed: dict[tuple[Any, int, int], RecvStream] = {}
+        # Keyed by the stream itself (an identity hash, cheap for every
+        # datagram), valued None; a dict for its insertion order.
+        self._owed: dict[RecvStream, None] = {}
         self._resets: dict[tuple[Any, int, int, int], float] = {}  # (addr, sender, mailbox, epoch) -> last RESET
         self._pending_resets: list[tuple[Any, Status]] = []
         #: A STATUS should leave at the end of this receive batch.
@@ -553,7 +555,7 @@ class Receiver:
                 mb.delivered += n
                 mb.nbytes += len(data)
                 self.messages_received += n
-                self._next_arrived(rs, key, seq, len(data), now)
+                self._next_arrived(rs, seq, len(data), now)
                 return n
         return self._general(data, addr, now)
 
@@ -708,12 +710,12 @@ class Receiver:
         if old is not None:
             self.epoch_resets += 1
             self._held_rel -= old.held_bytes
-            self._owed.pop(key, None)
+            self._owed.pop(old, None)
         elif len(self._rstreams) >= MAX_RELIABLE_STREAMS:
             oldest = min(self._rstreams.values(), key=lambda r: r.last_active)
             k = (oldest.addr, oldest.sender, oldest.mailbox)
             del self._rstreams[k]
-            self._owed.pop(k, None)
+            self._owed.pop(oldest, None)
             self._held_rel -= oldest.held_bytes
         rs = self._rs_type(key[0], key[1], key[2], epoch, ordered, now)
         self._rstreams[key] = rs
@@ -728,9 +730,7 @@ class Receiver:
         elif rs.due is None:
             rs.due = now + MAX_ACK_DELAY
             self.new_due = True
-        if not rs.owing:
-            rs.owing = True
-            self._owed[(rs.addr, rs.sender, rs.mailbox)] = rs
+        self._owed[rs] = None
 
     def _reset(self, key: tuple[Any, int, int], epoch: int, now: float) -> None:
         rkey = (*key, epoch)
@@ -850,7 +850,7 @@ class Receiver:
         resets, self._pending_resets = self._pending_resets, []
         for addr, rec in resets:
             by_addr.setdefault(addr, []).append(rec)
-        for key, rs in list(self._owed.items()):
+        for rs in list(self._owed):
             if not (rs.urgent or all_owed or (rs.due is not None and rs.due <= now)):
                 continue
             before = rs.credit
@@ -873,9 +873,8 @@ class Receiver:
                 rs.due = now + MAX_ACK_DELAY  # re-check the credit as the application consumes
             else:
                 rs.due = None
-                if self._owed.get(key) is rs and not rs.urgent:
-                    del self._owed[key]
-                    rs.owing = False
+                if not rs.urgent:
+                    self._owed.pop(rs, None)
                 continue
             self.new_due = True
         out: list[tuple[bytes, Any]] = []
@@ -951,7 +950,7 @@ class Receiver:
         self.datagrams_received += 1
         self.bytes_received += len(data)
         self.messages_received += 1
-        self._next_arrived(rs, key, seq, len(data), now)
+        self._next_arrived(rs, seq, len(data), now)
         return payload, (addr, sender, mb, seq, None)
 
     def _next_plain(self, rs: RecvStream | None, epoch: int, seq: int, rflags: int, nbytes: int) -> bool:
@@ -970,7 +969,7 @@ class Receiver:
             and seq_diff(rs.credit, seq) > 0
         )
 
-    def _next_arrived(self, rs: RecvStream, key: tuple[Any, int, int], seq: int, nbytes: int, now: float) -> None:
+    def _next_arrived(self, rs: RecvStream, seq: int, nbytes: int, now: float) -> None:
         """The fast paths' bookkeeping: ``rs``'s next datagram (``seq``, nothing
         held) was delivered; note the STATUS owed (:meth:`_owe`, for this case)."""
         self._unchecked += nbytes
@@ -987,9 +986,7 @@ class Receiver:
         elif rs.due is None:
             rs.due = now + MAX_ACK_DELAY
             self.new_due = True
-        if not rs.owing:
-            rs.owing = True
-            self._owed[key] = rs
+        self._owed[rs] = None
 
     def _sequence(self, addr: Any, sender: int, mailbox: int, seq: int) -> None:
         key = (addr, sender, mailbox)
@@ -1151,7 +1148,7 @@ class Receiver:
 
     def next_status_due(self) -> float | None:
         """When the earliest STATUS owed later is due, or None."""
-        due = [rs.due for rs in list(self._owed.values()) if rs.due is not None]
+        due = [rs.due for rs in list(self._owed) if rs.due is not None]
         return min(due) if due else None
 
     @property

@@ -876,7 +876,6 @@ class RecvStream:
         "mailbox",
         "next",
         "ordered",
-        "owing",
         "seen",
         "sender",
         "since_status",
@@ -916,9 +915,6 @@ class RecvStream:
         self.due: float | None = None  # when a delayed STATUS is due
         self.last_active = now
         self.answer = 0  # the serial of the last PROBE that came (0: none), named by every STATUS
-        # Whether the receiver's table of streams owing a STATUS holds it:
-        # the table is then left alone, not written again for each datagram.
-        self.owing = False
 
     def gaps(self) -> tuple[tuple[int, int], ...]:
         """Missing ranges between ``next`` and ``largest`` (at most 32)."""
