@@ -76,6 +76,7 @@ cdef extern from "<sys/socket.h>" nogil:
         unsigned int msg_len
     int recvmmsg(int sockfd, mmsghdr *msgvec, unsigned int vlen, int flags, void *timeout)
     ssize_t recv(int sockfd, void *buf, size_t len, int flags)
+    ssize_t recvfrom(int sockfd, void *buf, size_t len, int flags, sockaddr *src_addr, socklen_t *addrlen)
     int MSG_PEEK
     ssize_t sendto(int sockfd, const void *buf, size_t len, int flags, const sockaddr *dest_addr, socklen_t addrlen)
     int sendmmsg(int sockfd, mmsghdr *msgvec, unsigned int vlen, int flags)
@@ -1146,6 +1147,12 @@ cdef class DatagramIO:
     cdef sockaddr_storage last_sa
     cdef socklen_t last_len
     cdef object last_addr
+    # recv1's own buffer and source-address memo (a read of one datagram
+    # never touches the slabs a recv of many may be using).
+    cdef char *buf1
+    cdef sockaddr_storage last1_sa
+    cdef socklen_t last1_len
+    cdef object last1_addr
     # The last destination sent to (by identity) and its socket address.
     cdef object dest_addr
     cdef sockaddr_storage dest_sa
@@ -1166,8 +1173,9 @@ cdef class DatagramIO:
         self.smsgs = <mmsghdr *>malloc(self.slots * sizeof(mmsghdr))
         self.siovs = <iovec *>malloc(self.slots * GSO_MAX_SEGMENTS * sizeof(iovec))
         self.scontrol = <char *>malloc(self.slots * CONTROL_SIZE)
+        self.buf1 = <char *>malloc(size)
         if (not self.slabs or not self.msgs or not self.iovs or not self.names or not self.control
-                or not self.smsgs or not self.siovs or not self.scontrol):
+                or not self.smsgs or not self.siovs or not self.scontrol or not self.buf1):
             raise MemoryError()
         cdef unsigned int i
         for i in range(self.slots):
@@ -1176,6 +1184,8 @@ cdef class DatagramIO:
                 raise MemoryError()
         self.last_len = 0
         self.last_addr = None
+        self.last1_len = 0
+        self.last1_addr = None
         self.dest_addr = None
         self.dest_len = 0
         self.gso = gso
@@ -1203,6 +1213,59 @@ cdef class DatagramIO:
         free(self.smsgs)
         free(self.siovs)
         free(self.scontrol)
+        free(self.buf1)
+
+    def recv1(self, bint wait=False):
+        """One datagram as ``(bytes, addr)``, as ``socket.recvfrom`` gives it.
+
+        The read of a ping-pong or a request: one ``recvfrom``, without the
+        argument parsing, address formatting and buffer slicing of the
+        socket module's (a datagram from the same source as the last one
+        gets the very same address tuple, which a dict lookup then matches
+        by identity). Without ``wait`` it never blocks and keeps the GIL;
+        with ``wait`` it blocks with the GIL released (SO_RCVTIMEO bounds
+        it). One reading thread at a time (the driver's receive lock), as
+        :meth:`recv`; the two have separate buffers. A datagram larger than
+        ``size`` is cut to it, as ``recvfrom(size)`` would. A socket shut
+        down gives ``(b"", None)``.
+
+        Raises:
+            OSError: the system call failed (BlockingIOError when nothing
+                came: at once without ``wait``, after SO_RCVTIMEO with it).
+        """
+        cdef sockaddr_storage sa
+        cdef socklen_t salen
+        cdef ssize_t n
+        cdef int err = 0
+        cdef int fd = self.fd
+        cdef char *buf = self.buf1
+        cdef size_t size = self.size
+        if fd < 0:
+            raise OSError(EBADF, "closed")
+        while True:
+            salen = sizeof(sockaddr_storage)
+            sa.ss_family = 0
+            if wait:
+                with nogil:
+                    n = recvfrom(fd, buf, size, 0, <sockaddr *>&sa, &salen)
+                    if n < 0:
+                        err = errno
+            else:
+                n = recvfrom(fd, buf, size, MSG_DONTWAIT, <sockaddr *>&sa, &salen)
+                if n < 0:
+                    err = errno
+            if n >= 0:
+                break
+            if err != EINTR:
+                raise OSError(err, "recvfrom failed")
+            PyErr_CheckSignals()  # as the socket module: a handler may raise
+        if salen == 0 or sa.ss_family == 0:
+            return (PyBytes_FromStringAndSize(buf, n), None)
+        if salen != self.last1_len or memcmp(&sa, &self.last1_sa, salen) != 0:
+            self.last1_addr = _addr_tuple(&sa, salen)
+            memcpy(&self.last1_sa, &sa, salen)
+            self.last1_len = salen
+        return (PyBytes_FromStringAndSize(buf, n), self.last1_addr)
 
     def recv(self, unsigned int limit=0, bint wait=False):
         """Up to ``limit`` (at most ``slots``) reads as ``[(bytes, addr), ...]``, one item per datagram sent.

@@ -8,6 +8,7 @@ errors included. The rest of the sans-IO suite runs on both cores too (the
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import shutil
 import socket
@@ -455,6 +456,42 @@ def test_datagram_io_keeps_the_socket_open_until_closed_and_reports_shutdown() -
         a.sendto(b"still here", where)
         assert rx.recv(0, True) == [(b"still here", a.getsockname())]
         rx.close()
+
+
+def test_datagram_io_reads_one_as_recvfrom_does() -> None:
+    a, b = _pair()
+    c, _d = _pair()
+    with a, b, c, _d:
+        rx = _speedups.DatagramIO(socket.dup(b.fileno()), 2, 2048)
+        try:
+            with pytest.raises(BlockingIOError):
+                rx.recv1()  # nothing there: never blocks
+            for d in (b"one", b"", b"x" * 2000, b"y" * 3000):
+                a.sendto(d, b.getsockname())
+            c.sendto(b"other", b.getsockname())
+            a.sendto(b"again", b.getsockname())
+            got = [rx.recv1(True) for _ in range(6)]
+            # As recvfrom(2048) would: a longer datagram is cut to the size.
+            assert got == [(b"one", a.getsockname()), (b"", a.getsockname()), (b"x" * 2000, a.getsockname()),
+                           (b"y" * 2048, a.getsockname()), (b"other", c.getsockname()),
+                           (b"again", a.getsockname())]  # fmt: skip
+            # One source, one address object (dict lookups match by identity),
+            # a new one when the source changes.
+            assert got[0][1] is got[3][1] and got[4][1] is not got[3][1] and got[5][1] == got[0][1]
+            # The bytes are the datagram's own: the next read does not overwrite them.
+            a.sendto(b"z" * 5, b.getsockname())
+            assert rx.recv1(True) == (b"z" * 5, a.getsockname()) and got[0][0] == b"one"
+            # A wait ends at SO_RCVTIMEO.
+            b.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("@ll", 0, 20_000))
+            with pytest.raises(BlockingIOError):
+                rx.recv1(True)
+            with contextlib.suppress(OSError):
+                b.shutdown(socket.SHUT_RD)  # ENOTCONN, but shut down all the same (as Queue.close does)
+            assert rx.recv1(True) == (b"", None)
+        finally:
+            rx.close()
+        with pytest.raises(OSError):
+            rx.recv1()
 
 
 def test_datagram_io_refuses_a_name_that_is_not_an_address() -> None:

@@ -164,6 +164,8 @@ class Queue(Endpoint):
         sp = _impl.speedups
         self._mmsg: Any = None
         self._sendto: Callable[[bytes, Address], object] = self._sock.sendto
+        # One datagram of less than _BIG_DATAGRAM, (bytes, addr); the argument: wait for it.
+        self._recv_small: Callable[[bool], tuple[bytes, Any]] = self._recv_into_buffer
         if sp is not None and self._sock.family == socket.AF_INET:
             # GSO on sends; GRO off: a blocking read of one datagram through
             # recvmmsg made the ping-pong's p50 11 us slower (72 against 61 us
@@ -172,6 +174,7 @@ class Queue(Endpoint):
             self._mmsg = sp.DatagramIO(os.dup(self._sock.fileno()), _MMSG_SLOTS, _RECV_SIZE, True, False)
             # One datagram: without blocking and the GIL hand-off first (see DatagramIO.send1).
             self._sendto = self._mmsg.send1
+            self._recv_small = self._mmsg.recv1
         # Polling before a blocking read (QueueConfig.spin): pointless with
         # one CPU, where the thread it waits for needs that CPU.
         self._spin_readable: Callable[[int, float], int] = spin_readable if sp is None else sp.spin_readable
@@ -460,10 +463,9 @@ class Queue(Endpoint):
                                 self._set_rcvtimeo(None)
                         elif not self._rcv_lo <= wait <= self._rcv_hi:
                             self._set_rcvtimeo(wait)
-                        n, addr = self._sock.recvfrom_into(self._buf)
-                        if n >= _BIG_DATAGRAM:
+                        data, addr = self._recv_small(True)
+                        if len(data) >= _BIG_DATAGRAM:
                             self._big_reads = True
-                        data = self._view[:n].tobytes()
                 except OSError:
                     addr = None  # timed out, closed, or an ICMP error
                 if addr is not None:
@@ -526,8 +528,18 @@ class Queue(Endpoint):
         self._trial = False
         sent, got = self._batcher.messages_sent, self._receiver.messages_received
         ahead, came, went = self._ahead, got - self._got_seen, sent - self._sent_seen
-        ahead = max(ahead - came, 0) + went - min(max(came - ahead, 0), max(went - 1, 0))
-        self._ahead = ahead = min(ahead, _AHEAD_CAP)
+        # max(ahead - came, 0) + went - min(max(came - ahead, 0), max(went - 1, 0)),
+        # without the builtins' calls (this runs at every blocking read).
+        if came <= ahead:
+            ahead += went - came
+        elif went:
+            surplus = came - ahead
+            ahead = went - surplus if surplus < went else 1
+        else:
+            ahead = 0
+        if ahead > _AHEAD_CAP:
+            ahead = _AHEAD_CAP
+        self._ahead = ahead
         self._sent_seen, self._got_seen = sent, got
         if ahead == _AHEAD_CAP and came == went == 1:
             self._lockstep += 1
@@ -706,7 +718,7 @@ class Queue(Endpoint):
         count = 0
         while count < limit:
             try:
-                data, addr = self._recv(socket.MSG_DONTWAIT)
+                data, addr = self._recv(False)
             except BlockingIOError:
                 break
             except OSError:
@@ -829,24 +841,32 @@ class Queue(Endpoint):
         timer is due (but not below ``least``): the reading thread fires it."""
         left = self._rel_at - now
         if left < _FOREVER and (wait is None or left < wait):
-            return max(left, least)
+            return left if left > least else least  # max(), without the call (every read)
         return wait
 
-    def _recv(self, flags: int) -> tuple[bytes, Any]:
-        """One datagram as bytes, with one copy whatever its size.
+    def _recv(self, wait: bool) -> tuple[bytes, Any]:
+        """One datagram as bytes, with one copy whatever its size; without
+        ``wait``, at once or BlockingIOError.
 
         Small datagrams are read into a reused buffer and copied out (cheap);
         after a large one, the next reads let the kernel fill a fresh bytes
         object, which saves copying tens of kilobytes twice.
         """
         if self._big_reads:
-            data, addr = self._sock.recvfrom(_RECV_SIZE, flags)
+            data, addr = self._sock.recvfrom(_RECV_SIZE, 0 if wait else socket.MSG_DONTWAIT)
             if len(data) < _BIG_DATAGRAM:
                 self._big_reads = False
             return data, addr
-        n, addr = self._sock.recvfrom_into(self._buf, 0, flags)
-        if n >= _BIG_DATAGRAM:
+        data, addr = self._recv_small(wait)
+        if len(data) >= _BIG_DATAGRAM:
             self._big_reads = True
+        return data, addr
+
+    def _recv_into_buffer(self, wait: bool) -> tuple[bytes, Any]:
+        """The pure core's read of one datagram into the reused buffer, copied out
+        (the compiled core reads with DatagramIO.recv1: no argument parsing, and
+        the same address tuple for the same source)."""
+        n, addr = self._sock.recvfrom_into(self._buf, 0, 0 if wait else socket.MSG_DONTWAIT)
         return self._view[:n].tobytes(), addr
 
     def _recv_within(self, remaining: float | None) -> tuple[bytes, Any]:
@@ -860,9 +880,9 @@ class Queue(Endpoint):
             # ms): a short wait uses select, and no wait none at all.
             if remaining > 0 and not select.select([self._sock], [], [], remaining)[0]:
                 raise BlockingIOError("no datagram within the wait")
-            return self._recv(socket.MSG_DONTWAIT)
+            return self._recv(False)
         self._set_rcvtimeo(remaining)
-        return self._recv(0)
+        return self._recv(True)
 
     def _set_rcvtimeo(self, remaining: float | None) -> None:
         # SO_RCVTIMEO makes the blocking read one system call. It is kept

@@ -543,7 +543,8 @@ class ReliableSender:
 
     def pto(self) -> float:
         """The base probe timeout (RFC 9002 §6.2.1)."""
-        return self.srtt + max(4 * self.rttvar, GRANULARITY) + MAX_ACK_DELAY
+        var = 4 * self.rttvar
+        return self.srtt + (var if var > GRANULARITY else GRANULARITY) + MAX_ACK_DELAY
 
     def silence(self) -> float:
         """How long a peer may leave probes unanswered before it is dead: the
@@ -553,7 +554,10 @@ class ReliableSender:
 
     def _arm(self, st: SendStream, now: float) -> None:
         if st.pto_at is None:
-            st.pto_at = now + min(self.pto() * (1 << min(st.pto_count, PROBE_BACKOFF)), MAX_PTO)
+            # now + min(pto << min(pto_count, PROBE_BACKOFF), MAX_PTO), without the builtins' calls (every send).
+            count = st.pto_count
+            timeout = self.pto() * (1 << (count if count < PROBE_BACKOFF else PROBE_BACKOFF))
+            st.pto_at = now + (timeout if timeout < MAX_PTO else MAX_PTO)
             self._tick += 1
             heapq.heappush(self._timers, (st.pto_at, self._tick, st.epoch))
 
