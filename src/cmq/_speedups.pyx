@@ -46,7 +46,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF
 from libc.stdlib cimport free, malloc, realloc
-from libc.string cimport memcmp, memcpy, memset
+from libc.string cimport memcmp, memcpy, memset, strerror
 from libc.math cimport INFINITY
 from libc.errno cimport errno, EAGAIN, EINTR, EBADF, EINVAL, EIO, ENOPROTOOPT
 from posix.unistd cimport close
@@ -953,14 +953,18 @@ cdef class SendState:
     cdef public bint ordered, syn
 
 
-def reliable_clear(SendState st, Py_ssize_t n):
-    """``ReliableSender.clear(st, n)`` (:mod:`cmq.wire.reliable`): whether
-    the stream's ``n`` new datagrams may all go at once (within credit, none
-    waiting before them)."""
+cdef inline bint _clear(SendState st, Py_ssize_t n) except -1:
     cdef unsigned long long first = (<unsigned long long>(<Stream?>st.stream).seq - <unsigned long long>n) & 0xFFFFFFFFULL
     if first != <unsigned long long>st.sent_upto:
         return False
     return _seq_diff(<unsigned long long>st.credit, (first + <unsigned long long>n) & 0xFFFFFFFFULL) >= 0
+
+
+def reliable_clear(SendState st, Py_ssize_t n):
+    """``ReliableSender.clear(st, n)`` (:mod:`cmq.wire.reliable`): whether
+    the stream's ``n`` new datagrams may all go at once (within credit, none
+    waiting before them)."""
+    return _clear(st, n)
 
 
 def make_reliable_sent(rel):
@@ -988,6 +992,88 @@ def make_reliable_sent(rel):
             rel._arm(st, now)
 
     return sent
+
+
+def make_idle_after(ep, after, take_idle, sendto, reliable_sent, lock, rel_timer, send_error, rel,
+                    Py_ssize_t ack_poll_at, Py_ssize_t send_buffer, Py_ssize_t send_total):
+    """The slow half of a push (``Endpoint._after_append``, given as
+    ``after``) for its commonest case, in C: a push that opens a batch to an
+    idle destination sends its one message's datagram at once.
+
+    ``after_append(s, payload, r)`` does what ``_after_append`` does, through
+    ``Batcher.advance``, ``take_idle``, ``Endpoint._emit`` and
+    ``Queue._transmit``, when ``r`` is CHECK, ``s`` is a compiled
+    :class:`Stream`, the endpoint ``ep`` is open, a reliable stream's send
+    buffers are below the point where a push reads acknowledgements first,
+    and the batch is being opened. Under ``lock`` (the batch lock):
+    ``take_idle(s, now)``; if it gives a datagram, a best-effort stream's
+    goes with ``sendto`` (``DatagramIO.send1``); a reliable stream's too
+    when ``reliable_clear`` lets it (else ``ep._emit`` takes it, as the
+    pure path would), then ``reliable_sent`` books it at the stamp taken
+    before sending, a full buffer makes the next push take the slow half,
+    and a probe timeout armed by it goes to ``rel_timer``. ``last_send`` is
+    when the kernel took the datagram, refused or not. A refusal is
+    counted (``ep._count_send_failure``) and raised as ``send_error`` makes
+    it. Whenever ``take_idle`` gives nothing, or any condition above fails,
+    ``after`` is called as it would have been, with nothing changed.
+    The clock is CLOCK_MONOTONIC, which ``time.monotonic`` (``Queue._now``)
+    reads too.
+    """
+    acquire = lock.acquire
+    release = lock.release
+
+    def after_append(s_obj, payload, r):
+        cdef Stream s
+        cdef SendState st = None
+        cdef double now, stamp
+        cdef object d, armed
+        if r is not CHECK or type(s_obj) is not Stream or ep._closed:
+            return after(s_obj, payload, r)
+        s = <Stream>s_obj
+        if s._rel is not None:
+            st = <SendState?>s._rel
+            if st.nbytes >= ack_poll_at or rel.total >= send_total:
+                return after(s_obj, payload, r)
+        if s.armed == s.gen:
+            return after(s_obj, payload, r)
+        acquire()
+        try:
+            now = _mono()
+            d = take_idle(s, now)
+            if d is None:
+                d = False  # released below, then the pure path
+            elif st is None:
+                try:
+                    sendto(d, s.addr)
+                except OSError as exc:
+                    ep._count_send_failure(exc)
+                    raise send_error(exc, s.addr) from exc
+                finally:
+                    s.last_send = _mono()
+            else:
+                armed = st.pto_at
+                stamp = _mono()
+                if not _clear(st, 1):
+                    ep._emit(s, [d], s.last_send)
+                else:
+                    try:
+                        sendto(d, s.addr)
+                    except OSError as exc:
+                        ep._count_send_failure(exc)
+                        raise send_error(exc, s.addr) from exc
+                    finally:
+                        s.last_send = _mono()
+                        reliable_sent(st, [d], stamp)
+                        if st.nbytes >= send_buffer or rel.total >= send_total:
+                            s.check_at = 0  # Batcher.hold: the next push takes the slow half
+                        if armed is None and st.pto_at is not None:
+                            rel_timer(st.pto_at)
+        finally:
+            release()
+        if d is False:
+            after(s_obj, payload, r)
+
+    return after_append
 
 
 def release_acked(dict buf, unsigned long long seq, Py_ssize_t count):
@@ -1096,6 +1182,12 @@ cdef extern from "<sys/socket.h>" nogil:
     size_t CMSG_LEN(size_t length)
     size_t CMSG_SPACE(size_t length)
     int setsockopt(int sockfd, int level, int optname, const void *optval, socklen_t optlen)
+
+
+cdef object _os_error(int err):
+    # As the socket module raises it: errno and the system's text for it
+    # (OSError picks the subclass: BlockingIOError, PermissionError, ...).
+    return OSError(err, strerror(err).decode("utf-8", "replace"))
 
 
 cdef class DatagramIO:
@@ -1241,7 +1333,7 @@ cdef class DatagramIO:
         cdef char *buf = self.buf1
         cdef size_t size = self.size
         if fd < 0:
-            raise OSError(EBADF, "closed")
+            raise _os_error(EBADF)
         while True:
             salen = sizeof(sockaddr_storage)
             sa.ss_family = 0
@@ -1257,7 +1349,7 @@ cdef class DatagramIO:
             if n >= 0:
                 break
             if err != EINTR:
-                raise OSError(err, "recvfrom failed")
+                raise _os_error(err)
             PyErr_CheckSignals()  # as the socket module: a handler may raise
         if salen == 0 or sa.ss_family == 0:
             return (PyBytes_FromStringAndSize(buf, n), None)
@@ -1286,7 +1378,7 @@ cdef class DatagramIO:
         cdef unsigned int i
         cdef int got, err = 0
         if self.fd < 0:
-            raise OSError(EBADF, "closed")
+            raise _os_error(EBADF)
         memset(self.msgs, 0, count * sizeof(mmsghdr))
         for i in range(count):
             self.iovs[i].iov_base = PyBytes_AS_STRING(<object>self.slabs[i])
@@ -1308,7 +1400,7 @@ cdef class DatagramIO:
                 err = errno
                 if err == EAGAIN:  # EWOULDBLOCK on Linux
                     return []
-                raise OSError(err, "recvmmsg failed")
+                raise _os_error(err)
         else:
             while True:
                 with nogil:
@@ -1321,7 +1413,7 @@ cdef class DatagramIO:
                     break
                 PyErr_CheckSignals()  # as the socket module: a handler may raise
             if got < 0:
-                raise OSError(err, "recvmmsg failed")
+                raise _os_error(err)
         cdef list out = []
         cdef socklen_t namelen
         cdef size_t n, seg, off
@@ -1365,7 +1457,7 @@ cdef class DatagramIO:
         cdef sockaddr_storage sa
         cdef socklen_t salen = 0
         if self.fd < 0:
-            raise OSError(EBADF, "closed")
+            raise _os_error(EBADF)
         if not _fill_addr(addr, &sa, &salen):
             raise ValueError(f"not a numeric address: {addr!r}")
         # A tuple of our own: nothing can drop a datagram while the GIL is released.
@@ -1444,7 +1536,7 @@ cdef class DatagramIO:
                     self.gso = False  # this kernel (or route) will not segment: plain sends from now on
                     continue
                 if done == 0:
-                    raise OSError(err, "sendmmsg failed")
+                    raise _os_error(err)
                 return done
             for i in range(<unsigned int>sent):
                 done += counts[i]
@@ -1477,7 +1569,7 @@ cdef class DatagramIO:
         cdef sockaddr_storage sa
         cdef socklen_t salen
         if self.fd < 0:
-            raise OSError(EBADF, "closed")
+            raise _os_error(EBADF)
         # The cache is read and written with the GIL held, as a whole; the
         # send uses a copy, since another thread may change the cache while
         # this one waits in a blocking send without the GIL.
@@ -1505,7 +1597,7 @@ cdef class DatagramIO:
             if err == EINTR:
                 PyErr_CheckSignals()
                 continue
-            raise OSError(err, "sendto failed")
+            raise _os_error(err)
 
 
 cdef size_t _gro_size(msghdr *msg) noexcept nogil:

@@ -611,3 +611,57 @@ def test_the_io_thread_leaves_sigint_and_sigterm_to_the_application() -> None:
         assert io is not None
         assert wait_until(lambda: {signal.SIGINT, signal.SIGTERM} <= _blocked_signals(io))
         assert signal.SIGTERM not in _blocked_signals(threading.get_native_id())
+
+
+def _data_seqs(peer: socket.socket, seconds: float) -> dict[int, bytes]:
+    """The cmq data datagrams ``peer`` gets within ``seconds``: seq -> payload of
+    a one-message datagram (control datagrams, PROBEs, left out)."""
+    got: dict[int, bytes] = {}
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        peer.settimeout(left)
+        try:
+            data = peer.recv(65536)
+        except TimeoutError:
+            break
+        if not data[3] & 0x10:
+            # A 16-byte header, in version 2 an 8-byte extension, a one-byte length, the message.
+            start = 25 if data[2] == 2 else 17
+            got.setdefault(int.from_bytes(data[12:16], "big"), data[start:])
+    return got
+
+
+def test_idle_pushes_leave_at_once_within_credit_and_the_rest_wait(make_queue: MakeQueue) -> None:
+    # A reliable stream may send 16 datagrams before its first STATUS. Each
+    # push here finds its destination idle (the pause is longer than any
+    # gap), so it leaves at once, one datagram each, until the credit is
+    # used: a peer that never answers gets exactly those 16. The 17th is
+    # made a datagram too and waits for credit in the send buffer; behind
+    # it the stream is busy, not idle, so the last 3 wait in an open batch.
+    q = make_queue(linger=0.0)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer:
+        peer.bind(("127.0.0.1", 0))
+        for i in range(20):
+            q.push(peer.getsockname(), b"m%d" % i)
+            time.sleep(0.001)
+        got = _data_seqs(peer, 0.3)
+        assert got == {i: b"m%d" % i for i in range(16)}
+        assert q.unacknowledged() == 17
+        stats = q.stats()
+        assert (stats.messages_sent, stats.datagrams_sent) == (17, 17)
+
+
+@pytest.mark.parametrize("delivery", ["best-effort", "reliable"])
+def test_a_datagram_the_kernel_refuses_raises_and_is_counted(make_queue: MakeQueue, delivery: str) -> None:
+    # Broadcast without SO_BROADCAST: the kernel refuses the datagram (EACCES).
+    q = make_queue(delivery=delivery, linger=0.0)
+    with pytest.raises(cmq.TransportError, match=r"sending to 255\.255\.255\.255:9 failed: Permission denied"):
+        q.push(("255.255.255.255", 9), b"x")
+    assert q.stats().dropped["send_failed"] == 1
+    # A reliable message is kept all the same: it is sent again, and fails
+    # as undeliverable if it never gets through.
+    assert q.unacknowledged() == (1 if delivery == "reliable" else 0)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer:
+        peer.bind(("127.0.0.1", 0))
+        q.push(peer.getsockname(), b"after")  # the endpoint carries on
+        assert list(_data_seqs(peer, 0.3).values()) == [b"after"]

@@ -195,6 +195,9 @@ class Endpoint(ABC):
         self._last_send_error: OSError | None = None
         self._closed = False
         self._forget_memo: Callable[[], None] = lambda: None
+        #: The slow half of a push: _after_append, or a driver's compiled
+        #: twin of its commonest case (which calls _after_append for the rest).
+        self._after: Callable[[Stream, Any, int], None] = self._after_append
         self.push = self._make_push()  # type: ignore[method-assign]
 
     # -- what a driver supplies ---------------------------------------------
@@ -289,7 +292,7 @@ class Endpoint(ABC):
         """
         cache = self._cache
         stream_for = self._stream_for
-        after = self._after_append
+        after = self._after
         append = self._batcher.append
         encode = self._encode
         raw = self._raw
@@ -349,7 +352,7 @@ class Endpoint(ABC):
             s = self._cache[mailbox][dest]
         except (KeyError, TypeError):
             s = self._stream_for(dest, mailbox)
-        after = self._after_append
+        after = self._after
         append = self._batcher.append
         encode = self._encode
         raw = self._raw
@@ -428,7 +431,7 @@ class Endpoint(ABC):
         payload = envelope(kind, corr, body)
         r = self._batcher.append(s, payload)
         if r:
-            self._after_append(s, payload, r)
+            self._after(s, payload, r)
         return s
 
     def _after_append(self, s: Stream, payload: bytes, r: int) -> None:

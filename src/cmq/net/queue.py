@@ -175,6 +175,14 @@ class Queue(Endpoint):
             # One datagram: without blocking and the GIL hand-off first (see DatagramIO.send1).
             self._sendto = self._mmsg.send1
             self._recv_small = self._mmsg.recv1
+            # A push that opens a batch to an idle destination sends its
+            # datagram in one compiled call (_after_append's commonest case).
+            self._after = sp.make_idle_after(
+                self, self._after_append, self._batcher.take_idle, self._sendto, self._rel.sent,
+                self._timer_lock, self._rel_timer, send_error, self._rel,
+                self._ack_poll_at, self._send_buffer, self._send_total,
+            )  # fmt: skip
+            self.push = self._make_push()  # type: ignore[method-assign]
         # Polling before a blocking read (QueueConfig.spin): pointless with
         # one CPU, where the thread it waits for needs that CPU.
         self._spin_readable: Callable[[int, float], int] = spin_readable if sp is None else sp.spin_readable
