@@ -641,6 +641,21 @@ cdef bytes _frame_one(bytes head, unsigned long sq, bytes ext, bytes p):
     return out
 
 
+cdef inline bint _idle(Stream s, double now, double waited_at, double idle_gap, double busy_gap) except -1:
+    # Batcher.is_idle, for a batcher that is ever idle (idle_gap finite).
+    cdef SendState st = None
+    cdef double gap
+    if s._rel is not None:
+        st = <SendState?>s._rel
+        if s.seq != st.sent_upto:
+            return False  # datagrams wait for credit: never idle
+    if s.last_send > waited_at:
+        gap = busy_gap if st is not None and st.buf else idle_gap
+        if not now - s.last_send >= gap:
+            return False
+    return True
+
+
 def make_take_idle(batcher, fallback):
     """``Batcher.take_idle`` of an unkeyed ``batcher`` (the idle rule's short
     path, with :meth:`cmq.wire.batcher.Batcher.is_idle` inline):
@@ -658,21 +673,13 @@ def make_take_idle(batcher, fallback):
 
     def take_idle(Stream s, double now):
         cdef list frames = s.frames
-        cdef SendState st = None
-        cdef double gap
         if PyList_GET_SIZE(frames) != 1 or s.armed == s.gen or never_idle:
             return None
         payload = <object>PyList_GET_ITEM(frames, 0)
         if type(payload) is not bytes:
             return fallback(s, now)
-        if s._rel is not None:
-            st = <SendState?>s._rel
-            if s.seq != st.sent_upto:
-                return None  # datagrams wait for credit: never idle
-        if s.last_send > <double>batcher.waited_at:
-            gap = busy_gap if st is not None and st.buf else idle_gap
-            if not now - s.last_send >= gap:
-                return None
+        if not _idle(s, now, <double>batcher.waited_at, idle_gap, busy_gap):
+            return None
         if now - s.last_send >= timeout:
             s.limit = qthresh
         s.check_at = 1  # as take: before the message leaves the list
@@ -994,7 +1001,7 @@ def make_reliable_sent(rel):
     return sent
 
 
-def make_idle_after(ep, after, take_idle, sendto, reliable_sent, lock, rel_timer, send_error, rel,
+def make_idle_after(ep, after, batcher, sendto, reliable_sent, lock, rel_timer, send_error, rel,
                     Py_ssize_t ack_poll_at, Py_ssize_t send_buffer, Py_ssize_t send_total):
     """The slow half of a push (``Endpoint._after_append``, given as
     ``after``) for its commonest case, in C: a push that opens a batch to an
@@ -1005,8 +1012,11 @@ def make_idle_after(ep, after, take_idle, sendto, reliable_sent, lock, rel_timer
     ``Queue._transmit``, when ``r`` is CHECK, ``s`` is a compiled
     :class:`Stream`, the endpoint ``ep`` is open, a reliable stream's send
     buffers are below the point where a push reads acknowledgements first,
-    and the batch is being opened. Under ``lock`` (the batch lock):
-    ``take_idle(s, now)``; if it gives a datagram, a best-effort stream's
+    the batch is being opened with one message and the destination is
+    idle (the rule of ``batcher``'s ``is_idle``, checked before the lock is
+    taken: a stream that streams opens its batches busy, and takes the pure
+    path without taking the lock twice). Under ``lock`` (the batch lock):
+    ``batcher.take_idle(s, now)``; if it gives a datagram, a best-effort stream's
     goes with ``sendto`` (``DatagramIO.send1``); a reliable stream's too
     when ``reliable_clear`` lets it (else ``ep._emit`` takes it, as the
     pure path would), then ``reliable_sent`` books it at the stamp taken
@@ -1021,6 +1031,10 @@ def make_idle_after(ep, after, take_idle, sendto, reliable_sent, lock, rel_timer
     """
     acquire = lock.acquire
     release = lock.release
+    take_idle = batcher.take_idle
+    cdef bint never_idle = batcher._never_idle
+    cdef double idle_gap = batcher._idle_gap
+    cdef double busy_gap = batcher._busy_gap
 
     def after_append(s_obj, payload, r):
         cdef Stream s
@@ -1034,7 +1048,12 @@ def make_idle_after(ep, after, take_idle, sendto, reliable_sent, lock, rel_timer
             st = <SendState?>s._rel
             if st.nbytes >= ack_poll_at or rel.total >= send_total:
                 return after(s_obj, payload, r)
-        if s.armed == s.gen:
+        if s.armed == s.gen or PyList_GET_SIZE(s.frames) != 1 or never_idle:
+            return after(s_obj, payload, r)
+        # Not idle now (the rule again, under the lock, in take_idle): the
+        # pure path, without taking the lock twice (a stream that streams
+        # opens each batch here, not idle).
+        if not _idle(s, _mono(), <double>batcher.waited_at, idle_gap, busy_gap):
             return after(s_obj, payload, r)
         acquire()
         try:

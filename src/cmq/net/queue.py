@@ -178,7 +178,7 @@ class Queue(Endpoint):
             # A push that opens a batch to an idle destination sends its
             # datagram in one compiled call (_after_append's commonest case).
             self._after = sp.make_idle_after(
-                self, self._after_append, self._batcher.take_idle, self._sendto, self._rel.sent,
+                self, self._after_append, self._batcher, self._sendto, self._rel.sent,
                 self._timer_lock, self._rel_timer, send_error, self._rel,
                 self._ack_poll_at, self._send_buffer, self._send_total,
             )  # fmt: skip
