@@ -29,9 +29,15 @@ the sans-IO tests against both and checks byte-for-byte equal output):
   :func:`release_acked`: the reliable sender's per-datagram bookkeeping (as
   ``ReliableSender.clear``, ``ReliableSender.sent`` and
   :func:`cmq.wire.reliable.release_acked`);
+- :func:`make_idle_after`: the slow half of a push in its commonest case,
+  one message to an idle destination from ``push`` to the kernel (as
+  ``Endpoint._after_append`` and the methods it calls, which take every
+  other case);
 - :class:`DatagramIO`: many datagrams per system call, ``recvmmsg`` and
-  ``sendmmsg``, with the GIL released around every call that may block
-  (calls that cannot block keep it).
+  ``sendmmsg``, and one at a time, ``recvfrom`` and ``sendto`` (as the
+  socket module's, without its argument parsing and address formatting),
+  with the GIL released around every call that may block (calls that
+  cannot block keep it).
 
 Thread safety. The pure path relies on the GIL for two things, and so does
 this module, on purpose and no more: a ``list.append`` of a payload to a
@@ -39,7 +45,9 @@ stream's batch is atomic (it is under free-threaded CPython too, which
 locks the list), and the counters the driver reads (``check_at``) are
 written only under the driver's batch lock. Nothing here keeps state
 between calls except a :class:`DatagramIO`'s buffers, which one reading
-thread owns (the driver's receive lock).
+thread owns (the driver's receive lock). :func:`make_idle_after` reads a
+stream's idle rule before it takes the batch lock, as a hint only: the
+rule is applied again under the lock before anything changes.
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
