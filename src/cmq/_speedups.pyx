@@ -1069,7 +1069,12 @@ def make_idle_after(ep, after, batcher, sendto, reliable_sent, lock, rel_timer, 
             d = take_idle(s, now)
             if d is None:
                 d = False  # released below, then the pure path
-            elif st is None:
+            elif st is not None and not _clear(st, 1):
+                ep._emit(s, [d], s.last_send)  # credit closed: it waits in the send buffer
+            else:
+                if st is not None:
+                    armed = st.pto_at
+                    stamp = _mono()
                 try:
                     sendto(d, s.addr)
                 except OSError as exc:
@@ -1077,19 +1082,7 @@ def make_idle_after(ep, after, batcher, sendto, reliable_sent, lock, rel_timer, 
                     raise send_error(exc, s.addr) from exc
                 finally:
                     s.last_send = _mono()
-            else:
-                armed = st.pto_at
-                stamp = _mono()
-                if not _clear(st, 1):
-                    ep._emit(s, [d], s.last_send)
-                else:
-                    try:
-                        sendto(d, s.addr)
-                    except OSError as exc:
-                        ep._count_send_failure(exc)
-                        raise send_error(exc, s.addr) from exc
-                    finally:
-                        s.last_send = _mono()
+                    if st is not None:
                         reliable_sent(st, [d], stamp)
                         if st.nbytes >= send_buffer or rel.total >= send_total:
                             s.check_at = 0  # Batcher.hold: the next push takes the slow half
