@@ -164,7 +164,8 @@ class Queue(Endpoint):
         sp = _impl.speedups
         self._mmsg: Any = None
         self._sendto: Callable[[bytes, Address], object] = self._sock.sendto
-        # One datagram of less than _BIG_DATAGRAM, (bytes, addr); the argument: wait for it.
+        # One datagram as (bytes, addr), copied out of a reused buffer (the read
+        # while datagrams are under _BIG_DATAGRAM); the argument: wait for it.
         self._recv_small: Callable[[bool], tuple[bytes, Any]] = self._recv_into_buffer
         if sp is not None and self._sock.family == socket.AF_INET:
             # GSO on sends; GRO off: a blocking read of one datagram through
