@@ -12,6 +12,7 @@ import pytest
 
 import cmq
 from cmq.patterns import replace, retry
+from cmq.wire.batcher import BUSY_GAP
 
 from .conftest import dest, wait_until
 
@@ -633,8 +634,8 @@ def _data_seqs(peer: socket.socket, seconds: float) -> dict[int, bytes]:
 
 def test_idle_pushes_leave_at_once_within_credit_and_the_rest_wait(make_queue: MakeQueue) -> None:
     # A reliable stream may send 16 datagrams before its first STATUS. Each
-    # push here finds its destination idle (the pause is longer than any
-    # gap), so it leaves at once, one datagram each, until the credit is
+    # push here finds its destination idle (it waits out the busy gap), so
+    # it leaves at once, one datagram each, until the credit is
     # used: a peer that never answers gets exactly those 16. The 17th is
     # made a datagram too and waits for credit in the send buffer; behind
     # it the stream is busy, not idle, so the last 3 wait in an open batch.
@@ -643,7 +644,10 @@ def test_idle_pushes_leave_at_once_within_credit_and_the_rest_wait(make_queue: M
         peer.bind(("127.0.0.1", 0))
         for i in range(20):
             q.push(peer.getsockname(), b"m%d" % i)
-            time.sleep(0.001)
+            # A reliable stream with datagrams unacknowledged is idle again
+            # once the busy gap has passed since its last datagram.
+            idle_at = time.monotonic() + BUSY_GAP
+            assert wait_until(lambda at=idle_at: time.monotonic() > at)
         got = _data_seqs(peer, 0.3)
         assert got == {i: b"m%d" % i for i in range(16)}
         assert q.unacknowledged() == 17
