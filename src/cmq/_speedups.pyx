@@ -1061,11 +1061,11 @@ def make_idle_after(ep, after, batcher, sendto, reliable_sent, lock, rel_timer, 
         # Not idle now (the rule again, under the lock, in take_idle): the
         # pure path, without taking the lock twice (a stream that streams
         # opens each batch here, not idle).
-        if not _idle(s, _mono(), <double>batcher.waited_at, idle_gap, busy_gap):
+        now = _mono()
+        if not _idle(s, now, <double>batcher.waited_at, idle_gap, busy_gap):
             return after(s_obj, payload, r)
         acquire()
         try:
-            now = _mono()
             d = take_idle(s, now)
             if d is None:
                 d = False  # released below, then the pure path
@@ -1204,6 +1204,22 @@ cdef extern from "<sys/socket.h>" nogil:
     int setsockopt(int sockfd, int level, int optname, const void *optval, socklen_t optlen)
 
 
+cdef class _AddrMemo:
+    """The last source address read, and its tuple as the socket module
+    gives it: a peer's datagrams share one tuple, made once."""
+
+    cdef sockaddr_storage sa
+    cdef socklen_t salen
+    cdef object addr
+
+    cdef object of(self, sockaddr_storage *sa, socklen_t salen):
+        if salen != self.salen or memcmp(sa, &self.sa, salen) != 0:
+            self.addr = _addr_tuple(sa, salen)
+            memcpy(&self.sa, sa, salen)
+            self.salen = salen
+        return self.addr
+
+
 cdef object _os_error(int err):
     # As the socket module raises it: errno and the system's text for it
     # (OSError picks the subclass: BlockingIOError, PermissionError, ...).
@@ -1256,15 +1272,11 @@ cdef class DatagramIO:
     cdef public unsigned long long coalesced
     cdef public unsigned long long segmented
     # The last source address read and its tuple: a peer's datagrams share one object.
-    cdef sockaddr_storage last_sa
-    cdef socklen_t last_len
-    cdef object last_addr
-    # recv1's own buffer and source-address memo (a read of one datagram
-    # never touches the slabs a recv of many may be using).
+    cdef _AddrMemo source
+    # recv1's own buffer and source memo (a read of one datagram never
+    # touches the slabs a recv of many may be using).
     cdef char *buf1
-    cdef sockaddr_storage last1_sa
-    cdef socklen_t last1_len
-    cdef object last1_addr
+    cdef _AddrMemo source1
     # The last destination sent to (by identity) and its socket address.
     cdef object dest_addr
     cdef sockaddr_storage dest_sa
@@ -1294,10 +1306,8 @@ cdef class DatagramIO:
             self.slabs[i] = _new_bytes(NULL, size)
             if self.slabs[i] == NULL:
                 raise MemoryError()
-        self.last_len = 0
-        self.last_addr = None
-        self.last1_len = 0
-        self.last1_addr = None
+        self.source = _AddrMemo()
+        self.source1 = _AddrMemo()
         self.dest_addr = None
         self.dest_len = 0
         self.gso = gso
@@ -1373,11 +1383,7 @@ cdef class DatagramIO:
             PyErr_CheckSignals()  # as the socket module: a handler may raise
         if salen == 0 or sa.ss_family == 0:
             return (PyBytes_FromStringAndSize(buf, n), None)
-        if salen != self.last1_len or memcmp(&sa, &self.last1_sa, salen) != 0:
-            self.last1_addr = _addr_tuple(&sa, salen)
-            memcpy(&self.last1_sa, &sa, salen)
-            self.last1_len = salen
-        return (PyBytes_FromStringAndSize(buf, n), self.last1_addr)
+        return (PyBytes_FromStringAndSize(buf, n), self.source1.of(&sa, salen))
 
     def recv(self, unsigned int limit=0, bint wait=False):
         """Up to ``limit`` (at most ``slots``) reads as ``[(bytes, addr), ...]``, one item per datagram sent.
@@ -1443,22 +1449,19 @@ cdef class DatagramIO:
             if namelen == 0:
                 out.append((b"", None))
                 continue
-            if namelen != self.last_len or memcmp(&self.names[i], &self.last_sa, namelen) != 0:
-                self.last_addr = _addr_tuple(&self.names[i], namelen)
-                memcpy(&self.last_sa, &self.names[i], namelen)
-                self.last_len = namelen
+            addr = self.source.of(&self.names[i], namelen)
             n = self.msgs[i].msg_len
             data = PyBytes_AS_STRING(<object>self.slabs[i])
             seg = _gro_size(&self.msgs[i].msg_hdr) if self.gro else 0
             if seg == 0 or seg >= n:
-                out.append((PyBytes_FromStringAndSize(data, n), self.last_addr))
+                out.append((PyBytes_FromStringAndSize(data, n), addr))
                 continue
             self.coalesced += 1
             off = 0
             while off < n:
                 if seg > n - off:
                     seg = n - off
-                out.append((PyBytes_FromStringAndSize(data + off, seg), self.last_addr))
+                out.append((PyBytes_FromStringAndSize(data + off, seg), addr))
                 off += seg
         return out
 
