@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 
 from cmq import ConfigError
-from cmq.lab import netns
+from cmq.lab import netns, runner
 from cmq.lab.experiments import PROFILES, Context, get, pages
+from cmq.lab.experiments._common import STREAM_TIMEOUT
 from cmq.lab.experiments.reliability import EXPERIMENT, REPORT, measure
 from cmq.lab.experiments.reliability import claims as C
 from cmq.lab.experiments.reliability.section import render
@@ -325,11 +326,17 @@ def test_steps_match_the_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     # Throughput: 2 reliable modes x (5 + 5 + 1 + 5 + 1) runs and best-effort once per
     # loss; round trips: 3 modes x 5 losses of cmq, 7 more runs of the 2 reliable
     # modes at 0 and 1.4 %, 7 more of best-effort at 0 %, 3 peers x 2 losses
-    # (nats as skipped). And on loopback, 3 slow-receiver and 3 restart runs
-    # (reliable only).
+    # (a skipped one counts its steps too). And on loopback, 3 slow-receiver
+    # and 3 restart runs (reliable only).
     assert measure.steps(ctx) == 34 + 5 + 15 + 28 + 7 + 6 + 6
-    plan = list(measure._round_trip_plan(ctx, measure.scale_for(ctx.profile), True, lambda *a: _Book()))
-    assert len(plan) == 15 + 28 + 7 + 4  # tcp and zmq at 0 and 1.4 % (nats skipped in its book)
+    scale = measure.scale_for(ctx.profile)
+    monkeypatch.setattr(measure, "nats_unavailable", lambda: None)
+    plan = list(measure._round_trip_plan(ctx, scale, True, lambda *a: _Book()))
+    assert len(plan) == 15 + 28 + 7 + 6  # tcp, zmq and nats at 0 and 1.4 %
+    assert sorted(loss for loss, s, m, r in plan if s == "nats") == [0.0, C.LATENCY_LOSS]
+    monkeypatch.setattr(measure, "nats_unavailable", lambda: "no nats-server program")
+    plan = list(measure._round_trip_plan(ctx, scale, True, lambda *a: _Book()))
+    assert len(plan) == 15 + 28 + 7 + 4  # nats skipped, in its book
     best_effort = sorted(r for loss, s, m, r in plan if s == "cmq" and m == "best-effort" and loss == 0.0)
     assert best_effort == list(range(8))  # every repeat: the reliable modes' cost is judged against it
     monkeypatch.setattr(measure, "delivery_modes", lambda: False)
@@ -357,9 +364,17 @@ def test_link_counters_are_parsed() -> None:
         "Ip: Forwarding DefaultTTL InReceives InHdrErrors\nIp: 2 64 1000 0\n"
         "Icmp: InMsgs InErrors\nIcmp: 0 0\n"
     )
+    dev = (
+        "Inter-|   Receive                            |  Transmit\n"
+        " face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets\n"
+        "    lo:   51200      37    0    0    0     0          0         0    51200      37\n"
+        "vcmqb1x2:  9000     120    0    0    0     0          0         0     8000     110\n"
+    )
     assert measure.parse_dropped(iptables) == 29
     assert measure.parse_in_receives(snmp) == 1000
+    assert measure.parse_loopback_packets(dev) == 37
     assert measure.parse_dropped("") == 0 and measure.parse_in_receives("") == 0
+    assert measure.parse_loopback_packets("") == 0
 
 
 def test_a_throughput_run_becomes_records_and_samples(tmp_path: Path) -> None:
@@ -471,6 +486,42 @@ def test_a_tiny_run_in_lossy_namespaces(tmp_path: Path) -> None:
     # 9 %): the rule dropped packets across the runs, none at a wild rate.
     lossy = [v for x, v in drop if x == 0.03]
     assert lossy and all(0 <= v < 0.2 for v in lossy) and max(lossy) > 0
+
+
+NATS_WHY = WHY or measure.nats_unavailable()
+
+
+@pytest.mark.root
+@pytest.mark.skipif(NATS_WHY is not None, reason=f"NATS under loss unavailable: {NATS_WHY}")
+def test_nats_gets_a_server_of_its_own_on_the_lossy_host() -> None:
+    # The responder reaches the server over host b's loopback, which the
+    # rule spares; the client on host a over the lossy link. At 20 % loss
+    # every round trip still comes back (TCP repairs), and the rule's
+    # counter matches the link's share of the packets only.
+    with measure._hosts(0.2) as hosts, measure._nats_server(hosts) as url:
+        assert url.startswith(f"nats://{hosts.addr_b}:")
+        results = runner.run_pingpong(
+            ["nats"], [64], count=30, pin="none", timeout=STREAM_TIMEOUT,
+            server_prefix=[*hosts.command("b"), "env", f"CMQ_NATS_URL={url}"],
+            client_prefix=hosts.command("a"), bind=hosts.addr_b,
+        )  # fmt: skip
+        dropped, received = measure._link_drops(hosts)
+    (result,) = results
+    assert result.system == "nats" and result.round_trips == 30 and result.lost == 0
+    # Over the link: at least the 30 requests and 30 answers, each dropped with p = 0.2.
+    assert received >= 60 and 0 < dropped < received
+
+
+@pytest.mark.root
+@pytest.mark.skipif(NATS_WHY is not None, reason=f"NATS under loss unavailable: {NATS_WHY}")
+def test_a_nats_server_that_never_gets_ready_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(measure, "nats_server_binary", lambda: "/bin/true")
+    with (
+        measure._hosts(0.0) as hosts,
+        pytest.raises(ConfigError, match="nats-server on the lossy host exited before it was ready"),
+        measure._nats_server(hosts),
+    ):
+        pass
 
 
 # -- the loopback claims on hand-made rows ------------------------------------------

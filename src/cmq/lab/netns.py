@@ -3,9 +3,11 @@
 :class:`HostPair` makes two fresh network namespaces joined by a veth pair
 (``10.199.N.1`` and ``10.199.N.2``, a /30 of their own that exists only
 inside them), and removes them on exit. With ``loss`` it installs the CMQ
-paper's rule on both hosts' INPUT chains::
+paper's rule on both hosts' INPUT chains, for what comes over the link
+(a host's loopback is not the lossy network: a broker and a client on the
+same host talk without loss, as they would on a real machine)::
 
-    iptables -A INPUT -m statistic --mode random --probability P -j DROP
+    iptables -A INPUT ! -i lo -m statistic --mode random --probability P -j DROP
 
 The veths segment UDP GSO sends as they leave (``gso_max_segs 1``), so the
 rule sees, and drops, single datagrams.
@@ -117,7 +119,8 @@ class HostPair:
 
     @staticmethod
     def _rule(loss: float) -> tuple[str, ...]:
-        return ("-m", "statistic", "--mode", "random", "--probability", f"{loss}", "-j", "DROP")
+        return ("!", "-i", "lo", "-m", "statistic", "--mode", "random", "--probability", f"{loss}",
+                "-j", "DROP")  # fmt: skip
 
     def set_loss(self, loss: float) -> None:
         """Change the drop probability of both hosts' rule (made with ``rule=True``

@@ -24,9 +24,11 @@ Throughput (scenario ``"throughput"``)
 Round trips (scenario ``"pingpong"``)
     The lab's ping-pong (:func:`cmq.lab.runner.run_pingpong`, the adapters of
     :mod:`cmq.lab.systems`), as Figure 6 runs it: cmq in each delivery mode
-    and, beside it, TCP and ZeroMQ. The brokers (nats) run in the host's
-    namespace, out of reach of the lossy ones, and are skipped with
-    :data:`cmq.lab.experiments._common.BROKER_REASON`.
+    and, beside it, TCP, ZeroMQ and NATS. NATS gets a ``nats-server`` of its
+    own on host ``b`` (Debian's program), beside the responder, which
+    reaches it over ``b``'s loopback: the loss rule spares loopback, so a
+    NATS round trip crosses the lossy link twice, as the others' do.
+    Without the program (or nats-py), NATS is skipped with the reason.
 
 Rows carry ``{"delivery": mode, "loss": p}`` (peers ``{"loss": p}``) as
 params, so the pipeline keeps every (mode, loss) apart; each (loss, repeat)
@@ -46,14 +48,18 @@ import contextlib
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import IO, Any, Final, TypeVar
 
 from cmq._errors import ConfigError
+from cmq._extras import unavailable
 from cmq.lab import netns, runner
 from cmq.lab import systems as lab_systems
 from cmq.lab._child import LineProcess
@@ -80,8 +86,11 @@ __all__ = [
     "delivery_modes",
     "fewest_runs",
     "modes",
+    "nats_server_binary",
+    "nats_unavailable",
     "parse_dropped",
     "parse_in_receives",
+    "parse_loopback_packets",
     "queue_options",
     "run",
     "scale_for",
@@ -126,6 +135,10 @@ DRAIN_BASE: Final = 3.0
 DRAIN_PER_MESSAGE: Final = 5e-5
 
 _PEER_PROGRAM: Final = Path(__file__).with_name("_peer.py")
+#: Where Debian's nats-server package puts the program (not on a user's PATH).
+_NATS_SBIN: Final = "/usr/sbin/nats-server"
+#: The port of the NATS server started on the lossy host (a namespace of its own: always free).
+_NATS_PORT: Final = 4222
 _SENDER_STATS: Final = ("retransmits", "in_doubt", "status_received", "datagrams_sent")
 _RECEIVER_STATS: Final = ("duplicates", "status_sent", "kernel_drops", "datagrams_received")
 
@@ -401,14 +414,27 @@ def parse_in_receives(snmp: str) -> int:
     return int(lines[1][lines[0].index("InReceives")])
 
 
+def parse_loopback_packets(dev: str) -> int:
+    """Packets a namespace's loopback received (``lo``'s receive packets in
+    ``/proc/net/dev``): counted in ``InReceives`` but never offered to the
+    loss rule, which spares loopback (a broker beside its client)."""
+    for line in dev.splitlines():
+        name, sep, fields = line.partition(":")
+        if sep and name.strip() == "lo":
+            return int(fields.split()[1])
+    return 0
+
+
 def _link_drops(hosts: netns.HostPair) -> tuple[int, int]:
-    """(dropped, received) IPv4 packets of both hosts: what the rule really did."""
+    """(dropped, received) IPv4 packets that came over the link to both
+    hosts: what the rule really did."""
     dropped = received = 0
     for host in ("a", "b"):
         prefix = hosts.command(host)
         rules = [*prefix, "iptables", "-L", "INPUT", "-v", "-n", "-x"]
         dropped += parse_dropped(_output(rules))
         received += parse_in_receives(_output([*prefix, "cat", "/proc/net/snmp"]))
+        received -= parse_loopback_packets(_output([*prefix, "cat", "/proc/net/dev"]))
     return dropped, received
 
 
@@ -504,14 +530,7 @@ def _hosts(loss: float) -> Iterator[netns.HostPair]:
     Raises:
         ConfigError: the namespaces or the rule could not be made.
     """
-    with netns.HostPair(loss=loss) as hosts:
-        if loss == 0.0:
-            for host in ("a", "b"):
-                argv = [*hosts.command(host), "iptables", "-A", "INPUT", "-m", "statistic",
-                        "--mode", "random", "--probability", "0", "-j", "DROP"]  # fmt: skip
-                proc = subprocess.run(argv, capture_output=True, text=True, check=False)
-                if proc.returncode != 0:
-                    raise ConfigError(f"{' '.join(argv)} failed: {proc.stderr.strip()}")
+    with netns.HostPair(loss=loss, rule=True) as hosts:
         yield hosts
 
 
@@ -559,7 +578,12 @@ def _round_trip_plan(
     peers that cannot run (written to the book of the latency loss)."""
     peers = []
     for system in _peers(ctx):
-        why = BROKER_REASON if system in BROKERS else lab_systems.load(system).available()
+        if system == "nats":
+            why = nats_unavailable()
+        elif system in BROKERS:
+            why = BROKER_REASON
+        else:
+            why = lab_systems.load(system).available()
         if why is None:
             peers.append(system)
         else:
@@ -589,6 +613,83 @@ def _round_trip_plan(
         turn += 1
 
 
+def nats_server_binary() -> str | None:
+    """The ``nats-server`` program (Debian's package puts it in /usr/sbin), or None."""
+    found = shutil.which("nats-server")
+    if found is None and os.access(_NATS_SBIN, os.X_OK):
+        found = _NATS_SBIN
+    return found
+
+
+def nats_unavailable() -> str | None:
+    """Why NATS cannot be measured under loss here, or None: it needs nats-py
+    and a ``nats-server`` program to start on the lossy host."""
+    missing = unavailable("the NATS peer", "nats")
+    if missing is not None:
+        return missing
+    if nats_server_binary() is None:
+        return (
+            "no nats-server program to start on the lossy host: "
+            "apt-get install nats-server"
+        )
+    return None
+
+
+@contextlib.contextmanager
+def _nats_server(hosts: netns.HostPair) -> Iterator[str]:
+    """A ``nats-server`` of its own on host ``b``, on ``b``'s link address;
+    yields its URL. The responder beside it reaches it over ``b``'s loopback
+    (which the loss rule spares, as a broker's own host would), the client
+    on ``a`` over the lossy link: a round trip crosses the link twice, as
+    cmq's, TCP's and ZeroMQ's do. Stopped by its PID on exit.
+
+    Raises:
+        ConfigError: the program is missing, or it did not say it was ready
+            within :data:`STARTUP` seconds.
+    """
+    binary = nats_server_binary()
+    if binary is None:
+        raise ConfigError("no nats-server program: apt-get install nats-server")
+    # ``ip netns exec`` execs the program: the PID is the server's.
+    proc = subprocess.Popen(
+        [*hosts.command("b"), binary, "-a", hosts.addr_b, "-p", str(_NATS_PORT)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    ready = threading.Event()
+    log: list[str] = []
+
+    def read(stream: IO[str]) -> None:
+        # Reads to the end, so that the server never blocks on a full pipe.
+        for line in stream:
+            if len(log) < 50:
+                log.append(line.rstrip())
+            if "Server is ready" in line:
+                ready.set()
+
+    assert proc.stderr is not None
+    reader = threading.Thread(target=read, args=(proc.stderr,), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + STARTUP
+        while not ready.wait(0.05):
+            said = " | ".join(log[-3:]) or "nothing"
+            if not reader.is_alive():
+                raise ConfigError(f"nats-server on the lossy host exited before it was ready "
+                                  f"(exit code {proc.wait()}): {said}")  # fmt: skip
+            if time.monotonic() > deadline:
+                raise ConfigError(f"nats-server on the lossy host was not ready within {STARTUP:g} s: {said}")
+        yield f"nats://{hosts.addr_b}:{_NATS_PORT}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        reader.join(timeout=1)
+        proc.stderr.close()
+
+
 def _round_trips(ctx: Context, scale: Scale, books: _Books, api: bool) -> None:
     for loss, system, mode, repeat in _round_trip_plan(ctx, scale, api, books):
         book = books(loss, repeat)
@@ -604,15 +705,20 @@ def _round_trips(ctx: Context, scale: Scale, books: _Books, api: bool) -> None:
             params, options = {"loss": loss}, {}
         label = f"ping-pong {system}{' ' + mode if mode else ''}, loss {loss_label(loss)}"
         try:
-            with _hosts(loss) as hosts:
+            with _hosts(loss) as hosts, contextlib.ExitStack() as server:
+                server_prefix = hosts.command("b")
+                if system == "nats":
+                    # Its own server on host b, beside the responder.
+                    url = server.enter_context(_nats_server(hosts))
+                    server_prefix = [*server_prefix, "env", f"CMQ_NATS_URL={url}"]
                 results = runner.run_pingpong(
                     [system], [scale.size], count=count, pin=ctx.pin, timeout=timeout,
-                    server_prefix=hosts.command("b"), client_prefix=hosts.command("a"),
+                    server_prefix=server_prefix, client_prefix=hosts.command("a"),
                     bind=hosts.addr_b, options=options,
                 )  # fmt: skip
                 drops = _link_drops(hosts)
         except ConfigError as exc:
-            book.problem(system, f"{label}: network namespaces: {exc}")
+            book.problem(system, f"{label}: {exc}")
         else:
             book.add(results, params={**params, "timeout": timeout})
             if drops[1]:
