@@ -258,12 +258,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     _client_args(p)
 
     p = verbs.add_parser("bench", help="TE-SPSC (1 vs 1024 bindings) and DE-SPSC against RabbitMQ")
-    p.add_argument("--seconds", type=float, default=1.5, help="length of each measurement")
+    p.add_argument("--seconds", type=float, default=1.5,
+                   help="length of each measurement (default: %(default)s)")  # fmt: skip
     p.add_argument(
         "--repeat", type=int, default=2, help="interleaved runs, best kept (default: %(default)s)"
     )
     p.add_argument("--size", type=int, default=16, help="message body bytes (default: %(default)s)")
-    p.add_argument("--amqp-url", default="amqp://guest:guest@127.0.0.1:5672/%2F")
+    p.add_argument("--amqp-url", default="amqp://guest:guest@127.0.0.1:5672/%2F",
+                   help="the RabbitMQ measured beside; skipped with a line when it does not answer "
+                   "(default: %(default)s)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the results as JSON")
 
     p = verbs.add_parser(
@@ -271,10 +274,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="confirmed persistent publishes per second (confirm each, and a window) with one "
         "consumer beside, beside transient ones and RabbitMQ's",
     )
-    p.add_argument("--seconds", type=float, default=2.0, help="length of each measurement")
+    p.add_argument("--seconds", type=float, default=2.0,
+                   help="length of each measurement (default: %(default)s)")  # fmt: skip
     p.add_argument("--size", type=int, default=1024, help="message body bytes (default: %(default)s)")
     p.add_argument("--window", type=int, default=256, help="confirmed publishes in flight (default: %(default)s)")
-    p.add_argument("--amqp-url", default="amqp://guest:guest@127.0.0.1:5672/%2F")
+    p.add_argument("--amqp-url", default="amqp://guest:guest@127.0.0.1:5672/%2F",
+                   help="the RabbitMQ measured beside; skipped with a line when it does not answer "
+                   "(default: %(default)s)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the results as JSON")
 
 
