@@ -495,21 +495,23 @@ NATS_WHY = WHY or measure.nats_unavailable()
 @pytest.mark.skipif(NATS_WHY is not None, reason=f"NATS under loss unavailable: {NATS_WHY}")
 def test_nats_gets_a_server_of_its_own_on_the_lossy_host() -> None:
     # The responder reaches the server over host b's loopback, which the
-    # rule spares; the client on host a over the lossy link. At 20 % loss
-    # every round trip still comes back (TCP repairs), and the rule's
-    # counter matches the link's share of the packets only.
-    with measure._hosts(0.2) as hosts, measure._nats_server(hosts) as url:
+    # rule spares; the client on host a over the lossy link. At 5 % loss
+    # every round trip still comes back (TCP repairs within the stream
+    # timeout's four retransmissions), and the link's drop rate counts
+    # the link's packets only.
+    with measure._hosts(0.05) as hosts, measure._nats_server(hosts) as url:
         assert url.startswith(f"nats://{hosts.addr_b}:")
         results = runner.run_pingpong(
-            ["nats"], [64], count=30, pin="none", timeout=STREAM_TIMEOUT,
+            ["nats"], [64], count=100, pin="none", timeout=STREAM_TIMEOUT,
             server_prefix=[*hosts.command("b"), "env", f"CMQ_NATS_URL={url}"],
             client_prefix=hosts.command("a"), bind=hosts.addr_b,
         )  # fmt: skip
         dropped, received = measure._link_drops(hosts)
     (result,) = results
-    assert result.system == "nats" and result.round_trips == 30 and result.lost == 0
-    # Over the link: at least the 30 requests and 30 answers, each dropped with p = 0.2.
-    assert received >= 60 and 0 < dropped < received
+    assert result.system == "nats" and result.round_trips == 100 and result.lost == 0
+    # Over the link: at least the 100 requests and 100 answers (and their
+    # acknowledgements), each dropped with p = 0.05; over 200 packets some are.
+    assert received >= 200 and 0 < dropped < received / 5
 
 
 @pytest.mark.root
