@@ -18,7 +18,8 @@ import pytest
 
 from cmq import DeliveryFailure, WouldBlock
 from cmq.wire.frames import Status, encode_control
-from cmq.wire.reliable import MAX_ACK_DELAY
+from cmq.wire.receiver import QUEUE_TARGET
+from cmq.wire.reliable import MAX_ACK_DELAY, START_WINDOW, seq_diff
 
 from .harness import Datagram, SimEndpoint, SimNetwork
 
@@ -393,6 +394,55 @@ def test_a_bulk_senders_window_grows_to_the_endpoints_even_under_loss(net: SimNe
     assert b.received == msgs
     (rs,) = b._receiver._rstreams.values()
     assert rs.win == 256
+    settle(net, a, b)
+
+
+def test_a_queue_in_the_readers_socket_shrinks_the_window_until_it_is_short_again(net: SimNetwork) -> None:
+    """While the datagrams a reader reads have waited in its socket longer
+    than QUEUE_TARGET (Receiver.queue_delay, which the driver measures after
+    each read), grants halve the stream's window, at most once per that
+    delay, down to START_WINDOW, without taking back credit already given;
+    between half the target and the target it holds; under half it grows
+    back. The window counts from the last datagram seen, so a gap's repair
+    does not hold the sender at a cut window. Nothing is lost on the way."""
+    b = net.add(window=256, **SMALL)
+    a = net.add(**SMALL)
+    net.link(a, b)
+    msgs = messages(5000)
+    r = b._receiver
+
+    def send(part: list[bytes]) -> None:
+        push_all(a, b, part)
+        assert net.run(until=got_all(b, msgs[: msgs.index(part[-1]) + 1]))
+
+    send(msgs[:1000])
+    (rs,) = r._rstreams.values()
+    assert rs.win == 256
+    r.queue_delay = 2 * QUEUE_TARGET
+    r._grant(rs, net.now)
+    r._grant(rs, net.now + QUEUE_TARGET)  # within the queue's delay of the cut: no second one
+    assert rs.win == 128
+    wins = []
+    for k in range(1000, 2500, 100):
+        net.run_for(r.queue_delay)  # the last cut shows in the queue by now
+        given = rs.credit
+        send(msgs[k : k + 100])
+        assert seq_diff(rs.credit, given) >= 0  # never lowered
+        wins.append(rs.win)
+    assert wins == sorted(wins, reverse=True) and wins[-1] == START_WINDOW  # 128, 64 and no more
+    assert seq_diff(rs.credit, rs.next) <= START_WINDOW  # the sender may send no further ahead than that
+    # A gap at the cut window: the credit goes past it by what arrived behind it.
+    net.drop(carries(msgs[2600]), count=1)
+    push_all(a, b, msgs[2500:3000])
+    assert net.run(until=lambda: bool(rs.held) and seq_diff(rs.credit, rs.next) > START_WINDOW)
+    assert net.run(until=got_all(b, msgs[:3000]))
+    r.queue_delay = 0.75 * QUEUE_TARGET
+    send(msgs[3000:4000])
+    assert rs.win == START_WINDOW
+    r.queue_delay = 0.0
+    send(msgs[4000:])
+    assert rs.win == 256
+    assert b.received == msgs
     settle(net, a, b)
 
 
