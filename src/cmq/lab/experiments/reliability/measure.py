@@ -644,8 +644,8 @@ def _nats_server(hosts: netns.HostPair) -> Iterator[str]:
     cmq's, TCP's and ZeroMQ's do. Stopped by its PID on exit.
 
     Raises:
-        ConfigError: the program is missing, or it did not say it was ready
-            within :data:`STARTUP` seconds.
+        ConfigError: the program is missing, exited, or did not say it was
+            ready within :data:`STARTUP` seconds (the error quotes its log).
     """
     binary = nats_server_binary()
     if binary is None:
