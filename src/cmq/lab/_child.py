@@ -20,7 +20,7 @@ from typing import IO
 
 import cmq
 
-__all__ = ["LineProcess", "child_env"]
+__all__ = ["LineProcess", "child_env", "stop_child"]
 
 
 def child_env() -> dict[str, str]:
@@ -29,6 +29,21 @@ def child_env() -> dict[str, str]:
     src = str(Path(cmq.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
     return env
+
+
+def stop_child(proc: subprocess.Popen[str], grace: float = 10.0) -> None:
+    """Stop ``proc`` by its PID: SIGTERM, then SIGKILL if it has not exited
+    within ``grace`` seconds; reaped, its stdout closed (its other pipes are
+    the caller's)."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
 
 
 class LineProcess:

@@ -46,6 +46,7 @@ import time
 from typing import Any, Final
 
 from cmq._extras import unavailable
+from cmq.lab._child import stop_child
 
 __all__ = ["main"]
 
@@ -276,12 +277,7 @@ def main(args: argparse.Namespace) -> int:
                 r = _rabbit_run(args.amqp_url, "direct", ["k"], "k", body, args.seconds)
                 runs.append({"bench": "DE-SPSC", "system": "rabbitmq", **r})
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_child(proc)
     best: dict[tuple[str, str, int], dict[str, Any]] = {}
     for r in runs:
         key = (r["bench"], r["system"], r.get("non_matching", 0))

@@ -39,6 +39,7 @@ from typing import Any, Final, TypeVar
 
 from cmq._errors import CmqError
 from cmq._extras import unavailable
+from cmq.lab._child import stop_child
 
 __all__ = ["cmq_consumer", "main", "pika_consumer", "with_consumer"]
 
@@ -191,8 +192,7 @@ def main(args: argparse.Namespace) -> int:
                     rows.append({"system": "cmq", "persistent": durable, "window": window, "msgs_per_s": rate,
                                  "consumed": consumed})  # fmt: skip
         finally:
-            proc.terminate()
-            proc.wait(timeout=10)
+            stop_child(proc)
     skipped = _rabbit_available(args.amqp_url)
     if skipped is None:
         for durable in (True, False):

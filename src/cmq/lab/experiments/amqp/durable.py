@@ -37,7 +37,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from cmq._errors import CmqError
-from cmq.lab._child import child_env
+from cmq.lab._child import child_env, stop_child
 from cmq.lab.bench.broker_durable import cmq_consumer, pika_consumer, with_consumer
 from cmq.lab.experiments import register_page
 from cmq.lab.experiments.amqp.transport import AMQP_URL, rabbit_available
@@ -84,18 +84,6 @@ def _start_broker(data_dir: str, *, amqp: bool = False) -> tuple[subprocess.Pope
     if amqp:
         return proc, f"amqp://guest:guest@{line.strip().rpartition(' ')[2]}/%2F"
     return proc, line.strip().split("serving on ")[1].split(",")[0]
-
-
-def _stop(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    if proc.stdout is not None:
-        proc.stdout.close()
 
 
 def _cmq_rate(address: str, seconds: float) -> tuple[int, float]:
@@ -177,7 +165,7 @@ def kill_check(seconds: float) -> tuple[int, int, float]:
                     killer.cancel()
             proc.wait(timeout=10)
         finally:
-            _stop(proc)
+            stop_child(proc)
         proc, address = _start_broker(data_dir)
         found: set[int] = set()
         try:
@@ -189,7 +177,7 @@ def kill_check(seconds: float) -> tuple[int, int, float]:
                     found.add(int.from_bytes(d.body[:8], "big"))
                     consumer.ack(d)
         finally:
-            _stop(proc)
+            stop_child(proc)
     kept = len(found.intersection(confirmed))
     return len(confirmed), kept, time.perf_counter() - start
 
@@ -213,7 +201,7 @@ def measure_durable(
                                 address, seconds
                             )
                         finally:
-                            _stop(proc)
+                            stop_child(proc)
                 book.writer(system).totals(scenario="confirm-each", params=params, size=SIZE, sent=n,
                                            delivered=n, duration_ns=round(took * 1e9))  # fmt: skip
                 say(f"{EXPERIMENT_ID}: {system} confirm-each {n / took:,.0f} msgs/s")

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from cmq._errors import CmqError, ConfigError
-from cmq.lab._child import LineProcess, child_env
+from cmq.lab._child import LineProcess, child_env, stop_child
 from cmq.lab.experiments.amqp._worker import read_stamps
 from cmq.lab.experiments.amqp.transport import AMQP_URL, Transport, open_transport
 
@@ -242,14 +242,7 @@ class BrokerProcess:
     def close(self) -> None:
         """Stop the broker if this process started it."""
         if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-            if self.proc.stdout is not None:
-                self.proc.stdout.close()
+            stop_child(self.proc)
 
 
 def cmq_broker(*, amqp: bool = False) -> BrokerProcess:

@@ -62,7 +62,7 @@ from cmq._errors import ConfigError
 from cmq._extras import unavailable
 from cmq.lab import netns, runner
 from cmq.lab import systems as lab_systems
-from cmq.lab._child import LineProcess
+from cmq.lab._child import LineProcess, stop_child
 from cmq.lab.experiments import PROFILES, Context, Profile
 from cmq.lab.experiments._common import BROKER_REASON, BROKERS, DATAGRAM_TIMEOUT, STREAM_TIMEOUT
 from cmq.lab.experiments._proc import GRACE, READY_TIMEOUT, Child, WorkerError
@@ -680,12 +680,7 @@ def _nats_server(hosts: netns.HostPair) -> Iterator[str]:
                 raise ConfigError(f"nats-server on the lossy host was not ready within {STARTUP:g} s: {said}")
         yield f"nats://{hosts.addr_b}:{_NATS_PORT}"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_child(proc, grace=5.0)
         reader.join(timeout=1)
         proc.stderr.close()
 
