@@ -678,10 +678,10 @@ def test_a_read_of_several_datagrams_measures_how_long_the_last_one_waited(
     # socket (Receiver.queue_delay): after a read that found several
     # queued, the driver asks the kernel about the last one; one read alone
     # says the queue was about empty.
-    import cmq.net.queue as queue_module
+    import cmq.net._base as base_module
 
     asked: list[int] = []
-    monkeypatch.setattr(queue_module, "queue_delay", lambda fd: asked.append(fd) or 0.004)
+    monkeypatch.setattr(base_module, "queue_delay", lambda fd: asked.append(fd) or 0.004)
     q = make_queue()
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer:
         peer.bind(("127.0.0.1", 0))

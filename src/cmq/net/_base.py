@@ -33,7 +33,7 @@ from cmq import _impl
 from cmq._config import QueueConfig
 from cmq._errors import Closed, ConfigError, MessageTooLarge, Timeout, TransportError, WouldBlock
 from cmq._types import Address, Message, Stats
-from cmq.net._sock import kernel_drops, membership, open_socket, parse_address, resolve
+from cmq.net._sock import kernel_drops, membership, open_socket, parse_address, queue_delay, resolve
 from cmq.wire.batcher import LARGE, Batcher, Stream
 from cmq.wire.pending import PendingTable
 from cmq.wire.receiver import (
@@ -55,6 +55,9 @@ _MAX_MAILBOX: Final = ENVELOPE_BIT - 1
 _ACK_POLL_BYTES: Final = 64 * 1024
 #: Delivery failures kept for :meth:`Endpoint.failures`.
 _KEEP_FAILURES: Final = 1024
+#: Datagrams in one read from which the last one's wait in the kernel is
+#: measured (Receiver.queue_delay): fewer found the queue about empty.
+_QUEUE_SAMPLE: Final = 4
 
 
 def _is_multicast(addr: Address) -> bool:
@@ -817,6 +820,17 @@ class Endpoint(ABC):
                 fut.set_exception(exc)
 
     # -- reliable delivery ---------------------------------------------------
+
+    def _note_read(self, n: int) -> None:
+        """After a read of ``n`` datagrams: how long the last one waited in
+        the kernel, which the receiver's windows answer to
+        (Receiver.queue_delay). Several at once were queued, so the kernel
+        is asked (one ioctl); one to three found the queue about empty;
+        none says nothing."""
+        if n >= _QUEUE_SAMPLE:
+            self._receiver.queue_delay = queue_delay(self._sock.fileno())
+        elif n:
+            self._receiver.queue_delay = 0.0
 
     def _after_read(self, now: float, fire: bool = True) -> None:
         """After reading datagrams (receive lock held): resolve replies, apply

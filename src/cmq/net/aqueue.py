@@ -27,16 +27,12 @@ from cmq._config import QueueConfig
 from cmq._errors import Closed, Timeout, TransportError, WouldBlock
 from cmq._types import Address, Message
 from cmq.net._base import Endpoint, message_of, send_error
-from cmq.net._sock import queue_delay
 from cmq.wire.batcher import Stream
 from cmq.wire.receiver import EMPTY, Meta
 
 __all__ = ["AsyncQueue"]
 
 _DRAIN_BATCH: Final = 256
-#: Datagrams in one drain from which the last one's wait in the kernel is
-#: measured (Receiver.queue_delay): fewer found the queue about empty.
-_QUEUE_SAMPLE: Final = 4
 #: How long reading ahead pauses while the mailboxes are half full.
 _RESUME_AFTER: Final = 0.002
 
@@ -283,11 +279,7 @@ class AsyncQueue(Endpoint):
             count += 1
             if backlog is not None and self._receiver.queued() >= backlog:
                 break
-        # How long the last datagram waited in the kernel (Receiver.queue_delay).
-        if count >= _QUEUE_SAMPLE:
-            self._receiver.queue_delay = queue_delay(self._sock.fileno())
-        elif count:
-            self._receiver.queue_delay = 0.0
+        self._note_read(count)
         if count:
             if self._waiters or self._receiver.replies:
                 # Input someone waited for: what they push next is not batched.

@@ -53,7 +53,7 @@ from cmq._config import QueueConfig
 from cmq._errors import Closed, Timeout, TransportError
 from cmq._types import Address, Message
 from cmq.net._base import Endpoint, message_of, send_error
-from cmq.net._sock import queue_delay, spin_readable, yield_cpu
+from cmq.net._sock import spin_readable, yield_cpu
 from cmq.wire.batcher import Stream
 from cmq.wire.receiver import EMPTY, Meta
 
@@ -77,9 +77,6 @@ _KEEP_FREED: Final = 64 << 20
 _TOP_PAD: Final = 16 << 20
 #: Datagrams per recvmmsg/sendmmsg call (the compiled core's buffers: this many times _RECV_SIZE).
 _MMSG_SLOTS: Final = 16
-#: Datagrams in one read from which the last one's wait in the kernel is
-#: measured (Receiver.queue_delay): fewer found the queue about empty.
-_QUEUE_SAMPLE: Final = 4
 #: Waits shorter than this use select, not SO_RCVTIMEO (which rounds up to a timer tick).
 _SHORT_WAIT: Final = 0.02
 #: Most datagrams one blocking read takes on its latency path (_read_direct).
@@ -744,11 +741,7 @@ class Queue(Endpoint):
             count += 1
             if backlog is not None and self._receiver.queued() >= backlog:
                 break
-        # How long the last datagram waited in the kernel (see _drain_many).
-        if count >= _QUEUE_SAMPLE:
-            self._receiver.queue_delay = queue_delay(self._sock.fileno())
-        elif count:
-            self._receiver.queue_delay = 0.0
+        self._note_read(count)
         self._after_read(_monotonic())
         return count
 
@@ -761,7 +754,6 @@ class Queue(Endpoint):
         received = self._receiver.datagram_received
         recv = self._mmsg.recv
         receiver = self._receiver
-        fd = self._sock.fileno()
         half = None if backlog is None else backlog // 2
         count = 0
         while count < limit:
@@ -772,15 +764,7 @@ class Queue(Endpoint):
                 if self._closed:
                     break
                 continue  # e.g. an ICMP error reported on the socket: nothing to read
-            # Several datagrams at once were queued: how long the last one
-            # waited is what the receiver's windows answer to
-            # (Receiver.queue_delay); one or a few found the queue about
-            # empty; none says nothing.
-            n = len(batch)
-            if n >= _QUEUE_SAMPLE:
-                receiver.queue_delay = queue_delay(fd)
-            elif n:
-                receiver.queue_delay = 0.0
+            self._note_read(len(batch))
             shut = False
             with self._state_lock:
                 for data, addr in batch:
