@@ -67,6 +67,15 @@ class LineProcess:
         )
         self._drain.start()
 
+    def next_line(self, timeout: float) -> str | None:
+        """The child's next stdout line, waiting up to ``timeout`` seconds;
+        None once its stdout closed (it exited).
+
+        Raises:
+            queue.Empty: no line within ``timeout``.
+        """
+        return self._lines.get(timeout=max(0.0, timeout))
+
     def _pump(self, stream: IO[str]) -> None:
         for line in stream:
             self._lines.put(line)

@@ -48,15 +48,15 @@ import contextlib
 import dataclasses
 import json
 import os
+import queue
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Final, TypeVar
+from typing import Any, Final, TypeVar
 
 from cmq._errors import ConfigError
 from cmq._extras import unavailable
@@ -650,39 +650,32 @@ def _nats_server(hosts: netns.HostPair) -> Iterator[str]:
     binary = nats_server_binary()
     if binary is None:
         raise ConfigError("no nats-server program: apt-get install nats-server")
-    # ``ip netns exec`` execs the program: the PID is the server's.
-    proc = subprocess.Popen(
-        [*hosts.command("b"), binary, "-a", hosts.addr_b, "-p", str(_NATS_PORT)],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    ready = threading.Event()
-    log: list[str] = []
-
-    def read(stream: IO[str]) -> None:
-        # Reads to the end, so that the server never blocks on a full pipe.
-        for line in stream:
-            if len(log) < 50:
-                log.append(line.rstrip())
-            if "Server is ready" in line:
-                ready.set()
-
-    assert proc.stderr is not None
-    reader = threading.Thread(target=read, args=(proc.stderr,), daemon=True)
-    reader.start()
+    # ``ip netns exec`` execs the program: the PID is the server's. Its log
+    # goes to stdout, read line by line by LineProcess's thread.
+    server = LineProcess(
+        [*hosts.command("b"), binary, "-a", hosts.addr_b, "-p", str(_NATS_PORT), "-l", "/dev/stdout"],
+        stdin=subprocess.DEVNULL,
+    )
     try:
+        said: list[str] = []
         deadline = time.monotonic() + STARTUP
-        while not ready.wait(0.05):
-            said = " | ".join(log[-3:]) or "nothing"
-            if not reader.is_alive():
+        while True:
+            try:
+                line = server.next_line(deadline - time.monotonic())
+            except queue.Empty:
+                raise ConfigError(f"nats-server on the lossy host was not ready within {STARTUP:g} s: "
+                                  f"{' | '.join(said[-3:]) or 'nothing'}") from None  # fmt: skip
+            if line is None:
                 raise ConfigError(f"nats-server on the lossy host exited before it was ready "
-                                  f"(exit code {proc.wait()}): {said}")  # fmt: skip
-            if time.monotonic() > deadline:
-                raise ConfigError(f"nats-server on the lossy host was not ready within {STARTUP:g} s: {said}")
+                                  f"(exit code {server.proc.wait()}): {' | '.join(said[-3:]) or 'nothing'}")  # fmt: skip
+            if "Server is ready" in line:
+                break
+            said.append(line.rstrip())
         yield f"nats://{hosts.addr_b}:{_NATS_PORT}"
     finally:
-        stop_child(proc, grace=5.0)
-        reader.join(timeout=1)
-        proc.stderr.close()
+        stop_child(server.proc, grace=5.0)
+        if server.proc.stderr is not None:
+            server.proc.stderr.close()
 
 
 def _round_trips(ctx: Context, scale: Scale, books: _Books, api: bool) -> None:
