@@ -196,3 +196,65 @@ def test_tx_and_confirm_modes_exclude_each_other_and_commit_needs_select(address
             assert info.value.reply_code == 406
     finally:
         conn.close()
+
+
+SYSTEM_EXCHANGES = [("amq.direct", "direct"), ("amq.fanout", "fanout"), ("amq.topic", "topic"),
+                    ("amq.headers", "headers"), ("amq.match", "headers")]  # fmt: skip
+
+
+def _closed_with(address: tuple[str, int], call: Any) -> tuple[int, str]:
+    """The reply code and text of the channel error ``call(channel)`` raises, on a channel of its own."""
+    params = pika.ConnectionParameters(*address, credentials=pika.PlainCredentials("guest", "guest"))
+    conn = pika.BlockingConnection(params)
+    try:
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
+            call(conn.channel())
+        return info.value.reply_code, info.value.reply_text
+    finally:
+        if conn.is_open:
+            conn.close()
+
+
+@pytest.mark.parametrize(("ex", "kind"), SYSTEM_EXCHANGES)
+def test_the_system_exchanges_exist_and_cannot_be_changed_or_deleted(
+    address: tuple[str, int], channel: Any, ex: str, kind: str
+) -> None:
+    channel.exchange_declare(ex, passive=True)
+    channel.exchange_declare(ex, kind, durable=True)  # declared again as it is: a no-op
+    other = "fanout" if kind != "fanout" else "direct"
+    code, text = _closed_with(address, lambda ch: ch.exchange_declare(ex, other, durable=True))
+    assert code == 406 and "type" in text
+    code, text = _closed_with(address, lambda ch: ch.exchange_declare(ex, kind, durable=False))
+    assert code == 406 and "durable" in text
+    code, _ = _closed_with(address, lambda ch: ch.exchange_delete(ex))
+    assert code == 403
+    code, _ = _closed_with(address, lambda ch: ch.exchange_declare("amq." + name("mine"), "direct"))
+    assert code == 403
+    channel.exchange_declare(ex, passive=True)  # still there
+
+
+def test_the_system_exchanges_route_by_their_types(channel: Any) -> None:
+    q = channel.queue_declare("", exclusive=True).method.queue
+    channel.queue_bind(q, "amq.direct", "k1")
+    channel.queue_bind(q, "amq.fanout", "")
+    channel.queue_bind(q, "amq.topic", "a.*")
+    channel.queue_bind(q, "amq.headers", arguments={"x-match": "all", "h": "v"})
+    try:
+        channel.basic_publish("amq.direct", "k1", b"direct")
+        channel.basic_publish("amq.direct", "k2", b"not routed")
+        channel.basic_publish("amq.fanout", "any", b"fanout")
+        channel.basic_publish("amq.topic", "a.b", b"topic")
+        channel.basic_publish("amq.topic", "b.a", b"not routed")
+        channel.basic_publish("amq.headers", "", b"headers", pika.BasicProperties(headers={"h": "v"}))
+        got = []
+        for _ in range(4):
+            method, _, body = channel.basic_get(q, auto_ack=True)
+            assert method is not None
+            got.append(body)
+        assert got == [b"direct", b"fanout", b"topic", b"headers"]
+        assert channel.basic_get(q, auto_ack=True)[0] is None
+    finally:
+        channel.queue_unbind(q, "amq.direct", "k1")
+        channel.queue_unbind(q, "amq.fanout", "")
+        channel.queue_unbind(q, "amq.topic", "a.*")
+        channel.queue_unbind(q, "amq.headers", arguments={"x-match": "all", "h": "v"})

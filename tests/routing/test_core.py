@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from cmq import ConfigError
-from cmq.routing._core import Address, BrokerConfig, BrokerCore, Outgoing
+from cmq.routing._core import SYSTEM_EXCHANGES, Address, BrokerConfig, BrokerCore, Outgoing
 from cmq.routing._protocol import (
     DELIVERY_MAILBOX,
     REPLY_MAILBOX,
@@ -136,7 +136,7 @@ def test_declarations_are_idempotent() -> None:
     assert h.ok(Bind, queue="q", exchange="x", key="a.*") == {"created": False}
     assert h.ok(Unbind, queue="q", exchange="x", key="a.*") == {"deleted": True}
     assert h.ok(Unbind, queue="q", exchange="x", key="a.*") == {"deleted": False}
-    assert h.core.stats().exchanges == 2  # x and the default exchange
+    assert h.core.stats().exchanges == 2 + len(SYSTEM_EXCHANGES)  # x, the default and the amq.* ones
 
 
 # (request, fields, expected error code, text in the message)
@@ -154,7 +154,11 @@ ERROR_TABLE = [
         "exists with type 'direct'",
     ),
     (DeclareExchange, {"name": "", "type": "direct"}, ErrorCode.ACCESS_REFUSED, "reserved"),
-    (DeclareExchange, {"name": "amq.topic", "type": "topic"}, ErrorCode.ACCESS_REFUSED, "reserved"),
+    (DeclareExchange, {"name": "amq.mine", "type": "topic"}, ErrorCode.ACCESS_REFUSED, "reserved"),
+    (DeclareExchange, {"name": "amq.topic", "type": "direct", "durable": True}, ErrorCode.PRECONDITION_FAILED,
+     "exists with type 'topic'"),
+    (DeclareExchange, {"name": "amq.topic", "type": "topic"}, ErrorCode.PRECONDITION_FAILED, "durable=True"),
+    (DeleteExchange, {"name": "amq.direct"}, ErrorCode.ACCESS_REFUSED, "cannot be deleted"),
     (
         DeclareExchange,
         {"name": "y" * 256, "type": "topic"},
@@ -282,6 +286,20 @@ def test_topic_message_reaches_each_queue_once() -> None:
         h.ok(Bind, queue=q, exchange="t", key=key)
     assert h.publish("t", "stock.ibm.nyse", b"m", confirm=True)[2] == {"routed": 2}  # type: ignore[index]
     assert (h.queue_stats("a").ready, h.queue_stats("b").ready) == (1, 1)
+
+
+def test_the_system_exchanges_are_there_from_the_start_and_route_by_their_types() -> None:
+    h = Harness()
+    info = {e["name"]: (e["type"], e["durable"]) for e in h.core.exchanges_info()}
+    assert {n: info[n] for n, _ in SYSTEM_EXCHANGES} == {n: (t.value, True) for n, t in SYSTEM_EXCHANGES}
+    assert h.ok(DeclareExchange, name="amq.topic", type="topic", durable=True) == {"created": False}
+    h.queue("q")
+    h.ok(Bind, queue="q", exchange="amq.topic", key="stock.#")
+    h.ok(Bind, queue="q", exchange="amq.direct", key="k")
+    assert h.publish("amq.topic", "stock.ibm", b"t", confirm=True)[2] == {"routed": 1}  # type: ignore[index]
+    assert h.publish("amq.direct", "k", b"d", confirm=True)[2] == {"routed": 1}  # type: ignore[index]
+    assert h.publish("amq.direct", "other", b"x", confirm=True)[2] == {"routed": 0}  # type: ignore[index]
+    assert h.queue_stats("q").ready == 2
 
 
 def test_publish_to_unknown_exchange_is_an_error_even_unconfirmed() -> None:

@@ -94,6 +94,27 @@ def test_store_round_trip_in_order_marked_redelivered(tmp_path: Path) -> None:
     assert again.next_message_id > max(m[4].pid for m in again._queues["dq"].ready if m[4] is not None)
 
 
+def test_a_durable_queues_binding_to_a_system_exchange_is_kept_and_the_exchange_never_stored(
+    tmp_path: Path,
+) -> None:
+    core = BrokerCore()
+    core.persisting = True
+    core.call(DeclareExchange(rid=0, name="amq.direct", type="direct", durable=True), ME, 0.0)
+    core.call(DeclareQueue(rid=0, name="dq", max_length=10, overflow="drop-head", durable=True), ME, 0.0)
+    core.call(Bind(rid=0, queue="dq", exchange="amq.direct", key="k"), ME, 0.0)
+    assert [r[0] for r in core.journal] == ["queue", "bind"]
+    store = Store(tmp_path)
+    store.write(core.journal)
+    store.close()
+    again = BrokerCore()
+    store = Store(tmp_path)
+    again.restore(store.load(), 0.0)
+    store.close()
+    assert ("amq.direct", "k") in again._queues["dq"].bindings
+    again.call(Publish(rid=0, exchange="amq.direct", routing_key="k", body=b"m"), ME, 0.0)
+    assert len(again._queues["dq"].ready) == 1
+
+
 def test_a_turn_that_publishes_is_flushed_and_one_of_acks_only_is_not(tmp_path: Path) -> None:
     """A publish's records are fsynced before its confirm may leave; a turn
     of acknowledgements only is committed (it survives a killed process)

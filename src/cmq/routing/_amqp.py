@@ -941,7 +941,9 @@ class AmqpConnection:
             if have is not None and have != kind:
                 raise _ChannelError(PRECONDITION_FAILED, f"inequivalent arg 'type' for exchange '{name}' in "
                                     f"vhost '/': received '{kind}' but current is '{have}'")  # fmt: skip
-            if have is None or not (name == "" or name.startswith("amq.")):
+            if name != "":
+                # The core checks the rest (durable the same; a system
+                # exchange declared again; no new reserved name).
                 self.core.call(DeclareExchange(rid=0, name=name, type=kind, durable=bool(m.durable)),
                                (self.key, ch.number), now)  # fmt: skip
         if not m.nowait:

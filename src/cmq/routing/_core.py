@@ -150,6 +150,7 @@ __all__ = [
     "DEFAULT_BATCH_BYTES",
     "DEFAULT_BATCH_COUNT",
     "DEFAULT_CONSUMER_TIMEOUT",
+    "SYSTEM_EXCHANGES",
     "Address",
     "BrokerConfig",
     "BrokerCore",
@@ -708,6 +709,21 @@ def _reserved(name: str) -> bool:
     return name == "" or name.startswith("amq.")
 
 
+#: The exchanges every broker has from its start, besides the default one,
+#: as AMQP 0-9-1 asks (``amq.direct`` and ``amq.fanout``
+#: always, ``amq.topic`` and ``amq.match`` with their types) and RabbitMQ
+#: has (``amq.headers`` too). Durable, so that a durable queue's bindings to
+#: them are kept; never stored (each start makes them again); never deleted;
+#: declaring one again with its type and ``durable=True`` is a no-op.
+SYSTEM_EXCHANGES: Final[tuple[tuple[str, ExchangeType], ...]] = (
+    ("amq.direct", ExchangeType.DIRECT),
+    ("amq.fanout", ExchangeType.FANOUT),
+    ("amq.topic", ExchangeType.TOPIC),
+    ("amq.headers", ExchangeType.HEADERS),
+    ("amq.match", ExchangeType.HEADERS),
+)
+
+
 class BrokerCore:
     """The broker's state and rules, driven by received payloads and ``now``.
 
@@ -763,6 +779,9 @@ class BrokerCore:
         self._grown_since = 0
         self._next_pid = 1
         self._durable_exchanges: set[str] = set()
+        for name, kind in SYSTEM_EXCHANGES:
+            self._exchanges[name] = make_exchange(kind)
+            self._durable_exchanges.add(name)
         # Wall-clock seconds at ``now == 0``, set by a driver with a real
         # clock: the time written into a dead letter's ``x-death`` record.
         self.epoch = 0.0
@@ -1603,7 +1622,10 @@ class BrokerCore:
 
     def _declare_exchange(self, ev: DeclareExchange, sender: Address, now: float) -> Any:
         _check_name("exchange name", ev.name)
-        if _reserved(ev.name):
+        have = self._exchanges.get(ev.name)
+        if _reserved(ev.name) and (have is None or ev.name == ""):
+            # A system exchange (SYSTEM_EXCHANGES) may be declared again, as
+            # AMQP clients do before they use one; no new name may be taken.
             raise _Refused(ErrorCode.ACCESS_REFUSED, f"exchange name {ev.name!r} is reserved")
         try:
             kind = ExchangeType(ev.type)
@@ -1612,7 +1634,6 @@ class BrokerCore:
             raise _Refused(
                 ErrorCode.BAD_REQUEST, f"unknown exchange type {ev.type!r} (known: {known})"
             ) from None
-        have = self._exchanges.get(ev.name)
         if have is not None:
             if have.type != kind:
                 raise _Refused(
@@ -1633,6 +1654,8 @@ class BrokerCore:
     def _delete_exchange(self, ev: DeleteExchange, sender: Address, now: float) -> Any:
         if ev.name == "":
             raise _Refused(ErrorCode.ACCESS_REFUSED, "the default exchange cannot be deleted")
+        if any(ev.name == name for name, _ in SYSTEM_EXCHANGES):
+            raise _Refused(ErrorCode.ACCESS_REFUSED, f"the system exchange {ev.name!r} cannot be deleted")
         ex = self._exchanges.pop(ev.name, None)
         if ex is None:
             return {"deleted": False}
