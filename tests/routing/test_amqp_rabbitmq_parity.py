@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import secrets
 import socket
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,6 +22,7 @@ pytest.importorskip("pamqp", reason="pamqp is not installed: pip install 'pycmq[
 
 from cmq.routing import Broker, BrokerConfig  # noqa: E402
 from tests.routing.test_exchanges import HEADERS_TABLE  # noqa: E402
+from tests.waiting import wait_until  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -258,3 +260,39 @@ def test_the_system_exchanges_route_by_their_types(channel: Any) -> None:
         channel.queue_unbind(q, "amq.fanout", "")
         channel.queue_unbind(q, "amq.topic", "a.*")
         channel.queue_unbind(q, "amq.headers", arguments={"x-match": "all", "h": "v"})
+
+
+@pytest.mark.parametrize("bad", [0, -5, "1000"])
+def test_a_bad_x_expires_is_refused_with_406(address: tuple[str, int], bad: Any) -> None:
+    code, text = _closed_with(address, lambda ch: ch.queue_declare(name("exp"), arguments={"x-expires": bad}))
+    assert code == 406 and "x-expires" in text
+
+
+def test_a_queue_unused_for_its_x_expires_goes_and_a_passive_declare_is_a_use(
+    address: tuple[str, int], channel: Any
+) -> None:
+    q = name("exp")
+    channel.queue_declare(q, arguments={"x-expires": 1000})
+    params = pika.ConnectionParameters(*address, credentials=pika.PlainCredentials("guest", "guest"))
+    conn = pika.BlockingConnection(params)
+    returned: list[bytes] = []
+    try:
+        watch = conn.channel()
+        watch.add_on_return_callback(lambda _ch, _m, _p, body: returned.append(body))
+
+        def gone() -> bool:
+            # A publish is not a use: mandatory, it comes back once the queue is gone.
+            watch.basic_publish("", q, b"probe", mandatory=True)
+            conn.process_data_events(0)
+            return bool(returned)
+
+        # Passive declares, each within the expiry of the one before, keep it
+        # (RabbitMQ counts them as uses), as long as they come.
+        kept_until = time.monotonic() + 2.0
+        while time.monotonic() < kept_until:
+            channel.queue_declare(q, passive=True)
+            channel.connection.sleep(0.05)
+        assert not gone()
+        assert wait_until(gone, timeout=10.0)
+    finally:
+        conn.close()

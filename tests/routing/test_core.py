@@ -22,6 +22,7 @@ from cmq.routing._protocol import (
     DeleteExchange,
     DeleteQueue,
     ErrorCode,
+    Get,
     GetStats,
     Heartbeat,
     Publish,
@@ -189,6 +190,15 @@ ERROR_TABLE = [
         ErrorCode.BAD_REQUEST,
         "max_length must be >= 1",
     ),
+    *[
+        (
+            DeclareQueue,
+            {"name": "e", "max_length": 10, "overflow": "drop-head", "arguments": {"x-expires": bad}},
+            ErrorCode.BAD_REQUEST,
+            "x-expires must be a positive integer",
+        )
+        for bad in (0, -1, "1000", 1.5)
+    ],
     (
         DeclareQueue,
         {"name": "amq.gen-mine", "max_length": 10, "overflow": "drop-head"},
@@ -326,6 +336,59 @@ def test_delete_exchange_and_queue() -> None:
     assert h.ok(DeleteExchange, name="f") == {"deleted": True}
     assert h.ok(DeleteExchange, name="f") == {"deleted": False}
     assert h.ok(DeleteQueue, name="q") == {"deleted": False, "messages": 0}
+
+
+# -- queues that go once unused (x-expires) --------------------------------------
+
+
+def _expiring_queue(h: Harness, name: str = "e", ms: int = 1000) -> Any:
+    return h.ok(DeclareQueue, name=name, max_length=10, overflow="drop-head", arguments={"x-expires": ms})
+
+
+def test_a_queue_unused_for_its_x_expires_is_deleted_with_its_messages() -> None:
+    h = Harness()
+    _expiring_queue(h)
+    h.publish("", "e", b"m")
+    assert h.core.next_deadline() == 1.0
+    h.advance(0.999)
+    assert h.queue_stats("e").ready == 1
+    h.advance(0.001)
+    assert "e" not in {q.name for q in h.core.stats().per_queue}
+    s = h.core.stats()
+    assert (s.queues_expired, s.purged) == (1, 1)
+    assert h.publish("", "e", b"late", confirm=True)[2] == {"routed": 0}  # type: ignore[index]
+
+
+@pytest.mark.parametrize("keep_unacked", [False, True])  # True: AMQP's basic.cancel
+def test_a_consumer_a_get_or_a_declare_is_a_use_and_publishing_is_not(keep_unacked: bool) -> None:
+    h = Harness(consumer_timeout=1000.0)
+    _expiring_queue(h)
+    h.advance(0.5)
+    h.publish("", "e", b"m")  # not a use
+    assert h.core.next_deadline() == 1.0
+    h.consume("e")
+    h.advance(10.0)  # a consumer keeps it, however long
+    assert h.queue_stats("e").consumers == 1
+    h.ok(Cancel, C1, tag="t", keep_unacked=keep_unacked)  # unused from now: 10.5
+    h.advance(0.9)
+    assert h.queue_stats("e").consumers == 0
+    h.ok(Get, queue="e", no_ack=True)  # 11.4
+    h.advance(0.9)  # 12.3: past 11.5, kept by the get
+    assert h.queue_stats("e").ready == 0
+    assert _expiring_queue(h)["created"] is False  # declared again at 12.3
+    h.advance(0.9)  # 13.2: past 12.4, kept by the declare
+    assert h.core.next_deadline() == pytest.approx(13.3)
+    h.advance(0.1)
+    assert "e" not in {q.name for q in h.core.stats().per_queue}
+
+
+def test_a_redeclaration_with_another_x_expires_is_refused() -> None:
+    h = Harness()
+    _expiring_queue(h, ms=1000)
+    code, text = h.err(DeclareQueue, name="e", max_length=10, overflow="drop-head", arguments={"x-expires": 2000})
+    assert code == ErrorCode.PRECONDITION_FAILED and "x-expires=1000" in text
+    code, _ = h.err(DeclareQueue, name="e", max_length=10, overflow="drop-head")
+    assert code == ErrorCode.PRECONDITION_FAILED
 
 
 # -- bounded queues ------------------------------------------------------------

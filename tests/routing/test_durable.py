@@ -115,6 +115,24 @@ def test_a_durable_queues_binding_to_a_system_exchange_is_kept_and_the_exchange_
     assert len(again._queues["dq"].ready) == 1
 
 
+def test_a_durable_queues_x_expires_is_kept_and_counts_again_from_the_restart(tmp_path: Path) -> None:
+    core = BrokerCore()
+    core.persisting = True
+    core.call(DeclareQueue(rid=0, name="dq", max_length=10, overflow="drop-head", durable=True,
+                           arguments={"x-expires": 2000}), ME, 0.0)  # fmt: skip
+    store = Store(tmp_path)
+    store.write(core.journal)
+    store.close()
+    again = BrokerCore()
+    store = Store(tmp_path)
+    again.restore(store.load(), 100.0)
+    store.close()
+    assert again.queue_options("dq") == (10, "drop-head", {"x-expires": 2000})
+    assert again.next_deadline() == 102.0
+    again.handle_timer(102.0)
+    assert again.queue_options("dq") is None
+
+
 def test_a_turn_that_publishes_is_flushed_and_one_of_acks_only_is_not(tmp_path: Path) -> None:
     """A publish's records are fsynced before its confirm may leave; a turn
     of acknowledgements only is committed (it survives a killed process)

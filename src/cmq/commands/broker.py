@@ -213,6 +213,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                    help="their routing key there (default: their own)")  # fmt: skip
     p.add_argument("--message-ttl", type=float, default=None, metavar="SECONDS",
                    help="how long a message may wait in the queue")  # fmt: skip
+    p.add_argument("--expires", type=float, default=None, metavar="SECONDS",
+                   help="delete the queue, with its messages, once unused this long "
+                        "(no consumer, no declare or get of it)")  # fmt: skip
     _client_args(p)
 
     p = verbs.add_parser("delete-queue", help="delete a queue, its bindings and messages")
@@ -374,6 +377,7 @@ def _client_verb(args: argparse.Namespace) -> int:
                 "dead_letter_exchange": args.dead_letter_exchange,
                 "dead_letter_routing_key": args.dead_letter_routing_key,
                 "message_ttl": args.message_ttl,
+                "expires": args.expires,
                 "durable": args.durable,
             }
             if args.max_length is not None:

@@ -213,7 +213,13 @@ def _ms(seconds: float | None, what: str) -> int | None:
 
 
 def _queue_fields(
-    name: str, max_length: int, overflow: str, dlx: str | None, dlrk: str | None, ttl: float | None
+    name: str,
+    max_length: int,
+    overflow: str,
+    dlx: str | None,
+    dlrk: str | None,
+    ttl: float | None,
+    expires: float | None = None,
 ) -> dict[str, Any]:
     arguments: dict[str, Any] = {}
     if dlx is not None:
@@ -222,6 +228,11 @@ def _queue_fields(
         arguments["x-dead-letter-routing-key"] = dlrk
     if ttl is not None:
         arguments["x-message-ttl"] = _ms(ttl, "message_ttl")
+    if expires is not None:
+        ms = _ms(expires, "expires")
+        if not ms:
+            raise ConfigError(f"expires must be at least 0.001 seconds, got {expires!r}")
+        arguments["x-expires"] = ms
     return {"name": name, "max_length": max_length, "overflow": overflow, "arguments": arguments}
 
 
@@ -728,6 +739,7 @@ class BrokerClient(_ClientBase):
         dead_letter_exchange: str | None = None,
         dead_letter_routing_key: str | None = None,
         message_ttl: float | None = None,
+        expires: float | None = None,
         durable: bool = False,
     ) -> dict[str, Any]:
         """Declare queue ``name``; return ``{"created", "messages", "consumers"}``.
@@ -751,15 +763,19 @@ class BrokerClient(_ClientBase):
         requeue, expired, or over ``max_length`` (``x-dead-letter-exchange``,
         ``x-dead-letter-routing-key``). ``message_ttl``: seconds a message
         may wait in this queue (``x-message-ttl``). Every drop is counted in
-        the broker's stats.
+        the broker's stats. ``expires``: seconds the queue may go unused (no
+        consumer, no declare or get of it) before the broker deletes it with
+        its messages (``x-expires``, as RabbitMQ's queue TTL).
 
         Raises:
             RemoteError: ``precondition-failed`` (exists with other
                 arguments), ``bad-request`` (bad overflow, max_length or argument).
             Timeout: the broker did not answer.
+            ConfigError: a negative ``message_ttl`` or ``expires``, or an
+                ``expires`` under a millisecond.
         """
         return dict(self._request(DeclareQueue, durable=durable, **_queue_fields(
-            name, max_length, overflow, dead_letter_exchange, dead_letter_routing_key, message_ttl
+            name, max_length, overflow, dead_letter_exchange, dead_letter_routing_key, message_ttl, expires
         )))  # fmt: skip
 
     def delete_queue(self, name: str) -> int:
@@ -1313,11 +1329,12 @@ class AsyncBrokerClient(_ClientBase):
         dead_letter_exchange: str | None = None,
         dead_letter_routing_key: str | None = None,
         message_ttl: float | None = None,
+        expires: float | None = None,
         durable: bool = False,
     ) -> dict[str, Any]:
         """As :meth:`BrokerClient.declare_queue` (raises RemoteError, Timeout)."""
         return dict(await self._request(DeclareQueue, durable=durable, **_queue_fields(
-            name, max_length, overflow, dead_letter_exchange, dead_letter_routing_key, message_ttl
+            name, max_length, overflow, dead_letter_exchange, dead_letter_routing_key, message_ttl, expires
         )))  # fmt: skip
 
     async def delete_queue(self, name: str) -> int:

@@ -251,6 +251,9 @@ _OVERFLOW: Final[dict[Overflow, _OverflowRule]] = {
 DLX_ARG: Final = "x-dead-letter-exchange"
 DLRK_ARG: Final = "x-dead-letter-routing-key"
 TTL_ARG: Final = "x-message-ttl"
+#: A queue unused this many milliseconds is deleted (RabbitMQ's queue TTL):
+#: no consumer, and no declare or basic.get of it meanwhile.
+EXPIRES_ARG: Final = "x-expires"
 #: Most dead-letter hops a message keeps a record of (a cycle is cut well before).
 _MAX_DEATHS: Final = 32
 
@@ -436,6 +439,7 @@ class BrokerStats:
     internal_errors: int
     refused_memory: int = 0  # cmq-protocol publishes refused while over the memory budget (messages)
     memory_alarms: int = 0  # times the held bytes reached the memory budget
+    queues_expired: int = 0  # queues deleted for going unused their x-expires
     per_queue: tuple[QueueStats, ...] = field(default=())
 
     def as_dict(self) -> dict[str, Any]:
@@ -471,8 +475,9 @@ GET_TAG: Final = "\x00get:"
 
 
 class _Queue:
-    __slots__ = ("auto_delete", "bindings", "consumers", "counts", "dlrk", "dlx", "durable", "expiring",
-                 "handed", "max_length", "name", "nbytes", "overflow", "owner", "ready", "rr", "ttl")  # fmt: skip
+    __slots__ = ("auto_delete", "bindings", "consumers", "counts", "dlrk", "dlx", "durable", "expires", "expiring",
+                 "handed", "max_length", "name", "nbytes", "overflow", "owner", "ready", "rr", "ttl",
+                 "used_at")  # fmt: skip
 
     def __init__(
         self,
@@ -489,6 +494,10 @@ class _Queue:
         self.dlx = dlx  # dead-letter exchange
         self.dlrk = dlrk  # dead-letter routing key (None: the message's own)
         self.ttl = ttl  # seconds a message may wait here (None: no limit)
+        # Seconds this queue may go unused before it is deleted (x-expires;
+        # None: never), and when it was last used (see BrokerCore._unused).
+        self.expires: float | None = None
+        self.used_at = 0.0
         self.owner: str | None = None  # the connection of an exclusive queue
         self.auto_delete = False  # deleted when its last consumer goes
         self.durable = False  # kept in the store (with its persistent messages)
@@ -620,17 +629,21 @@ def _ttl(expiration: int | None) -> float | None:
     return None if expiration is None else expiration / 1000
 
 
-def _queue_arguments(args: dict[str, Any]) -> tuple[str | None, str | None, float | None]:
-    """(dead-letter exchange, dead-letter routing key, TTL in seconds) from queue arguments.
+def _queue_arguments(
+    args: dict[str, Any],
+) -> tuple[str | None, str | None, float | None, float | None]:
+    """(dead-letter exchange, dead-letter routing key, message TTL in seconds,
+    queue TTL in seconds) from queue arguments.
 
     Raises:
         _Refused: an unknown argument or a value of the wrong kind.
     """
-    unknown = set(args) - {DLX_ARG, DLRK_ARG, TTL_ARG}
+    unknown = set(args) - {DLX_ARG, DLRK_ARG, TTL_ARG, EXPIRES_ARG}
     if unknown:
         raise _Refused(ErrorCode.BAD_REQUEST, f"unknown queue argument {brief(sorted(unknown)[0])}"
-                       f" (known: {DLX_ARG}, {DLRK_ARG}, {TTL_ARG})")  # fmt: skip
+                       f" (known: {DLX_ARG}, {DLRK_ARG}, {TTL_ARG}, {EXPIRES_ARG})")  # fmt: skip
     dlx, dlrk, ttl = args.get(DLX_ARG), args.get(DLRK_ARG), args.get(TTL_ARG)
+    expires = args.get(EXPIRES_ARG)
     for what, v in ((DLX_ARG, dlx), (DLRK_ARG, dlrk)):
         if v is not None:
             if type(v) is not str:
@@ -640,10 +653,19 @@ def _queue_arguments(args: dict[str, Any]) -> tuple[str | None, str | None, floa
         raise _Refused(ErrorCode.BAD_REQUEST, f"{DLRK_ARG} needs {DLX_ARG}")
     if ttl is not None and (type(ttl) is not int or ttl < 0):
         raise _Refused(ErrorCode.BAD_REQUEST, f"{TTL_ARG} must be a non-negative integer (ms), got {brief(ttl)}")
-    return dlx, dlrk, _ttl(ttl)
+    if expires is not None and (type(expires) is not int or expires < 1):
+        raise _Refused(ErrorCode.BAD_REQUEST, f"{EXPIRES_ARG} must be a positive integer (ms), got {brief(expires)}")
+    return dlx, dlrk, _ttl(ttl), _ttl(expires)
 
 
-def _describe(max_length: int, overflow: Overflow, dlx: str | None, dlrk: str | None, ttl: float | None) -> str:
+def _describe(
+    max_length: int,
+    overflow: Overflow,
+    dlx: str | None,
+    dlrk: str | None,
+    ttl: float | None,
+    expires: float | None = None,
+) -> str:
     text = f"max_length={max_length} overflow={overflow.value!r}"
     if dlx is not None:
         text += f" {DLX_ARG}={dlx!r}"
@@ -651,6 +673,8 @@ def _describe(max_length: int, overflow: Overflow, dlx: str | None, dlrk: str | 
         text += f" {DLRK_ARG}={dlrk!r}"
     if ttl is not None:
         text += f" {TTL_ARG}={round(ttl * 1000)}"
+    if expires is not None:
+        text += f" {EXPIRES_ARG}={round(expires * 1000)}"
     return text
 
 
@@ -663,6 +687,8 @@ def _arguments_of(q: _Queue) -> dict[str, Any]:
         args[DLRK_ARG] = q.dlrk
     if q.ttl is not None:
         args[TTL_ARG] = round(q.ttl * 1000)
+    if q.expires is not None:
+        args[EXPIRES_ARG] = round(q.expires * 1000)
     return args
 
 
@@ -762,6 +788,8 @@ class BrokerCore:
         self.notes: deque[Note] = deque(maxlen=_MAX_NOTES)
         # Names of the queues whose ready messages may expire (see _Queue.expiring).
         self._expiring: set[str] = set()
+        # Names of the queues that go once unused for a while (x-expires).
+        self._with_expires: set[str] = set()
         # Connections (the first part of their addresses) whose consumers
         # are not timed out: a front end over TCP says when one ends.
         self._held: set[str] = set()
@@ -818,13 +846,17 @@ class BrokerCore:
         for q in [q for q in self._queues.values() if q.owner == conn]:
             self._drop_queue(q, now)
 
-    def queue_info(self, name: str, sender: Address) -> tuple[int, int]:
-        """(ready messages, consumers) of queue ``name`` (AMQP's passive declare).
+    def queue_info(self, name: str, sender: Address, now: float | None = None) -> tuple[int, int]:
+        """(ready messages, consumers) of queue ``name`` (AMQP's passive
+        declare: with ``now``, a use of the queue for its x-expires, as
+        RabbitMQ counts one).
 
         Raises:
             Refused: no such queue, or it is another connection's exclusive queue.
         """
         q = self._queue_for(name, sender)
+        if now is not None:
+            q.used_at = now
         return len(q.ready), len(q.consumers)
 
     def queue_options(self, name: str) -> tuple[int, str, dict[str, Any]] | None:
@@ -974,9 +1006,10 @@ class BrokerCore:
                 self._exchanges[name] = make_exchange(ExchangeType(kind))
             self._durable_exchanges.add(name)
         for sq in state.queues:
-            dlx, dlrk, ttl = _queue_arguments(sq.arguments)
+            dlx, dlrk, ttl, expires = _queue_arguments(sq.arguments)
             overflow = Overflow(_OVERFLOW_ALIASES.get(sq.overflow, sq.overflow))
             q = self._queues[sq.name] = _Queue(sq.name, sq.max_length, overflow, dlx, dlrk, ttl)
+            self._set_expires(q, expires, now)  # a restart counts as a use, as in RabbitMQ
             q.auto_delete = sq.auto_delete
             q.durable = True
             if ttl is not None:
@@ -1211,6 +1244,12 @@ class BrokerCore:
                 meta = ready[0][4]
                 if meta is not None and meta.expires is not None and (best is None or meta.expires < best):
                     best = meta.expires
+        for name in self._with_expires:
+            q = self._queues[name]
+            if not q.consumers and q.expires is not None:
+                t = q.used_at + q.expires
+                if best is None or t < best:
+                    best = t
         timeout, ack_timeout = self.config.consumer_timeout, self.config.ack_timeout
         for c in self._consumers.values():
             if c.held:
@@ -1223,9 +1262,17 @@ class BrokerCore:
         return best
 
     def handle_timer(self, now: float) -> None:
-        """Detach consumers gone silent, requeue overdue deliveries, expire messages."""
+        """Detach consumers gone silent, requeue overdue deliveries, expire
+        messages, delete queues unused for their ``x-expires``."""
         for name in list(self._expiring):
             self._expire(self._queues[name], now)
+        for name in list(self._with_expires):
+            q = self._queues[name]
+            if not q.consumers and q.expires is not None and q.used_at + q.expires <= now:
+                # Deleted as queue.delete would (its messages go, not to a
+                # dead-letter exchange, as in RabbitMQ).
+                self._drop_queue(q, now)
+                self._totals["queues_expired"] += 1
         timeout, ack_timeout = self.config.consumer_timeout, self.config.ack_timeout
         for key, c in list(self._consumers.items()):
             if c.held:
@@ -1273,6 +1320,7 @@ class BrokerCore:
                     "dead_letters_dropped",
                     "refused_memory",
                     "memory_alarms",
+                    "queues_expired",
                 )
             },
             bad_bodies=t["bad_body"],
@@ -1594,6 +1642,8 @@ class BrokerCore:
         q = c.queue
         if c in q.consumers:  # a basic.get's holder is not one
             q.consumers.remove(c)
+            if not q.consumers:
+                q.used_at = now  # unused from now on (x-expires)
         # Deliveries computed but not yet handed to the driver never left:
         # they go back too, as do the unacknowledged ones (no_ack consumers'
         # in-flight messages are gone: that is what no_ack means).
@@ -1689,12 +1739,12 @@ class BrokerCore:
             ) from None
         if ev.max_length < 1:
             raise _Refused(ErrorCode.BAD_REQUEST, f"max_length must be >= 1, got {ev.max_length}")
-        dlx, dlrk, ttl = _queue_arguments(ev.arguments)
+        dlx, dlrk, ttl, expires = _queue_arguments(ev.arguments)
         q = self._queues.get(name)
         if q is not None:
             self._queue_for(name, sender)
-            have = (q.max_length, q.overflow, q.dlx, q.dlrk, q.ttl)
-            want = (ev.max_length, overflow, dlx, dlrk, ttl)
+            have = (q.max_length, q.overflow, q.dlx, q.dlrk, q.ttl, q.expires)
+            want = (ev.max_length, overflow, dlx, dlrk, ttl, expires)
             if have != want:
                 raise _Refused(
                     ErrorCode.PRECONDITION_FAILED,
@@ -1702,8 +1752,10 @@ class BrokerCore:
                 )
             if q.durable != (ev.durable and not ev.exclusive):
                 raise _Refused(ErrorCode.PRECONDITION_FAILED, f"queue {name!r} exists with durable={q.durable}")
+            q.used_at = now  # declared again: a use (x-expires)
             return {"created": False, "messages": len(q.ready), "consumers": len(q.consumers), "queue": name}
         q = self._queues[name] = _Queue(name, ev.max_length, overflow, dlx, dlrk, ttl)
+        self._set_expires(q, expires, now)
         if ev.exclusive:
             q.owner = sender[0]
         q.auto_delete = ev.auto_delete
@@ -1718,6 +1770,11 @@ class BrokerCore:
         q.bindings.add(("", name))
         return {"created": True, "messages": 0, "consumers": 0, "queue": name}
 
+    def _set_expires(self, q: _Queue, expires: float | None, now: float) -> None:
+        q.expires, q.used_at = expires, now
+        if expires is not None:
+            self._with_expires.add(q.name)
+
     def _delete_queue(self, ev: DeleteQueue, sender: Address, now: float) -> Any:
         q = self._queues.get(ev.name)
         if q is None:
@@ -1730,6 +1787,7 @@ class BrokerCore:
         name = q.name
         del self._queues[name]
         self._expiring.discard(name)
+        self._with_expires.discard(name)
         if q.durable and self.persisting:
             self.journal.append(("queue-", name))
         for ex_name, key in q.bindings:
@@ -1958,6 +2016,8 @@ class BrokerCore:
         self._with_pending.pop(key, None)
         q = c.queue
         q.consumers.remove(c)
+        if not q.consumers:
+            q.used_at = now  # unused from now on (x-expires)
         unsent = [d for r in c.pending for d in range(r[0], r[0] + len(r[4]))]
         c.pending.clear()
         back = [c.unacked.pop(d)[0] for d in unsent if d in c.unacked]
@@ -1970,6 +2030,7 @@ class BrokerCore:
 
     def _get(self, ev: Get, sender: Address, now: float) -> Any:
         q = self._queue_for(ev.queue, sender)
+        q.used_at = now  # a basic.get is a use (x-expires), found or not
         if q.expiring:
             self._expire(q, now)
         if not q.ready:
