@@ -296,3 +296,21 @@ def test_a_queue_unused_for_its_x_expires_goes_and_a_passive_declare_is_a_use(
         assert wait_until(gone, timeout=10.0)
     finally:
         conn.close()
+
+
+def test_an_exclusive_consumer_has_its_queue_to_itself_until_it_cancels(
+    address: tuple[str, int], channel: Any
+) -> None:
+    q = channel.queue_declare(name("excl"), auto_delete=False).method.queue
+    try:
+        tag = channel.basic_consume(q, lambda *_: None, exclusive=True)
+        for exclusive in (False, True):
+            code, text = _closed_with(address, lambda ch, e=exclusive: ch.basic_consume(q, lambda *_: None, exclusive=e))
+            assert code == 403 and "exclusive use" in text
+        channel.basic_cancel(tag)
+        plain = channel.basic_consume(q, lambda *_: None)  # free again
+        code, text = _closed_with(address, lambda ch: ch.basic_consume(q, lambda *_: None, exclusive=True))
+        assert code == 403 and "exclusive use" in text
+        channel.basic_cancel(plain)
+    finally:
+        channel.queue_delete(q)

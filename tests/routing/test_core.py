@@ -338,6 +338,24 @@ def test_delete_exchange_and_queue() -> None:
     assert h.ok(DeleteQueue, name="q") == {"deleted": False, "messages": 0}
 
 
+def test_an_exclusive_consumer_keeps_the_cmq_protocols_consumers_off_its_queue() -> None:
+    from cmq.routing._core import ExclusiveConsume, Refused
+
+    h = Harness()
+    h.queue("q")
+    h.core.hold("amqp#1")
+    channel = ("amqp#1", 1)
+    h.core.call(ExclusiveConsume(rid=0, tag="x", queue="q", prefetch=0, no_ack=False), channel, h.now)
+    code, text = h.err(Consume, C1, tag="t", queue="q", prefetch=0, no_ack=False)
+    assert code == ErrorCode.ACCESS_REFUSED and "exclusive use" in text
+    h.publish("", "q", b"m")
+    assert h.ok(Get, queue="q", no_ack=True) is None  # a get is answered; the consumer had it
+    h.core.release("amqp#1", h.now)  # its connection ends: the queue is free
+    h.consume("q")
+    with pytest.raises(Refused, match="exclusive use"):
+        h.core.call(ExclusiveConsume(rid=0, tag="y", queue="q", prefetch=0, no_ack=False), channel, h.now)
+
+
 # -- queues that go once unused (x-expires) --------------------------------------
 
 

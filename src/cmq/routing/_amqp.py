@@ -59,7 +59,7 @@ import msgpack
 
 from cmq._errors import ConfigError
 from cmq._extras import optional_imports
-from cmq.routing._core import MAX_NAME, BrokerCore, Refused
+from cmq.routing._core import MAX_NAME, BrokerCore, ExclusiveConsume, Refused
 from cmq.routing._protocol import (
     BODY_EXT,
     Ack,
@@ -1042,7 +1042,8 @@ class AmqpConnection:
             mark = len(self._out)
             if not m.nowait:
                 self._send_method(ch.number, ok)
-            self.core.call(Consume(rid=0, tag=tag, queue=queue, prefetch=ch.prefetch, no_ack=bool(m.no_ack)),
+            make = ExclusiveConsume if m.exclusive else Consume
+            self.core.call(make(rid=0, tag=tag, queue=queue, prefetch=ch.prefetch, no_ack=bool(m.no_ack)),
                            (self.key, ch.number), now)  # fmt: skip
         except Exception:
             del ch.consumers[tag]

@@ -155,6 +155,7 @@ __all__ = [
     "BrokerConfig",
     "BrokerCore",
     "BrokerStats",
+    "ExclusiveConsume",
     "Note",
     "Outgoing",
     "Overflow",
@@ -475,9 +476,9 @@ GET_TAG: Final = "\x00get:"
 
 
 class _Queue:
-    __slots__ = ("auto_delete", "bindings", "consumers", "counts", "dlrk", "dlx", "durable", "expires", "expiring",
-                 "handed", "max_length", "name", "nbytes", "overflow", "owner", "ready", "rr", "ttl",
-                 "used_at")  # fmt: skip
+    __slots__ = ("auto_delete", "bindings", "consumers", "counts", "dlrk", "dlx", "durable", "exclusive",
+                 "expires", "expiring", "handed", "max_length", "name", "nbytes", "overflow", "owner", "ready",
+                 "rr", "ttl", "used_at")  # fmt: skip
 
     def __init__(
         self,
@@ -498,6 +499,9 @@ class _Queue:
         # None: never), and when it was last used (see BrokerCore._unused).
         self.expires: float | None = None
         self.used_at = 0.0
+        # The consumer that has this queue to itself (AMQP's exclusive
+        # basic.consume), while it consumes; None: any may.
+        self.exclusive: _Consumer | None = None
         self.owner: str | None = None  # the connection of an exclusive queue
         self.auto_delete = False  # deleted when its last consumer goes
         self.durable = False  # kept in the store (with its persistent messages)
@@ -729,6 +733,12 @@ def _died(props: dict[str, Any] | None, queue: str, reason: str, exchange: str, 
     headers["x-death"] = records[:_MAX_DEATHS]
     out["headers"] = headers
     return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExclusiveConsume(Consume):
+    """AMQP's basic.consume with ``exclusive``: the consumer is the queue's
+    only one while it consumes (a front end's request, not on cmq's wire)."""
 
 
 def _reserved(name: str) -> bool:
@@ -1616,10 +1626,15 @@ class BrokerCore:
         self._hand(c, msgs, now)
         self._count(q, "delivered", take)
 
-    def _attach(self, sender: Address, spec: ConsumerSpec, now: float) -> _Consumer:
+    def _attach(self, sender: Address, spec: ConsumerSpec, now: float, *, exclusive: bool = False) -> _Consumer:
         q = self._queue_for(spec.queue, sender)
         key = (sender, spec.tag)
         c = self._consumers.get(key)
+        held = q.exclusive
+        if (held is not None and held is not c) or (exclusive and any(x is not c for x in q.consumers)):
+            # As RabbitMQ: no consumer beside an exclusive one, and no
+            # exclusive one beside others (a basic.get is still answered).
+            raise _Refused(ErrorCode.ACCESS_REFUSED, f"queue '{q.name}' in vhost '/' in exclusive use")
         if c is not None:
             if c.queue is not q:
                 raise _Refused(
@@ -1633,6 +1648,8 @@ class BrokerCore:
             c = self._consumers[key] = _Consumer(sender, spec, q, now)
             c.held = sender[0] in self._held
             q.consumers.append(c)
+        if exclusive:
+            q.exclusive = c
         self._dispatch(q, now)
         return c
 
@@ -1640,6 +1657,8 @@ class BrokerCore:
         del self._consumers[key]
         self._with_pending.pop(key, None)
         q = c.queue
+        if q.exclusive is c:
+            q.exclusive = None
         if c in q.consumers:  # a basic.get's holder is not one
             q.consumers.remove(c)
             if not q.consumers:
@@ -1925,7 +1944,7 @@ class BrokerCore:
     def _consume(self, ev: Consume, sender: Address, now: float) -> Any:
         _check_name("consumer tag", ev.tag)
         spec = ConsumerSpec(tag=ev.tag, queue=ev.queue, prefetch=ev.prefetch, no_ack=ev.no_ack)
-        self._attach(sender, spec, now)
+        self._attach(sender, spec, now, exclusive=type(ev) is ExclusiveConsume)
         cfg = self.config
         return {"heartbeat": cfg.heartbeat_interval, "timeout": cfg.consumer_timeout}
 
@@ -2016,6 +2035,8 @@ class BrokerCore:
         self._with_pending.pop(key, None)
         q = c.queue
         q.consumers.remove(c)
+        if q.exclusive is c:
+            q.exclusive = None
         if not q.consumers:
             q.used_at = now  # unused from now on (x-expires)
         unsent = [d for r in c.pending for d in range(r[0], r[0] + len(r[4]))]
@@ -2081,6 +2102,7 @@ _HANDLERS: Final[dict[type[Any], _Handler]] = {
     Publish: BrokerCore._publish,
     PublishBatch: BrokerCore._publish_batch,
     Consume: BrokerCore._consume,
+    ExclusiveConsume: BrokerCore._consume,
     Heartbeat: BrokerCore._heartbeat,
     Ack: BrokerCore._ack,
     Nack: BrokerCore._nack,
