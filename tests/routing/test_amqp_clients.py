@@ -86,8 +86,8 @@ def test_a_celery_task_runs_through_the_broker(broker: Broker, tmp_path: Path) -
         from celery import Celery
 
         app = Celery("cmq_celery_tasks", broker={url(broker)!r}, backend="rpc://")
-        app.conf.update(worker_enable_remote_control=False, worker_hijack_root_logger=False,
-                        broker_connection_retry_on_startup=True, task_acks_late=True)
+        app.conf.update(worker_hijack_root_logger=False, broker_connection_retry_on_startup=True,
+                        task_acks_late=True)
 
         @app.task
         def add(x, y):
@@ -108,6 +108,10 @@ def test_a_celery_task_runs_through_the_broker(broker: Broker, tmp_path: Path) -
             assert result.get(timeout=WAIT) == 5
             results = [cmq_celery_tasks.add.delay(i, i) for i in range(5)]
             assert [r.get(timeout=WAIT) for r in results] == [0, 2, 4, 6, 8]
+            # Remote control: a fanout to the workers' pidbox queues (declared
+            # with x-expires) and the answers through a reply queue.
+            pongs = cmq_celery_tasks.app.control.ping(timeout=WAIT, limit=1)
+            assert [list(p.values())[0] for p in pongs] == [{"ok": "pong"}], pongs
         finally:
             sys.path.remove(str(tmp_path))
             sys.modules.pop("cmq_celery_tasks", None)
