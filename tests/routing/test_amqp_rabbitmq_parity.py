@@ -314,3 +314,25 @@ def test_an_exclusive_consumer_has_its_queue_to_itself_until_it_cancels(
         channel.basic_cancel(plain)
     finally:
         channel.queue_delete(q)
+
+
+def test_a_single_active_consumer_queue_delivers_to_its_first_consumer_only(channel: Any) -> None:
+    q = channel.queue_declare(name("sac"), exclusive=True, arguments={"x-single-active-consumer": True}).method.queue
+    got: dict[str, list[bytes]] = {"first": [], "second": []}
+    first = channel.basic_consume(q, lambda _ch, m, _p, body: got["first"].append(body), auto_ack=True)
+    channel.basic_consume(q, lambda _ch, m, _p, body: got["second"].append(body), auto_ack=True)
+    for i in range(4):
+        channel.basic_publish("", q, b"%d" % i)
+    assert wait_until(lambda: channel.connection.process_data_events(0) or len(got["first"]) == 4)
+    channel.basic_cancel(first)  # the next consumer becomes the active one
+    for i in range(4, 6):
+        channel.basic_publish("", q, b"%d" % i)
+    assert wait_until(lambda: channel.connection.process_data_events(0) or len(got["second"]) == 2)
+    assert got == {"first": [b"0", b"1", b"2", b"3"], "second": [b"4", b"5"]}
+
+
+def test_a_bad_x_single_active_consumer_is_refused_with_406(address: tuple[str, int]) -> None:
+    code, text = _closed_with(
+        address, lambda ch: ch.queue_declare(name("sac"), arguments={"x-single-active-consumer": "yes"})
+    )
+    assert code == 406 and "x-single-active-consumer" in text

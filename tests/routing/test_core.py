@@ -356,6 +356,21 @@ def test_an_exclusive_consumer_keeps_the_cmq_protocols_consumers_off_its_queue()
         h.core.call(ExclusiveConsume(rid=0, tag="y", queue="q", prefetch=0, no_ack=False), channel, h.now)
 
 
+def test_a_single_active_consumer_queue_hands_its_unacked_to_the_next_consumer() -> None:
+    h = Harness()
+    h.ok(DeclareQueue, name="s", max_length=10, overflow="drop-head", arguments={"x-single-active-consumer": True})
+    h.consume("s", sender=C1)
+    h.consume("s", sender=C2)
+    for i in range(3):
+        h.publish("", "s", b"%d" % i)
+    assert (h.got(C1), h.got(C2)) == ([b"0", b"1", b"2"], [])
+    h.ok(Cancel, C1, tag="t")  # unacknowledged: back to the queue, to the next one (redelivered)
+    assert h.got(C2) == [b"0", b"1", b"2"]
+    assert h.core.queue_options("s") == (10, "drop-head", {"x-single-active-consumer": True})
+    code, _ = h.err(DeclareQueue, name="s", max_length=10, overflow="drop-head")
+    assert code == ErrorCode.PRECONDITION_FAILED
+
+
 # -- queues that go once unused (x-expires) --------------------------------------
 
 

@@ -255,6 +255,8 @@ TTL_ARG: Final = "x-message-ttl"
 #: A queue unused this many milliseconds is deleted (RabbitMQ's queue TTL):
 #: no consumer, and no declare or basic.get of it meanwhile.
 EXPIRES_ARG: Final = "x-expires"
+#: Deliveries go to one consumer at a time, the first attached (RabbitMQ's single active consumer).
+SINGLE_ARG: Final = "x-single-active-consumer"
 #: Most dead-letter hops a message keeps a record of (a cycle is cut well before).
 _MAX_DEATHS: Final = 32
 
@@ -478,7 +480,7 @@ GET_TAG: Final = "\x00get:"
 class _Queue:
     __slots__ = ("auto_delete", "bindings", "consumers", "counts", "dlrk", "dlx", "durable", "exclusive",
                  "expires", "expiring", "handed", "max_length", "name", "nbytes", "overflow", "owner", "ready",
-                 "rr", "ttl", "used_at")  # fmt: skip
+                 "rr", "single", "ttl", "used_at")  # fmt: skip
 
     def __init__(
         self,
@@ -502,6 +504,8 @@ class _Queue:
         # The consumer that has this queue to itself (AMQP's exclusive
         # basic.consume), while it consumes; None: any may.
         self.exclusive: _Consumer | None = None
+        # Deliveries only to the first of ``consumers`` (x-single-active-consumer).
+        self.single = False
         self.owner: str | None = None  # the connection of an exclusive queue
         self.auto_delete = False  # deleted when its last consumer goes
         self.durable = False  # kept in the store (with its persistent messages)
@@ -635,17 +639,17 @@ def _ttl(expiration: int | None) -> float | None:
 
 def _queue_arguments(
     args: dict[str, Any],
-) -> tuple[str | None, str | None, float | None, float | None]:
+) -> tuple[str | None, str | None, float | None, float | None, bool]:
     """(dead-letter exchange, dead-letter routing key, message TTL in seconds,
-    queue TTL in seconds) from queue arguments.
+    queue TTL in seconds, single active consumer) from queue arguments.
 
     Raises:
         _Refused: an unknown argument or a value of the wrong kind.
     """
-    unknown = set(args) - {DLX_ARG, DLRK_ARG, TTL_ARG, EXPIRES_ARG}
+    unknown = set(args) - {DLX_ARG, DLRK_ARG, TTL_ARG, EXPIRES_ARG, SINGLE_ARG}
     if unknown:
         raise _Refused(ErrorCode.BAD_REQUEST, f"unknown queue argument {brief(sorted(unknown)[0])}"
-                       f" (known: {DLX_ARG}, {DLRK_ARG}, {TTL_ARG}, {EXPIRES_ARG})")  # fmt: skip
+                       f" (known: {DLX_ARG}, {DLRK_ARG}, {TTL_ARG}, {EXPIRES_ARG}, {SINGLE_ARG})")  # fmt: skip
     dlx, dlrk, ttl = args.get(DLX_ARG), args.get(DLRK_ARG), args.get(TTL_ARG)
     expires = args.get(EXPIRES_ARG)
     for what, v in ((DLX_ARG, dlx), (DLRK_ARG, dlrk)):
@@ -659,7 +663,10 @@ def _queue_arguments(
         raise _Refused(ErrorCode.BAD_REQUEST, f"{TTL_ARG} must be a non-negative integer (ms), got {brief(ttl)}")
     if expires is not None and (type(expires) is not int or expires < 1):
         raise _Refused(ErrorCode.BAD_REQUEST, f"{EXPIRES_ARG} must be a positive integer (ms), got {brief(expires)}")
-    return dlx, dlrk, _ttl(ttl), _ttl(expires)
+    single = args.get(SINGLE_ARG, False)
+    if type(single) is not bool:
+        raise _Refused(ErrorCode.BAD_REQUEST, f"{SINGLE_ARG} must be true or false, got {brief(single)}")
+    return dlx, dlrk, _ttl(ttl), _ttl(expires), single
 
 
 def _describe(
@@ -669,6 +676,7 @@ def _describe(
     dlrk: str | None,
     ttl: float | None,
     expires: float | None = None,
+    single: bool = False,
 ) -> str:
     text = f"max_length={max_length} overflow={overflow.value!r}"
     if dlx is not None:
@@ -679,6 +687,8 @@ def _describe(
         text += f" {TTL_ARG}={round(ttl * 1000)}"
     if expires is not None:
         text += f" {EXPIRES_ARG}={round(expires * 1000)}"
+    if single:
+        text += f" {SINGLE_ARG}=true"
     return text
 
 
@@ -693,6 +703,8 @@ def _arguments_of(q: _Queue) -> dict[str, Any]:
         args[TTL_ARG] = round(q.ttl * 1000)
     if q.expires is not None:
         args[EXPIRES_ARG] = round(q.expires * 1000)
+    if q.single:
+        args[SINGLE_ARG] = True
     return args
 
 
@@ -1016,9 +1028,10 @@ class BrokerCore:
                 self._exchanges[name] = make_exchange(ExchangeType(kind))
             self._durable_exchanges.add(name)
         for sq in state.queues:
-            dlx, dlrk, ttl, expires = _queue_arguments(sq.arguments)
+            dlx, dlrk, ttl, expires, single = _queue_arguments(sq.arguments)
             overflow = Overflow(_OVERFLOW_ALIASES.get(sq.overflow, sq.overflow))
             q = self._queues[sq.name] = _Queue(sq.name, sq.max_length, overflow, dlx, dlrk, ttl)
+            q.single = single
             self._set_expires(q, expires, now)  # a restart counts as a use, as in RabbitMQ
             q.auto_delete = sq.auto_delete
             q.durable = True
@@ -1587,6 +1600,8 @@ class BrokerCore:
         if expiring:
             self._expire(q, now)
         consumers, ready = q.consumers, q.ready
+        if q.single and consumers:
+            consumers = consumers[:1]  # the active one: the first attached
         n = len(consumers)
         if n == 1 and ready and not expiring:
             self._dispatch_one(q, consumers[0], now)
@@ -1758,12 +1773,12 @@ class BrokerCore:
             ) from None
         if ev.max_length < 1:
             raise _Refused(ErrorCode.BAD_REQUEST, f"max_length must be >= 1, got {ev.max_length}")
-        dlx, dlrk, ttl, expires = _queue_arguments(ev.arguments)
+        dlx, dlrk, ttl, expires, single = _queue_arguments(ev.arguments)
         q = self._queues.get(name)
         if q is not None:
             self._queue_for(name, sender)
-            have = (q.max_length, q.overflow, q.dlx, q.dlrk, q.ttl, q.expires)
-            want = (ev.max_length, overflow, dlx, dlrk, ttl, expires)
+            have = (q.max_length, q.overflow, q.dlx, q.dlrk, q.ttl, q.expires, q.single)
+            want = (ev.max_length, overflow, dlx, dlrk, ttl, expires, single)
             if have != want:
                 raise _Refused(
                     ErrorCode.PRECONDITION_FAILED,
@@ -1774,6 +1789,7 @@ class BrokerCore:
             q.used_at = now  # declared again: a use (x-expires)
             return {"created": False, "messages": len(q.ready), "consumers": len(q.consumers), "queue": name}
         q = self._queues[name] = _Queue(name, ev.max_length, overflow, dlx, dlrk, ttl)
+        q.single = single
         self._set_expires(q, expires, now)
         if ev.exclusive:
             q.owner = sender[0]
