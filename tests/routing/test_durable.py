@@ -76,17 +76,23 @@ def test_redeclaring_with_another_durability_is_refused() -> None:
         core.call(DeclareExchange(rid=0, name="x", type="topic"), ME, 0.0)
 
 
+def _restarted(core: BrokerCore, data_dir: Path, now: float = 0.0) -> BrokerCore:
+    """A new core that took back what ``core``'s journal wrote to a store in ``data_dir``."""
+    store = Store(data_dir)
+    store.write(core.journal)
+    store.close()
+    again = BrokerCore()
+    store = Store(data_dir)
+    again.restore(store.load(), now)
+    store.close()
+    return again
+
+
 def test_store_round_trip_in_order_marked_redelivered(tmp_path: Path) -> None:
     core = _core()
     for i in range(5):
         core.call(Publish(rid=0, exchange="x", routing_key="a.b", body=b"m%d" % i, properties=P), ME, 0.0)
-    store = Store(tmp_path)
-    store.write(core.journal)
-    store.close()
-    again = BrokerCore()
-    store = Store(tmp_path)
-    again.restore(store.load(), 0.0)
-    store.close()
+    again = _restarted(core, tmp_path)
     assert set(again._queues) == {"dq"}
     assert again.exchange_type("x") == "topic"
     assert [(m[2], m[3]) for m in again._queues["dq"].ready] == [(b"m%d" % i, True) for i in range(5)]
@@ -103,13 +109,7 @@ def test_a_durable_queues_binding_to_a_system_exchange_is_kept_and_the_exchange_
     core.call(DeclareQueue(rid=0, name="dq", max_length=10, overflow="drop-head", durable=True), ME, 0.0)
     core.call(Bind(rid=0, queue="dq", exchange="amq.direct", key="k"), ME, 0.0)
     assert [r[0] for r in core.journal] == ["queue", "bind"]
-    store = Store(tmp_path)
-    store.write(core.journal)
-    store.close()
-    again = BrokerCore()
-    store = Store(tmp_path)
-    again.restore(store.load(), 0.0)
-    store.close()
+    again = _restarted(core, tmp_path)
     assert ("amq.direct", "k") in again._queues["dq"].bindings
     again.call(Publish(rid=0, exchange="amq.direct", routing_key="k", body=b"m"), ME, 0.0)
     assert len(again._queues["dq"].ready) == 1
@@ -120,13 +120,7 @@ def test_a_durable_queues_x_expires_is_kept_and_counts_again_from_the_restart(tm
     core.persisting = True
     core.call(DeclareQueue(rid=0, name="dq", max_length=10, overflow="drop-head", durable=True,
                            arguments={"x-expires": 2000}), ME, 0.0)  # fmt: skip
-    store = Store(tmp_path)
-    store.write(core.journal)
-    store.close()
-    again = BrokerCore()
-    store = Store(tmp_path)
-    again.restore(store.load(), 100.0)
-    store.close()
+    again = _restarted(core, tmp_path, now=100.0)
     assert again.queue_options("dq") == (10, "drop-head", {"x-expires": 2000})
     assert again.next_deadline() == 102.0
     again.handle_timer(102.0)
