@@ -45,6 +45,14 @@ exist, drops it (counted). A message that would come back to a queue it was
 already dead-lettered from, with no rejection on the way, is dropped
 (counted), as RabbitMQ does, so a cycle cannot loop. The message says why it
 died in its headers, as RabbitMQ writes them (``x-death``, see ``_died``).
+A queue declared with ``x-expires`` is deleted, with its messages (not
+dead-lettered), once it has gone that long with no consumer and no declare
+(a passive one included) or get of it; a publish is not a use.
+
+Who receives. Deliveries go round-robin over a queue's consumers with
+credit; a queue with ``x-single-active-consumer`` delivers only to the first
+consumer attached, the next taking over when it goes. An exclusive consumer
+(AMQP's, ``ExclusiveConsume``) is its queue's only one while it consumes.
 
 Memory. Each queue keeps the body bytes of the messages it holds (ready, or
 out with a consumer until acknowledged) in ``nbytes``, changed where
@@ -498,7 +506,7 @@ class _Queue:
         self.dlrk = dlrk  # dead-letter routing key (None: the message's own)
         self.ttl = ttl  # seconds a message may wait here (None: no limit)
         # Seconds this queue may go unused before it is deleted (x-expires;
-        # None: never), and when it was last used (see BrokerCore._unused).
+        # None: never), and when it was last used (see BrokerCore.handle_timer).
         self.expires: float | None = None
         self.used_at = 0.0
         # The consumer that has this queue to itself (AMQP's exclusive
