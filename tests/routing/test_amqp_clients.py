@@ -111,7 +111,7 @@ def test_a_celery_task_runs_through_the_broker(broker: Broker, tmp_path: Path) -
             # Remote control: a fanout to the workers' pidbox queues (declared
             # with x-expires) and the answers through a reply queue.
             pongs = cmq_celery_tasks.app.control.ping(timeout=WAIT, limit=1)
-            assert [list(p.values())[0] for p in pongs] == [{"ok": "pong"}], pongs
+            assert [next(iter(p.values())) for p in pongs] == [{"ok": "pong"}], pongs
         finally:
             sys.path.remove(str(tmp_path))
             sys.modules.pop("cmq_celery_tasks", None)
