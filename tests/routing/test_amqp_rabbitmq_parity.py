@@ -49,10 +49,15 @@ def address(request: pytest.FixtureRequest) -> Iterator[tuple[str, int]]:
         yield b.amqp_address
 
 
+def _connect(address: tuple[str, int]) -> Any:
+    """A pika connection to ``address`` as guest."""
+    params = pika.ConnectionParameters(*address, credentials=pika.PlainCredentials("guest", "guest"))
+    return pika.BlockingConnection(params)
+
+
 @pytest.fixture
 def channel(address: tuple[str, int]) -> Iterator[Any]:
-    params = pika.ConnectionParameters(*address, credentials=pika.PlainCredentials("guest", "guest"))
-    conn = pika.BlockingConnection(params)
+    conn = _connect(address)
     ch = conn.channel()
     ch.confirm_delivery()  # a confirmed publish is in its queues when basic_publish returns
     yield ch
@@ -184,8 +189,7 @@ def test_tx_acks_wait_for_commit_and_a_rollback_gives_them_back_unsettled(channe
 
 
 def test_tx_and_confirm_modes_exclude_each_other_and_commit_needs_select(address: tuple[str, int]) -> None:
-    params = pika.ConnectionParameters(*address, credentials=pika.PlainCredentials("guest", "guest"))
-    conn = pika.BlockingConnection(params)
+    conn = _connect(address)
     try:
         for setup, then in ((lambda c: None, lambda c: c.tx_commit()),
                             (lambda c: None, lambda c: c.tx_rollback()),
@@ -206,8 +210,7 @@ SYSTEM_EXCHANGES = [("amq.direct", "direct"), ("amq.fanout", "fanout"), ("amq.to
 
 def _closed_with(address: tuple[str, int], call: Any) -> tuple[int, str]:
     """The reply code and text of the channel error ``call(channel)`` raises, on a channel of its own."""
-    params = pika.ConnectionParameters(*address, credentials=pika.PlainCredentials("guest", "guest"))
-    conn = pika.BlockingConnection(params)
+    conn = _connect(address)
     try:
         with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
             call(conn.channel())
@@ -273,8 +276,7 @@ def test_a_queue_unused_for_its_x_expires_goes_and_a_passive_declare_is_a_use(
 ) -> None:
     q = name("exp")
     channel.queue_declare(q, arguments={"x-expires": 1000})
-    params = pika.ConnectionParameters(*address, credentials=pika.PlainCredentials("guest", "guest"))
-    conn = pika.BlockingConnection(params)
+    conn = _connect(address)
     returned: list[bytes] = []
     try:
         watch = conn.channel()

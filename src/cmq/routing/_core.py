@@ -778,6 +778,17 @@ SYSTEM_EXCHANGES: Final[tuple[tuple[str, ExchangeType], ...]] = (
     ("amq.headers", ExchangeType.HEADERS),
     ("amq.match", ExchangeType.HEADERS),
 )
+_SYSTEM_NAMES: Final = frozenset(name for name, _ in SYSTEM_EXCHANGES)
+
+
+def _unlist(q: _Queue, c: _Consumer, now: float) -> None:
+    """Take ``c`` off ``q``'s consumers (and its exclusive hold): the queue
+    is unused from ``now`` on when it was the last (x-expires)."""
+    q.consumers.remove(c)
+    if q.exclusive is c:
+        q.exclusive = None
+    if not q.consumers:
+        q.used_at = now
 
 
 class BrokerCore:
@@ -1680,12 +1691,8 @@ class BrokerCore:
         del self._consumers[key]
         self._with_pending.pop(key, None)
         q = c.queue
-        if q.exclusive is c:
-            q.exclusive = None
         if c in q.consumers:  # a basic.get's holder is not one
-            q.consumers.remove(c)
-            if not q.consumers:
-                q.used_at = now  # unused from now on (x-expires)
+            _unlist(q, c, now)
         # Deliveries computed but not yet handed to the driver never left:
         # they go back too, as do the unacknowledged ones (no_ack consumers'
         # in-flight messages are gone: that is what no_ack means).
@@ -1746,7 +1753,7 @@ class BrokerCore:
     def _delete_exchange(self, ev: DeleteExchange, sender: Address, now: float) -> Any:
         if ev.name == "":
             raise _Refused(ErrorCode.ACCESS_REFUSED, "the default exchange cannot be deleted")
-        if any(ev.name == name for name, _ in SYSTEM_EXCHANGES):
+        if ev.name in _SYSTEM_NAMES:
             raise _Refused(ErrorCode.ACCESS_REFUSED, f"the system exchange {ev.name!r} cannot be deleted")
         ex = self._exchanges.pop(ev.name, None)
         if ex is None:
@@ -2058,11 +2065,7 @@ class BrokerCore:
         the driver never left: it goes back to the head of the queue as it was."""
         self._with_pending.pop(key, None)
         q = c.queue
-        q.consumers.remove(c)
-        if q.exclusive is c:
-            q.exclusive = None
-        if not q.consumers:
-            q.used_at = now  # unused from now on (x-expires)
+        _unlist(q, c, now)
         unsent = [d for r in c.pending for d in range(r[0], r[0] + len(r[4]))]
         c.pending.clear()
         back = [c.unacked.pop(d)[0] for d in unsent if d in c.unacked]
