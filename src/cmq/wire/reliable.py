@@ -114,8 +114,12 @@ _HALF: Final = 0x8000_0000
 
 #: RTT assumed before the first sample. RFC 9002 says 333 ms for the
 #: Internet; cmq runs on LANs and loopback (round trips of 10-100 us), and a
-#: large first guess only slows the first repairs.
-INITIAL_RTT: Final = 0.010
+#: large first guess only slows the first repairs: a loss before the first
+#: report (a lone first message, the tail of the first flight) waits the
+#: first PTO, 5 ms from this guess (32 ms from 10 ms). A farther peer only
+#: gets its first probes sooner (each draws a small STATUS); what declares
+#: it dead is ``max_probes`` doubling PTOs, seconds from this guess too.
+INITIAL_RTT: Final = 0.001
 #: Timer granularity (RFC 9002's kGranularity): the least rttvar term of a PTO.
 GRANULARITY: Final = 0.001
 #: How long a receiver may hold an acknowledgement (RFC 9002's max_ack_delay
