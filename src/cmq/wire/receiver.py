@@ -449,7 +449,13 @@ class Receiver:
 
     def queued(self) -> int:
         """Messages waiting in all mailboxes (an estimate, see :class:`Mailbox`)."""
-        return sum(v.queued() for v in list(self.mailboxes.values()))
+        # Mailbox.queued inline, in a loop: a blocking read's drain asks
+        # this two or three times per datagram, and the generator and the
+        # call per mailbox cost more than 0.6 us each time.
+        n = 0
+        for v in list(self.mailboxes.values()):
+            n += v.delivered - v.consumed
+        return n
 
     def set_kernel_budget(self, nbytes: int) -> None:
         """What the socket's kernel buffer holds: the budget is at most that."""
