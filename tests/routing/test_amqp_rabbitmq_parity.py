@@ -338,3 +338,67 @@ def test_a_bad_x_single_active_consumer_is_refused_with_406(address: tuple[str, 
         address, lambda ch: ch.queue_declare(name("sac"), arguments={"x-single-active-consumer": "yes"})
     )
     assert code == 406 and "x-single-active-consumer" in text
+
+
+def _drain(channel: Any, q: str) -> list[bytes]:
+    """Every ready message of ``q``, taken with basic.get."""
+    got: list[bytes] = []
+    while True:
+        method, _, body = channel.basic_get(q, auto_ack=True)
+        if method is None:
+            return got
+        got.append(body)
+
+
+def test_x_max_length_bytes_drops_the_oldest_until_the_bodies_fit(channel: Any) -> None:
+    q = channel.queue_declare(name("bytes"), exclusive=True, arguments={"x-max-length-bytes": 10}).method.queue
+    for body in (b"aaaa", b"bbbb", b"cccc", b"dddd"):
+        channel.basic_publish("", q, body)
+    assert channel.queue_declare(q, passive=True).method.message_count == 2
+    channel.basic_publish("", q, b"E" * 9)  # only it fits: both older ones go
+    assert _drain(channel, q) == [b"E" * 9]
+    channel.basic_publish("", q, b"aaaa")
+    channel.basic_publish("", q, b"x" * 11)  # bigger than the bound alone: it goes too
+    assert _drain(channel, q) == []
+
+
+def test_x_max_length_bytes_with_reject_publish_nacks_what_would_not_fit(channel: Any) -> None:
+    q = channel.queue_declare(
+        name("bytes"), exclusive=True, arguments={"x-max-length-bytes": 10, "x-overflow": "reject-publish"}
+    ).method.queue
+    nacked = []
+    for body in (b"aaaa", b"bbbb", b"cccc", b"dd", b"e"):
+        try:
+            channel.basic_publish("", q, body)
+        except pika.exceptions.NackError:
+            nacked.append(body)
+    assert nacked == [b"cccc", b"e"]
+    assert _drain(channel, q) == [b"aaaa", b"bbbb", b"dd"]
+
+
+@pytest.mark.parametrize("bad", [-1, "10"])
+def test_a_bad_x_max_length_bytes_is_refused_with_406(address: tuple[str, int], bad: Any) -> None:
+    code, text = _closed_with(address, lambda ch: ch.queue_declare(name("bytes"), arguments={"x-max-length-bytes": bad}))
+    assert code == 406 and "x-max-length-bytes" in text
+
+
+def test_a_priority_queue_gives_the_highest_priority_first(channel: Any) -> None:
+    q = channel.queue_declare(name("prio"), exclusive=True, arguments={"x-max-priority": 5}).method.queue
+    for body, p in ((b"a", None), (b"b", 3), (b"c", 0), (b"d", 9), (b"e", 3), (b"f", 5)):
+        channel.basic_publish("", q, body, pika.BasicProperties(priority=p))
+    assert _drain(channel, q) == [b"d", b"f", b"b", b"e", b"a", b"c"]  # 9 counts as 5
+
+
+def test_a_full_priority_queue_drops_its_highest_priority_first(channel: Any) -> None:
+    q = channel.queue_declare(
+        name("prio"), exclusive=True, arguments={"x-max-priority": 9, "x-max-length": 2}
+    ).method.queue
+    for body, p in ((b"low", 1), (b"high", 9), (b"new", 1)):
+        channel.basic_publish("", q, body, pika.BasicProperties(priority=p))
+    assert _drain(channel, q) == [b"low", b"new"]
+
+
+@pytest.mark.parametrize("bad", [-1, 256, "5"])
+def test_a_bad_x_max_priority_is_refused_with_406(address: tuple[str, int], bad: Any) -> None:
+    code, text = _closed_with(address, lambda ch: ch.queue_declare(name("prio"), arguments={"x-max-priority": bad}))
+    assert code == 406 and "x-max-priority" in text

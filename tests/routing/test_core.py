@@ -8,7 +8,14 @@ from typing import Any
 import pytest
 
 from cmq import ConfigError
-from cmq.routing._core import SYSTEM_EXCHANGES, Address, BrokerConfig, BrokerCore, Outgoing
+from cmq.routing._core import (
+    SYSTEM_EXCHANGES,
+    Address,
+    BrokerConfig,
+    BrokerCore,
+    Outgoing,
+    _bytes_of,
+)
 from cmq.routing._protocol import (
     DELIVERY_MAILBOX,
     REPLY_MAILBOX,
@@ -25,6 +32,7 @@ from cmq.routing._protocol import (
     Get,
     GetStats,
     Heartbeat,
+    Nack,
     Publish,
     PublishBatch,
     PurgeQueue,
@@ -481,6 +489,236 @@ def test_every_message_is_accounted_for() -> None:
         q = h.queue_stats(name)
         assert q.enqueued - q.dropped_old == q.ready == 3
         assert q.enqueued + q.rejected == 10
+
+
+def _bytes_queue(h: Harness, name: str, max_bytes: int, overflow: str = "drop-head", max_length: int = 1000) -> None:
+    h.ok(DeclareQueue, name=name, max_length=max_length, overflow=overflow,
+         arguments={"x-max-length-bytes": max_bytes})  # fmt: skip
+
+
+def _ready_bytes(h: Harness, name: str) -> int:
+    """The byte sum the queue keeps, checked against its ready messages counted afresh."""
+    ready = h.core._queues[name].ready
+    assert ready.nbytes == _bytes_of(ready)  # type: ignore[attr-defined]
+    return int(ready.nbytes)  # type: ignore[attr-defined]
+
+
+def test_max_length_bytes_drops_the_oldest_until_the_ready_bodies_fit() -> None:
+    """x-max-length-bytes with drop-head: the newcomer is taken and the
+    oldest ready messages go, as many as it takes (more than one when the
+    newcomer is bigger than each)."""
+    h = Harness()
+    _bytes_queue(h, "q", 10)
+    for body in (b"aaaa", b"bbbb", b"cccc", b"dddd"):
+        h.publish("", "q", body)
+    assert _ready_bytes(h, "q") == 8
+    h.publish("", "q", b"EEEEEEEEE")  # 9 bytes: only it fits
+    assert _ready_bytes(h, "q") == 9
+    assert h.queue_stats("q").dropped_old == 2 + 2
+    h.consume("q")
+    assert h.got() == [b"EEEEEEEEE"]
+
+
+def test_a_message_bigger_than_the_byte_bound_alone_is_dropped_too() -> None:
+    h = Harness()
+    _bytes_queue(h, "q", 10)
+    h.publish("", "q", b"aaaa")
+    h.publish("", "q", b"x" * 11)
+    assert h.queue_stats("q").ready == 0 and h.queue_stats("q").dropped_old == 2
+    assert _ready_bytes(h, "q") == 0
+
+
+def test_max_length_bytes_with_reject_publish_refuses_what_would_not_fit() -> None:
+    h = Harness()
+    _bytes_queue(h, "q", 10, overflow="reject-publish")
+    replies = [h.publish("", "q", body, confirm=True) for body in (b"aaaa", b"bbbb", b"cccc", b"dd", b"e")]
+    assert [r[0] for r in replies] == ["ok", "ok", "err", "ok", "err"]  # type: ignore[index]
+    assert replies[2][2] == ErrorCode.QUEUE_FULL  # type: ignore[index]
+    assert _ready_bytes(h, "q") == 10
+    assert h.queue_stats("q").rejected == 2
+    h.consume("q")
+    assert h.got() == [b"aaaa", b"bbbb", b"dd"]
+
+
+def test_max_length_and_max_length_bytes_whichever_comes_first() -> None:
+    h = Harness()
+    _bytes_queue(h, "q", 100, max_length=2)
+    for body in (b"a", b"b", b"c"):
+        h.publish("", "q", body)
+    assert h.queue_stats("q").ready == 2  # the count bound came first
+    h.publish("", "q", b"x" * 100)
+    assert _ready_bytes(h, "q") == 100  # then the byte bound: "c" went too, not only "b"
+    assert h.queue_stats("q").dropped_old == 3
+
+
+def test_the_byte_bound_counts_ready_messages_only_and_follows_every_way_they_move() -> None:
+    """Out with a consumer, a message no longer counts; requeued (a nack, a
+    cancelled consumer) it counts again, and over the bound it is still
+    taken back (as max_length's rule). Gets, purges and expiry take it off."""
+    h = Harness()
+    _bytes_queue(h, "q", 12)
+    for body in (b"aaaa", b"bbbb", b"cccc"):
+        h.publish("", "q", body)
+    h.consume("q", prefetch=2)
+    assert _ready_bytes(h, "q") == 4  # two out with the consumer
+    for body in (b"dddd", b"eeee"):
+        h.publish("", "q", body)
+    assert _ready_bytes(h, "q") == 12
+    tags = tuple(d[0] for d in h.deliveries[(C1, "t")])
+    h.send(Nack(tag="t", delivery_tags=tags, requeue=True), C1)  # back at the head: 20 bytes ready
+    got = len(h.got())
+    h.ok(Cancel, C1, tag="t")
+    assert h.queue_stats("q").dropped_old == 0
+    assert _ready_bytes(h, "q") == 4 * h.queue_stats("q").ready
+    assert h.ok(Get, queue="q", no_ack=True)[5] in (b"aaaa", b"bbbb", b"cccc")
+    assert _ready_bytes(h, "q") == 4 * h.queue_stats("q").ready
+    h.publish("", "q", b"ffff")  # over the bound now: the oldest go until it fits
+    assert _ready_bytes(h, "q") <= 12
+    assert h.ok(PurgeQueue, name="q")["messages"] >= 1
+    assert _ready_bytes(h, "q") == 0
+    assert got >= 2
+
+
+def test_the_byte_bound_sees_messages_expire() -> None:
+    h = Harness()
+    h.ok(DeclareQueue, name="q", max_length=1000, overflow="drop-head",
+         arguments={"x-max-length-bytes": 100, "x-message-ttl": 1000})  # fmt: skip
+    h.publish("", "q", b"a" * 40)
+    h.advance(0.6)
+    h.publish("", "q", b"b" * 40)
+    h.advance(0.6)  # the first expired
+    assert h.queue_stats("q").expired == 1
+    assert _ready_bytes(h, "q") == 40
+    h.publish("", "q", b"c" * 60)
+    assert h.queue_stats("q").dropped_old == 0  # 100 bytes: at the bound, not over it
+
+
+@pytest.mark.parametrize("bad", [-1, "10", 1.5, True])
+def test_a_bad_max_length_bytes_is_refused(bad: Any) -> None:
+    h = Harness()
+    code, text = h.err(DeclareQueue, name="q", max_length=10, overflow="drop-head",
+                       arguments={"x-max-length-bytes": bad})  # fmt: skip
+    assert code == ErrorCode.BAD_REQUEST and "x-max-length-bytes" in text
+
+
+def test_max_length_bytes_is_part_of_what_a_queue_was_declared_with() -> None:
+    h = Harness()
+    _bytes_queue(h, "q", 10)
+    _bytes_queue(h, "q", 10)  # the same: idempotent
+    assert h.core.queue_options("q") == (1000, "drop-head", {"x-max-length-bytes": 10})
+    code, text = h.err(DeclareQueue, name="q", max_length=1000, overflow="drop-head")
+    assert code == ErrorCode.PRECONDITION_FAILED and "x-max-length-bytes=10" in text
+    code, _ = h.err(DeclareQueue, name="q", max_length=1000, overflow="drop-head",
+                    arguments={"x-max-length-bytes": 11})  # fmt: skip
+    assert code == ErrorCode.PRECONDITION_FAILED
+
+
+def test_a_byte_bounded_queues_messages_change_only_through_the_counted_methods() -> None:
+    h = Harness()
+    _bytes_queue(h, "q", 10)
+    ready = h.core._queues["q"].ready
+    with pytest.raises(TypeError):
+        ready.rotate(1)
+    with pytest.raises(TypeError):
+        ready.remove(None)  # type: ignore[arg-type]
+
+
+def _priority_queue(h: Harness, name: str, top: int = 10, **more: Any) -> None:
+    h.ok(DeclareQueue, name=name, max_length=more.pop("max_length", 1000), overflow=more.pop("overflow", "drop-head"),
+         arguments={"x-max-priority": top, **more})  # fmt: skip
+
+
+def _publish_p(h: Harness, q: str, body: Any, priority: int | None, confirm: bool = False) -> Any:
+    props = None if priority is None else {"priority": priority}
+    rid = next(h._rid) if confirm else 0
+    return h.send(Publish(rid=rid, exchange="", routing_key=q, body=body, properties=props))
+
+
+def test_a_priority_queue_hands_out_the_highest_priority_first_in_order_within_one() -> None:
+    """x-max-priority: no priority is 0, above the queue's highest is its
+    highest; the same priority keeps publish order."""
+    h = Harness()
+    _priority_queue(h, "q", top=5)
+    for body, p in (("a", None), ("b", 3), ("c", 0), ("d", 9), ("e", 3), ("f", 5)):
+        _publish_p(h, "q", body, p)
+    got = [h.ok(Get, queue="q", no_ack=True)[5] for _ in range(6)]
+    assert got == ["d", "f", "b", "e", "a", "c"]  # 9 counts as 5 and came first
+    assert h.ok(Get, queue="q", no_ack=True) is None
+
+
+def test_a_priority_queue_delivers_by_priority_to_a_consumer_as_its_credit_allows() -> None:
+    h = Harness()
+    _priority_queue(h, "q")
+    h.consume("q", prefetch=1)
+    for body, p in (("first", 1), ("low", 1), ("high", 8), ("mid", 4)):
+        _publish_p(h, "q", body, p)
+    assert h.got() == ["first"]  # taken at once: nothing was waiting
+    for _ in range(3):
+        tag = h.deliveries[(C1, "t")][-1][0]
+        h.send(Ack(tag="t", delivery_tags=(tag,)), C1)
+    assert h.got() == ["first", "high", "mid", "low"]
+
+
+def test_a_requeued_message_goes_back_to_the_head_of_its_priority() -> None:
+    h = Harness()
+    _priority_queue(h, "q")
+    for body, p in (("h1", 7), ("h2", 7), ("l1", 2)):
+        _publish_p(h, "q", body, p)
+    first = h.ok(Get, queue="q", no_ack=False)
+    assert first[5] == "h1"
+    h.send(Nack(tag=first[0], delivery_tags=(first[1],), requeue=True))
+    assert [h.ok(Get, queue="q", no_ack=True)[5] for _ in range(3)] == ["h1", "h2", "l1"]
+
+
+def test_a_full_priority_queue_drops_from_its_head_or_refuses_the_newcomer() -> None:
+    """drop-head drops the head, the highest priority's oldest (RabbitMQ's
+    priority queues do the same); reject-publish refuses the newcomer."""
+    h = Harness()
+    _priority_queue(h, "d", max_length=2)
+    for body, p in (("low", 1), ("high", 9), ("new", 1)):
+        _publish_p(h, "d", body, p)
+    assert [h.ok(Get, queue="d", no_ack=True)[5] for _ in range(2)] == ["low", "new"]
+    _priority_queue(h, "r", max_length=2, overflow="reject-publish")
+    replies = [_publish_p(h, "r", body, p, confirm=True) for body, p in (("low", 1), ("high", 9), ("new", 5))]
+    assert [r[0] for r in replies] == ["ok", "ok", "err"]
+    assert [h.ok(Get, queue="r", no_ack=True)[5] for _ in range(2)] == ["high", "low"]
+
+
+def test_a_priority_queue_with_a_byte_bound_counts_every_level() -> None:
+    h = Harness()
+    _priority_queue(h, "q", **{"x-max-length-bytes": 8})
+    for body, p in ((b"aaaa", 1), (b"bbbb", 5), (b"cccc", 1)):
+        _publish_p(h, "q", body, p)
+    assert _ready_bytes(h, "q") == 8
+    assert [h.ok(Get, queue="q", no_ack=True)[5] for _ in range(2)] == [b"aaaa", b"cccc"]  # bbbb, the head, went
+
+
+def test_a_priority_queues_messages_expire_at_the_head() -> None:
+    h = Harness()
+    _priority_queue(h, "q", **{"x-message-ttl": 1000})
+    _publish_p(h, "q", "old-high", 5)
+    h.advance(0.5)
+    _publish_p(h, "q", "low", 1)
+    h.advance(0.6)
+    assert h.queue_stats("q").expired == 1
+    assert h.ok(Get, queue="q", no_ack=True)[5] == "low"
+
+
+@pytest.mark.parametrize("bad", [-1, 256, "5", 2.0])
+def test_a_bad_x_max_priority_is_refused(bad: Any) -> None:
+    h = Harness()
+    code, text = h.err(DeclareQueue, name="q", max_length=10, overflow="drop-head",
+                       arguments={"x-max-priority": bad})  # fmt: skip
+    assert code == ErrorCode.BAD_REQUEST and "x-max-priority" in text
+
+
+def test_x_max_priority_is_part_of_what_a_queue_was_declared_with() -> None:
+    h = Harness()
+    _priority_queue(h, "q", top=3)
+    _priority_queue(h, "q", top=3)
+    assert h.core.queue_options("q") == (1000, "drop-head", {"x-max-priority": 3})
+    code, text = h.err(DeclareQueue, name="q", max_length=1000, overflow="drop-head")
+    assert code == ErrorCode.PRECONDITION_FAILED and "x-max-priority=3" in text
 
 
 # -- consumers -------------------------------------------------------------------

@@ -162,7 +162,7 @@ def test_no_dead_letter_exchange_drops_and_counts() -> None:
 @pytest.mark.parametrize(
     ("arguments", "text"),
     [
-        ({"x-max-priority": 3}, "unknown queue argument"),
+        ({"x-queue-mode": "lazy"}, "unknown queue argument"),
         ({"x-dead-letter-exchange": 5}, "must be a string"),
         ({"x-dead-letter-routing-key": "k"}, "needs x-dead-letter-exchange"),
         ({"x-message-ttl": -1}, "non-negative integer"),

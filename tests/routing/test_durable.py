@@ -115,6 +115,34 @@ def test_a_durable_queues_binding_to_a_system_exchange_is_kept_and_the_exchange_
     assert len(again._queues["dq"].ready) == 1
 
 
+def test_a_durable_queues_byte_bound_is_kept_and_counts_the_messages_taken_back(tmp_path: Path) -> None:
+    """x-max-length-bytes survives a restart, and the persistent messages
+    taken back count against it: one more drops the oldest."""
+    core = BrokerCore()
+    core.persisting = True
+    core.call(DeclareQueue(rid=0, name="dq", max_length=10, overflow="drop-head", durable=True,
+                           arguments={"x-max-length-bytes": 8}), ME, 0.0)  # fmt: skip
+    for body in (b"aaaa", b"bbbb"):
+        core.call(Publish(rid=0, exchange="", routing_key="dq", body=body, properties=P), ME, 0.0)
+    again = _restarted(core, tmp_path)
+    assert again.queue_options("dq") == (10, "drop-head", {"x-max-length-bytes": 8})
+    again.call(Publish(rid=0, exchange="", routing_key="dq", body=b"cccc", properties=P), ME, 0.0)
+    assert [m[2] for m in again._queues["dq"].ready] == [b"bbbb", b"cccc"]
+
+
+def test_a_durable_priority_queue_takes_its_messages_back_in_priority_order(tmp_path: Path) -> None:
+    core = BrokerCore()
+    core.persisting = True
+    core.call(DeclareQueue(rid=0, name="dq", max_length=10, overflow="drop-head", durable=True,
+                           arguments={"x-max-priority": 5}), ME, 0.0)  # fmt: skip
+    for body, p in ((b"low", 1), (b"high", 5), (b"none", None)):
+        props = dict(P) if p is None else {**P, "priority": p}
+        core.call(Publish(rid=0, exchange="", routing_key="dq", body=body, properties=props), ME, 0.0)
+    again = _restarted(core, tmp_path)
+    assert again.queue_options("dq") == (10, "drop-head", {"x-max-priority": 5})
+    assert [m[2] for m in again._queues["dq"].ready] == [b"high", b"low", b"none"]
+
+
 def test_a_durable_queues_x_expires_is_kept_and_counts_again_from_the_restart(tmp_path: Path) -> None:
     core = BrokerCore()
     core.persisting = True

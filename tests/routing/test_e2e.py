@@ -149,6 +149,39 @@ def test_async_batch_publish_and_bodies(broker: Broker) -> None:
     assert asyncio.run(asyncio.wait_for(main(), 4 * WAIT)) == list(range(11))
 
 
+def test_a_priority_queue_and_a_byte_bound_through_the_cmq_clients(broker: Broker, client: BrokerClient) -> None:
+    client.declare_queue("prio", max_priority=5)
+    for body, p in (("low", 1), ("none", None), ("high", 5), ("mid", 3)):
+        assert client.publish("", "prio", body, confirm=True, priority=p) == 1
+    client.publish("", "prio", "higher than the highest", priority=200)
+    client.publish_many([("", "prio", "many")], priority=4)
+    with client.consume("prio") as c:
+        got = drain(c, 6)
+    assert [d.body for d in got] == ["high", "higher than the highest", "many", "mid", "low", "none"]
+    assert got[0].properties["priority"] == 5
+    client.declare_queue("small", max_length_bytes=4, overflow="reject-publish")
+    assert client.publish("", "small", b"abcd", confirm=True) == 1
+    with pytest.raises(RemoteError, match="queue-full"):
+        client.publish("", "small", b"e", confirm=True)
+    with pytest.raises(ConfigError, match="priority"):
+        client.publish("", "prio", "x", priority=256)
+    with pytest.raises(ConfigError, match="max_priority"):
+        client.declare_queue("p2", max_priority=-1)
+
+    async def main() -> list[Any]:
+        async with await AsyncBrokerClient.open(broker.address, timeout=WAIT) as aclient:
+            await aclient.declare_queue("aprio", max_priority=2)
+            await aclient.publish("", "aprio", "low", priority=1)
+            assert await aclient.publish("", "aprio", "high", confirm=True, priority=2) == 1
+            async with await aclient.consume("aprio") as consumer:
+                out: list[Any] = []
+                while len(out) < 2:
+                    out += await consumer.get_bodies(timeout=WAIT)
+            return out
+
+    assert asyncio.run(asyncio.wait_for(main(), 4 * WAIT)) == ["high", "low"]
+
+
 def test_large_messages_are_fragmented_and_delivered(client: BrokerClient) -> None:
     client.declare_queue("big", max_length=10)
     bodies = [bytes([i]) * (1 << 20) for i in range(3)]  # 1 MiB each
@@ -347,6 +380,18 @@ def test_cli_verbs(broker: Broker, capsys: pytest.CaptureFixture[str]) -> None:
     assert cmq("broker", "publish", "", "one", "c", "--broker", addr) == 1
     err = capsys.readouterr().err
     assert err.count("queue-full") == 2
+    opts = ("--max-length-bytes", "4", "--overflow", "reject-publish", "--broker", addr)
+    assert cmq("broker", "declare-queue", "four", *opts) == 0
+    assert cmq("broker", "publish", "", "four", "ab", "cd", "--confirm", "--broker", addr) == 0
+    assert cmq("broker", "publish", "", "four", "e", "--confirm", "--broker", addr) == 1  # a fifth byte
+    assert "queue-full" in capsys.readouterr().err
+    assert cmq("broker", "declare-queue", "prio", "--max-priority", "3", "--broker", addr) == 0
+    assert cmq("broker", "publish", "", "prio", "low", "--priority", "1", "--broker", addr) == 0
+    assert cmq("broker", "publish", "", "prio", "high", "--priority", "3", "--confirm", "--broker", addr) == 0
+    capsys.readouterr()
+    assert cmq("broker", "consume", "prio", "--count", "2", "--broker", addr) == 0
+    out = capsys.readouterr().out
+    assert out.index("high") < out.index("low")
 
 
 def test_cli_reports_broker_errors(broker: Broker, capsys: pytest.CaptureFixture[str]) -> None:

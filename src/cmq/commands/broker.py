@@ -216,6 +216,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--expires", type=float, default=None, metavar="SECONDS",
                    help="delete the queue, with its messages, once unused this long "
                         "(no consumer, no declare or get of it)")  # fmt: skip
+    p.add_argument("--max-length-bytes", type=int, default=None, metavar="BYTES",
+                   help="the body bytes its ready messages may hold; past it --overflow applies, "
+                        "as past --max-length")  # fmt: skip
+    p.add_argument("--max-priority", type=int, default=None, metavar="N",
+                   help="a priority queue: ready messages go highest --priority first (1-255)")  # fmt: skip
     _client_args(p)
 
     p = verbs.add_parser("delete-queue", help="delete a queue, its bindings and messages")
@@ -247,6 +252,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--persistent", action="store_true",
                    help="kept on disk in durable queues until acknowledged (AMQP's delivery_mode 2)")  # fmt: skip
+    p.add_argument("--priority", type=int, default=None, metavar="N",
+                   help="the messages' priority (0-255), for queues made with --max-priority")  # fmt: skip
     _client_args(p)
 
     p = verbs.add_parser("consume", help="print deliveries from a queue, one per line")
@@ -378,6 +385,8 @@ def _client_verb(args: argparse.Namespace) -> int:
                 "dead_letter_routing_key": args.dead_letter_routing_key,
                 "message_ttl": args.message_ttl,
                 "expires": args.expires,
+                "max_length_bytes": args.max_length_bytes,
+                "max_priority": args.max_priority,
                 "durable": args.durable,
             }
             if args.max_length is not None:
@@ -412,12 +421,12 @@ def _publish(client: BrokerClient, args: argparse.Namespace) -> int:
     messages = [(args.exchange, args.routing_key, json.loads(t) if args.json else t) for t in texts]
     routed = 0
     if args.confirm:
-        results = client.publish_many(messages, persistent=args.persistent)
+        results = client.publish_many(messages, persistent=args.persistent, priority=args.priority)
         errors = [r for r in results if isinstance(r, RemoteError)]
         routed = sum(r for r in results if isinstance(r, int))
     else:
         for exchange, key, body in messages:
-            client.publish(exchange, key, body, persistent=args.persistent)
+            client.publish(exchange, key, body, persistent=args.persistent, priority=args.priority)
         # One round trip: refusals the broker sent before its answer are in.
         client.stats()
         errors = client.errors()

@@ -968,7 +968,8 @@ class AmqpConnection:
             max_length = args.pop("x-max-length", None)
             overflow = args.pop("x-overflow", None)
             known = {k: _plain(v) for k, v in args.items() if k in ("x-dead-letter-exchange",
-                     "x-dead-letter-routing-key", "x-message-ttl", "x-expires", "x-single-active-consumer")}  # fmt: skip
+                     "x-dead-letter-routing-key", "x-message-ttl", "x-expires", "x-single-active-consumer",
+                     "x-max-length-bytes", "x-max-priority")}  # fmt: skip
             existing = self.core.queue_options(name) if name else None
             if max_length is None:
                 max_length = existing[0] if existing is not None else DEFAULT_AMQP_MAX_LENGTH

@@ -112,6 +112,20 @@ DEFAULT_MAX_LENGTH: Final = 100_000
 DEFAULT_PREFETCH: Final = 256
 #: The properties of a persistent message (AMQP's delivery_mode 2); never mutated.
 PERSISTENT: Final[dict[str, Any]] = {"delivery_mode": 2}
+
+
+def _props(persistent: bool, priority: int | None) -> dict[str, Any] | None:
+    """A publish's AMQP properties for ``persistent`` and ``priority`` (None: none).
+
+    Raises:
+        ConfigError: ``priority`` is not an integer from 0 to 255.
+    """
+    props = dict(PERSISTENT) if persistent else None
+    if priority is not None:
+        if type(priority) is not int or not 0 <= priority <= 255:
+            raise ConfigError(f"priority must be an integer from 0 to 255, got {priority!r}")
+        props = {**(props or {}), "priority": priority}
+    return props
 DEFAULT_TIMEOUT: Final = 2.0
 DEFAULT_RETRIES: Final = 3
 # Heartbeat interval until the broker tells us its own.
@@ -220,6 +234,8 @@ def _queue_fields(
     dlrk: str | None,
     ttl: float | None,
     expires: float | None = None,
+    max_length_bytes: int | None = None,
+    max_priority: int | None = None,
 ) -> dict[str, Any]:
     arguments: dict[str, Any] = {}
     if dlx is not None:
@@ -233,6 +249,14 @@ def _queue_fields(
         if not ms:
             raise ConfigError(f"expires must be at least 0.001 seconds, got {expires!r}")
         arguments["x-expires"] = ms
+    if max_length_bytes is not None:
+        if type(max_length_bytes) is not int or max_length_bytes < 0:
+            raise ConfigError(f"max_length_bytes must be a non-negative integer, got {max_length_bytes!r}")
+        arguments["x-max-length-bytes"] = max_length_bytes
+    if max_priority is not None:
+        if type(max_priority) is not int or not 0 <= max_priority <= 255:
+            raise ConfigError(f"max_priority must be an integer from 0 to 255, got {max_priority!r}")
+        arguments["x-max-priority"] = max_priority
     return {"name": name, "max_length": max_length, "overflow": overflow, "arguments": arguments}
 
 
@@ -740,6 +764,8 @@ class BrokerClient(_ClientBase):
         dead_letter_routing_key: str | None = None,
         message_ttl: float | None = None,
         expires: float | None = None,
+        max_length_bytes: int | None = None,
+        max_priority: int | None = None,
         durable: bool = False,
     ) -> dict[str, Any]:
         """Declare queue ``name``; return ``{"created", "messages", "consumers"}``.
@@ -766,16 +792,25 @@ class BrokerClient(_ClientBase):
         the broker's stats. ``expires``: seconds the queue may go unused (no
         consumer, no declare or get of it) before the broker deletes it with
         its messages (``x-expires``, as RabbitMQ's queue TTL).
+        ``max_length_bytes``: the body bytes the queue's ready messages may
+        hold (``x-max-length-bytes``); past it ``overflow`` applies, as past
+        ``max_length``, whichever comes first. ``max_priority`` (1 to 255;
+        0 is a plain queue): its ready messages go highest ``priority``
+        first (see :meth:`publish`), as RabbitMQ's priority queues
+        (``x-max-priority``); when full, ``drop-head`` drops the head, the
+        oldest message of the highest priority.
 
         Raises:
             RemoteError: ``precondition-failed`` (exists with other
                 arguments), ``bad-request`` (bad overflow, max_length or argument).
             Timeout: the broker did not answer.
-            ConfigError: a negative ``message_ttl`` or ``expires``, or an
-                ``expires`` under a millisecond.
+            ConfigError: a negative ``message_ttl``, ``expires`` or
+                ``max_length_bytes``, an ``expires`` under a millisecond, or
+                a ``max_priority`` outside 0-255.
         """
         return dict(self._request(DeclareQueue, durable=durable, **_queue_fields(
-            name, max_length, overflow, dead_letter_exchange, dead_letter_routing_key, message_ttl, expires
+            name, max_length, overflow, dead_letter_exchange, dead_letter_routing_key, message_ttl, expires,
+            max_length_bytes, max_priority,
         )))  # fmt: skip
 
     def delete_queue(self, name: str) -> int:
@@ -841,6 +876,7 @@ class BrokerClient(_ClientBase):
         ttl: float | None = None,
         persistent: bool = False,
         headers: Mapping[str, Any] | None = None,
+        priority: int | None = None,
     ) -> int | None:
         """Publish ``body`` (any MessagePack value) to ``exchange`` with ``routing_key``.
 
@@ -852,16 +888,18 @@ class BrokerClient(_ClientBase):
         state on disk, the message survives a restart until acknowledged,
         and the confirm comes only once it is on disk. ``headers``: AMQP's
         headers property (what a headers exchange routes on; AMQP consumers
-        get it as such).
+        get it as such). ``priority`` (0-255, AMQP's property): where a
+        priority queue (``max_priority``) puts it; other queues ignore it.
 
         Raises:
             RemoteError: (confirm only) ``not-found`` (no such exchange) or
                 ``queue-full`` (a queue with ``overflow="reject"`` refused it).
             Timeout: (confirm only) the broker did not answer.
             TypeError: ``body`` is not MessagePack-able.
+            ConfigError: a ``priority`` outside 0-255.
         """
-        if confirm or ttl is not None or persistent or headers:
-            props = dict(PERSISTENT) if persistent else None
+        if confirm or ttl is not None or persistent or headers or priority is not None:
+            props = _props(persistent, priority)
             if headers:
                 props = {**(props or {}), "headers": dict(headers)}
             event = dict(exchange=exchange, routing_key=routing_key, body=wrap_body(body),
@@ -930,10 +968,11 @@ class BrokerClient(_ClientBase):
         *,
         window: int = DEFAULT_PREFETCH,
         persistent: bool = False,
+        priority: int | None = None,
     ) -> list[int | RemoteError]:
         """Publish ``(exchange, routing_key, body)`` messages, each confirmed, ``window`` at a time.
 
-        ``persistent``: each message is persistent, as :meth:`publish`'s.
+        ``persistent``, ``priority``: each message's, as :meth:`publish`'s.
 
         The reliable way to publish fast: up to ``window`` confirmed
         publishes are in flight at once, unanswered ones are resent (the
@@ -943,16 +982,17 @@ class BrokerClient(_ClientBase):
         ``queue-full``).
 
         Raises:
-            ConfigError: ``window`` < 1.
+            ConfigError: ``window`` < 1, or a ``priority`` outside 0-255.
             Timeout: some message was not answered after ``retries`` resends
                 (those before it were delivered to the broker).
             TypeError: a body is not MessagePack-able.
         """
+        props = _props(persistent, priority)
         msgs = _publish_many_args(messages, window)
         results: list[PublishResult | None] = [None] * len(msgs)
         step = self.timeout / (self.retries + 1)
         for start in range(0, len(msgs), window):
-            w = _Window(self._s, msgs, start, window, results, PERSISTENT if persistent else None)
+            w = _Window(self._s, msgs, start, window, results, props)
             for _ in range(self.retries + 1):
                 for payload in w.payloads():
                     self.endpoint.push(self._s.broker, payload, BROKER_MAILBOX)
@@ -1330,11 +1370,14 @@ class AsyncBrokerClient(_ClientBase):
         dead_letter_routing_key: str | None = None,
         message_ttl: float | None = None,
         expires: float | None = None,
+        max_length_bytes: int | None = None,
+        max_priority: int | None = None,
         durable: bool = False,
     ) -> dict[str, Any]:
         """As :meth:`BrokerClient.declare_queue` (raises RemoteError, Timeout)."""
         return dict(await self._request(DeclareQueue, durable=durable, **_queue_fields(
-            name, max_length, overflow, dead_letter_exchange, dead_letter_routing_key, message_ttl, expires
+            name, max_length, overflow, dead_letter_exchange, dead_letter_routing_key, message_ttl, expires,
+            max_length_bytes, max_priority,
         )))  # fmt: skip
 
     async def delete_queue(self, name: str) -> int:
@@ -1364,21 +1407,29 @@ class AsyncBrokerClient(_ClientBase):
         return dict(await self._request(GetStats))
 
     async def publish(
-        self, exchange: str, routing_key: str, body: Any, *, confirm: bool = False, persistent: bool = False
+        self,
+        exchange: str,
+        routing_key: str,
+        body: Any,
+        *,
+        confirm: bool = False,
+        persistent: bool = False,
+        priority: int | None = None,
     ) -> int | None:
         """As :meth:`BrokerClient.publish`; only ``confirm=True`` waits.
 
         Raises:
             RemoteError, Timeout: (confirm only) as :meth:`BrokerClient.publish`.
             TypeError: ``body`` is not MessagePack-able.
+            ConfigError: a ``priority`` outside 0-255.
         """
-        props = PERSISTENT if persistent else None
+        props = _props(persistent, priority)
         if confirm:
             result = await self._request(
                 Publish, exchange=exchange, routing_key=routing_key, body=wrap_body(body), properties=props
             )
             return int(result["routed"])
-        if persistent:
+        if props is not None:
             self.endpoint.push(self._s.broker, encode(Publish(rid=0, exchange=exchange, routing_key=routing_key,
                                                               body=wrap_body(body), properties=props)),
                                BROKER_MAILBOX)  # fmt: skip
@@ -1392,13 +1443,15 @@ class AsyncBrokerClient(_ClientBase):
         *,
         window: int = DEFAULT_PREFETCH,
         persistent: bool = False,
+        priority: int | None = None,
     ) -> list[int | RemoteError]:
         """As :meth:`BrokerClient.publish_many` (raises ConfigError, Timeout, TypeError)."""
+        props = _props(persistent, priority)
         msgs = _publish_many_args(messages, window)
         results: list[PublishResult | None] = [None] * len(msgs)
         step = self.timeout / (self.retries + 1)
         for start in range(0, len(msgs), window):
-            w = _Window(self._s, msgs, start, window, results, PERSISTENT if persistent else None)
+            w = _Window(self._s, msgs, start, window, results, props)
             for _ in range(self.retries + 1):
                 for payload in w.payloads():
                     self.endpoint.push(self._s.broker, payload, BROKER_MAILBOX)

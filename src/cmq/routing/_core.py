@@ -113,7 +113,7 @@ import enum
 import os
 import secrets
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any, Final
@@ -265,6 +265,14 @@ TTL_ARG: Final = "x-message-ttl"
 EXPIRES_ARG: Final = "x-expires"
 #: Deliveries go to one consumer at a time, the first attached (RabbitMQ's single active consumer).
 SINGLE_ARG: Final = "x-single-active-consumer"
+#: The body bytes a queue's ready messages may hold (RabbitMQ's
+#: x-max-length-bytes): past it the overflow policy applies, as past max_length.
+MAX_BYTES_ARG: Final = "x-max-length-bytes"
+#: The highest message priority a queue tells apart (RabbitMQ's priority
+#: queues): ready messages go highest priority first, in order within one.
+PRIORITY_ARG: Final = "x-max-priority"
+#: The most priorities a queue may have (AMQP's priority is an octet).
+MAX_PRIORITY: Final = 255
 #: Most dead-letter hops a message keeps a record of (a cycle is cut well before).
 _MAX_DEATHS: Final = 32
 
@@ -487,8 +495,8 @@ GET_TAG: Final = "\x00get:"
 
 class _Queue:
     __slots__ = ("auto_delete", "bindings", "consumers", "counts", "dlrk", "dlx", "durable", "exclusive",
-                 "expires", "expiring", "handed", "max_length", "name", "nbytes", "overflow", "owner", "ready",
-                 "rr", "single", "ttl", "used_at")  # fmt: skip
+                 "expires", "expiring", "handed", "max_bytes", "max_length", "name", "nbytes", "overflow", "owner",
+                 "ready", "rr", "single", "ttl", "used_at")  # fmt: skip
 
     def __init__(
         self,
@@ -520,7 +528,11 @@ class _Queue:
         # Whether messages that expire may be in ``ready`` (a TTL, or one
         # published with an expiration): only such queues are looked at by the timer.
         self.expiring = ttl is not None
-        self.ready: deque[_Msg] = deque()
+        self.ready: deque[_Msg] | _PriorityReady = deque()
+        # The bound on the ready messages' body bytes (x-max-length-bytes;
+        # None: none). A queue with one keeps them in a _SizedReady, which
+        # sums them (see limit_bytes).
+        self.max_bytes: int | None = None
         self.consumers: list[_Consumer] = []
         self.rr = 0  # round-robin position in consumers
         self.bindings: set[tuple[str, str]] = set()  # (exchange, key)
@@ -531,6 +543,167 @@ class _Queue:
         # Body bytes of the messages this queue holds: ready, and out with
         # consumers until acknowledged (see BrokerCore.held_bytes).
         self.nbytes = 0
+
+    def limit_bytes(self, max_bytes: int | None) -> None:
+        """Bound the ready messages' body bytes (before any message enters)."""
+        self.max_bytes = max_bytes
+        if max_bytes is not None and type(self.ready) is deque:
+            self.ready = _SizedReady(self.ready)
+
+    def prioritise(self, max_priority: int | None) -> None:
+        """Take the ready messages highest priority first (before any message enters)."""
+        if max_priority is not None:
+            self.ready = _PriorityReady(max_priority)
+
+    @property
+    def max_priority(self) -> int | None:
+        ready = self.ready
+        return ready.top if type(ready) is _PriorityReady else None
+
+
+class _SizedReady(deque[_Msg]):
+    """A queue's ready messages with the sum of their body bytes
+    (``nbytes``, as :func:`_bytes_of` counts them), for a queue with a byte
+    bound: every change the core makes to ``ready`` is one of the methods
+    below, so the sum is kept without walking the queue. Only such queues
+    pay for it."""
+
+    __slots__ = ("nbytes",)
+
+    def __init__(self, msgs: Iterable[_Msg] = ()) -> None:
+        msgs = list(msgs)
+        super().__init__(msgs)
+        self.nbytes = _bytes_of(msgs)
+
+    def append(self, m: _Msg) -> None:
+        super().append(m)
+        self.nbytes += _bytes_of((m,))
+
+    def appendleft(self, m: _Msg) -> None:
+        super().appendleft(m)
+        self.nbytes += _bytes_of((m,))
+
+    def extend(self, msgs: Iterable[_Msg]) -> None:
+        msgs = list(msgs)
+        super().extend(msgs)
+        self.nbytes += _bytes_of(msgs)
+
+    def extendleft(self, msgs: Iterable[_Msg]) -> None:
+        msgs = list(msgs)
+        super().extendleft(msgs)
+        self.nbytes += _bytes_of(msgs)
+
+    def pop(self) -> _Msg:  # type: ignore[override]
+        m: _Msg = super().pop()
+        self.nbytes -= _bytes_of((m,))
+        return m
+
+    def popleft(self) -> _Msg:
+        m: _Msg = super().popleft()
+        self.nbytes -= _bytes_of((m,))
+        return m
+
+    def clear(self) -> None:
+        super().clear()
+        self.nbytes = 0
+
+    def _unsupported(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("a queue's ready messages change only through append, extend, pop and clear")
+
+    remove = rotate = insert = __delitem__ = __setitem__ = __iadd__ = _unsupported
+
+
+def _priority(m: _Msg, top: int) -> int:
+    """Message ``m``'s priority in a queue whose highest is ``top``: its
+    ``priority`` property, 0 without one, ``top`` above it (RabbitMQ's rules)."""
+    meta = m[4]
+    props = meta.props if meta is not None else None
+    p = props.get("priority") if props else None
+    if type(p) is not int or p <= 0:
+        return 0
+    return p if p < top else top
+
+
+class _PriorityReady:
+    """A priority queue's ready messages (x-max-priority): one FIFO per
+    priority, the highest taken first, behind the deque operations the core
+    uses on ``ready`` (so everything else works as for a plain queue). The
+    head (``[0]``, ``popleft``) is the oldest message of the highest
+    priority that has one; the tail (``[-i]``, ``pop``) is the priority the
+    last message went to (a batch shares one), so that refusing the newest
+    refuses what was just published. ``nbytes`` sums the body bytes, as in
+    :class:`_SizedReady`."""
+
+    __slots__ = ("_last", "_n", "levels", "nbytes", "top")
+
+    def __init__(self, top: int) -> None:
+        self.top = top
+        self.levels: list[deque[_Msg]] = [deque() for _ in range(top + 1)]
+        self._n = 0
+        self._last = 0
+        self.nbytes = 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __bool__(self) -> bool:
+        return self._n > 0
+
+    def __iter__(self) -> Iterator[_Msg]:
+        for level in reversed(self.levels):
+            yield from list(level)
+
+    def _head(self) -> deque[_Msg]:
+        for level in reversed(self.levels):
+            if level:
+                return level
+        raise IndexError("no ready message")
+
+    def __getitem__(self, i: int) -> _Msg:
+        if i == 0:
+            return self._head()[0]
+        if i < 0:
+            return self.levels[self._last][i]
+        raise IndexError("a priority queue's ready messages are read at the head or the newest")
+
+    def append(self, m: _Msg) -> None:
+        p = self._last = _priority(m, self.top)
+        self.levels[p].append(m)
+        self._n += 1
+        self.nbytes += _bytes_of((m,))
+
+    def appendleft(self, m: _Msg) -> None:
+        self.levels[_priority(m, self.top)].appendleft(m)
+        self._n += 1
+        self.nbytes += _bytes_of((m,))
+
+    def extend(self, msgs: Iterable[_Msg]) -> None:
+        for m in msgs:
+            self.append(m)
+
+    def extendleft(self, msgs: Iterable[_Msg]) -> None:
+        for m in msgs:
+            self.appendleft(m)
+
+    def pop(self) -> _Msg:
+        level = self.levels[self._last]
+        if not level:
+            raise IndexError("no ready message")
+        m = level.pop()
+        self._n -= 1
+        self.nbytes -= _bytes_of((m,))
+        return m
+
+    def popleft(self) -> _Msg:
+        m = self._head().popleft()
+        self._n -= 1
+        self.nbytes -= _bytes_of((m,))
+        return m
+
+    def clear(self) -> None:
+        for level in self.levels:
+            level.clear()
+        self._n = self.nbytes = 0
 
 
 class _Consumer:
@@ -569,6 +742,30 @@ class _Consumer:
 def _bytes_of(msgs: Iterable[_Msg]) -> int:
     """The body bytes of queued messages (as :func:`_approx_size` counts them)."""
     return sum([len(m[2]) if type(m[2]) is bytes else _approx_size(m[2]) for m in msgs])
+
+
+def _over_bytes(ready: _SizedReady | _PriorityReady, max_bytes: int, oldest: bool, n: int) -> int:
+    """How many of ``ready`` must go, the oldest (``oldest``) or the newest,
+    for its body bytes to be at most ``max_bytes``. The newest are only the
+    ``n`` just enqueued (those still ready): older ones were already kept.
+    The oldest may be more than ``n``, and the newcomers themselves when
+    they alone are over the bound (RabbitMQ's drop-head does the same)."""
+    excess = ready.nbytes - max_bytes
+    k = 0
+    if oldest:
+        for m in ready:
+            if excess <= 0:
+                break
+            excess -= _bytes_of((m,))
+            k += 1
+        return k
+    limit = min(n, len(ready))
+    for i in range(1, limit + 1):
+        if excess <= 0:
+            break
+        excess -= _bytes_of((ready[-i],))
+        k += 1
+    return k
 
 
 def _approx_size(body: Any) -> int:
@@ -647,17 +844,19 @@ def _ttl(expiration: int | None) -> float | None:
 
 def _queue_arguments(
     args: dict[str, Any],
-) -> tuple[str | None, str | None, float | None, float | None, bool]:
+) -> tuple[str | None, str | None, float | None, float | None, bool, int | None, int | None]:
     """(dead-letter exchange, dead-letter routing key, message TTL in seconds,
-    queue TTL in seconds, single active consumer) from queue arguments.
+    queue TTL in seconds, single active consumer, ready body bytes bound,
+    highest priority) from queue arguments.
 
     Raises:
         _Refused: an unknown argument or a value of the wrong kind.
     """
-    unknown = set(args) - {DLX_ARG, DLRK_ARG, TTL_ARG, EXPIRES_ARG, SINGLE_ARG}
+    unknown = set(args) - {DLX_ARG, DLRK_ARG, TTL_ARG, EXPIRES_ARG, SINGLE_ARG, MAX_BYTES_ARG, PRIORITY_ARG}
     if unknown:
         raise _Refused(ErrorCode.BAD_REQUEST, f"unknown queue argument {brief(sorted(unknown)[0])}"
-                       f" (known: {DLX_ARG}, {DLRK_ARG}, {TTL_ARG}, {EXPIRES_ARG}, {SINGLE_ARG})")  # fmt: skip
+                       f" (known: {DLX_ARG}, {DLRK_ARG}, {TTL_ARG}, {EXPIRES_ARG}, {SINGLE_ARG},"
+                       f" {MAX_BYTES_ARG}, {PRIORITY_ARG})")  # fmt: skip
     dlx, dlrk, ttl = args.get(DLX_ARG), args.get(DLRK_ARG), args.get(TTL_ARG)
     expires = args.get(EXPIRES_ARG)
     for what, v in ((DLX_ARG, dlx), (DLRK_ARG, dlrk)):
@@ -674,7 +873,15 @@ def _queue_arguments(
     single = args.get(SINGLE_ARG, False)
     if type(single) is not bool:
         raise _Refused(ErrorCode.BAD_REQUEST, f"{SINGLE_ARG} must be true or false, got {brief(single)}")
-    return dlx, dlrk, _ttl(ttl), _ttl(expires), single
+    max_bytes = args.get(MAX_BYTES_ARG)
+    if max_bytes is not None and (type(max_bytes) is not int or max_bytes < 0):
+        raise _Refused(ErrorCode.BAD_REQUEST,
+                       f"{MAX_BYTES_ARG} must be a non-negative integer (bytes), got {brief(max_bytes)}")  # fmt: skip
+    top = args.get(PRIORITY_ARG)
+    if top is not None and (type(top) is not int or not 0 <= top <= MAX_PRIORITY):
+        raise _Refused(ErrorCode.BAD_REQUEST,
+                       f"{PRIORITY_ARG} must be an integer from 0 to {MAX_PRIORITY}, got {brief(top)}")  # fmt: skip
+    return dlx, dlrk, _ttl(ttl), _ttl(expires), single, max_bytes, top
 
 
 def _describe(
@@ -685,8 +892,14 @@ def _describe(
     ttl: float | None,
     expires: float | None = None,
     single: bool = False,
+    max_bytes: int | None = None,
+    top: int | None = None,
 ) -> str:
     text = f"max_length={max_length} overflow={overflow.value!r}"
+    if max_bytes is not None:
+        text += f" {MAX_BYTES_ARG}={max_bytes}"
+    if top is not None:
+        text += f" {PRIORITY_ARG}={top}"
     if dlx is not None:
         text += f" {DLX_ARG}={dlx!r}"
     if dlrk is not None:
@@ -713,6 +926,10 @@ def _arguments_of(q: _Queue) -> dict[str, Any]:
         args[EXPIRES_ARG] = round(q.expires * 1000)
     if q.single:
         args[SINGLE_ARG] = True
+    if q.max_bytes is not None:
+        args[MAX_BYTES_ARG] = q.max_bytes
+    if q.max_priority is not None:
+        args[PRIORITY_ARG] = q.max_priority
     return args
 
 
@@ -1047,10 +1264,12 @@ class BrokerCore:
                 self._exchanges[name] = make_exchange(ExchangeType(kind))
             self._durable_exchanges.add(name)
         for sq in state.queues:
-            dlx, dlrk, ttl, expires, single = _queue_arguments(sq.arguments)
+            dlx, dlrk, ttl, expires, single, max_bytes, top = _queue_arguments(sq.arguments)
             overflow = Overflow(_OVERFLOW_ALIASES.get(sq.overflow, sq.overflow))
             q = self._queues[sq.name] = _Queue(sq.name, sq.max_length, overflow, dlx, dlrk, ttl)
             q.single = single
+            q.prioritise(top)
+            q.limit_bytes(max_bytes)
             self._set_expires(q, expires, now)  # a restart counts as a use, as in RabbitMQ
             q.auto_delete = sq.auto_delete
             q.durable = True
@@ -1481,10 +1700,12 @@ class BrokerCore:
             # TTL 0: kept only if a consumer took it at once (RabbitMQ's rule).
             self._expire(q, now)
         over = min(len(ready) - q.max_length, n)
+        rule = _OVERFLOW[q.overflow]
+        if q.max_bytes is not None and isinstance(ready, _SizedReady | _PriorityReady) and ready.nbytes > q.max_bytes:
+            over = max(over, _over_bytes(ready, q.max_bytes, rule.evict_oldest, n))
         if over <= 0:
             self._count(q, "enqueued", n)
             return 0
-        rule = _OVERFLOW[q.overflow]
         self._count(q, rule.counter, over)
         if rule.evict_oldest:
             popleft = ready.popleft
@@ -1788,12 +2009,12 @@ class BrokerCore:
             ) from None
         if ev.max_length < 1:
             raise _Refused(ErrorCode.BAD_REQUEST, f"max_length must be >= 1, got {ev.max_length}")
-        dlx, dlrk, ttl, expires, single = _queue_arguments(ev.arguments)
+        dlx, dlrk, ttl, expires, single, max_bytes, top = _queue_arguments(ev.arguments)
         q = self._queues.get(name)
         if q is not None:
             self._queue_for(name, sender)
-            have = (q.max_length, q.overflow, q.dlx, q.dlrk, q.ttl, q.expires, q.single)
-            want = (ev.max_length, overflow, dlx, dlrk, ttl, expires, single)
+            have = (q.max_length, q.overflow, q.dlx, q.dlrk, q.ttl, q.expires, q.single, q.max_bytes, q.max_priority)
+            want = (ev.max_length, overflow, dlx, dlrk, ttl, expires, single, max_bytes, top)
             if have != want:
                 raise _Refused(
                     ErrorCode.PRECONDITION_FAILED,
@@ -1805,6 +2026,8 @@ class BrokerCore:
             return {"created": False, "messages": len(q.ready), "consumers": len(q.consumers), "queue": name}
         q = self._queues[name] = _Queue(name, ev.max_length, overflow, dlx, dlrk, ttl)
         q.single = single
+        q.prioritise(top)
+        q.limit_bytes(max_bytes)
         self._set_expires(q, expires, now)
         if ev.exclusive:
             q.owner = sender[0]
