@@ -185,6 +185,8 @@ def test_topic_fanout_server_named_exclusive_queue(conn: Any, broker: Broker) ->
         (lambda ch: ch.queue_declare("q", arguments={"x-overflow": "sideways"}), 406),
         (lambda ch: ch.queue_declare("amq.mine"), 403),
         (lambda ch: ch.basic_ack(99), 406),
+        # RabbitMQ makes a stream; cmq has none, and says so rather than make a plain queue.
+        (lambda ch: ch.queue_declare("s", durable=True, arguments={"x-queue-type": "stream"}), 406),
     ],
 )
 def test_channel_exceptions_close_the_channel_only(conn: Any, action: Any, code: int) -> None:

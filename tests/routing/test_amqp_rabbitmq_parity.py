@@ -402,3 +402,33 @@ def test_a_full_priority_queue_drops_its_highest_priority_first(channel: Any) ->
 def test_a_bad_x_max_priority_is_refused_with_406(address: tuple[str, int], bad: Any) -> None:
     code, text = _closed_with(address, lambda ch: ch.queue_declare(name("prio"), arguments={"x-max-priority": bad}))
     assert code == 406 and "x-max-priority" in text
+
+
+@pytest.mark.parametrize(
+    ("options", "text"),
+    [
+        ({"exclusive": True, "durable": True}, "invalid property 'exclusive-owner'"),
+        ({"auto_delete": True, "durable": True}, "invalid property 'auto-delete'"),
+        ({"durable": False}, "invalid property 'non-durable'"),
+    ],
+)
+def test_a_quorum_queue_must_be_durable_shared_and_kept(address: tuple[str, int], options: Any, text: str) -> None:
+    code, reply = _closed_with(
+        address, lambda ch: ch.queue_declare(name("qq"), arguments={"x-queue-type": "quorum"}, **options)
+    )
+    assert code == 406 and text in reply
+
+
+def test_an_unknown_queue_type_is_refused_with_406(address: tuple[str, int]) -> None:
+    code, text = _closed_with(address, lambda ch: ch.queue_declare(name("qq"), arguments={"x-queue-type": "weird"}))
+    assert code == 406 and "unsupported queue type 'weird'" in text
+
+
+@pytest.mark.parametrize("kind", ["classic", "quorum"])
+def test_a_classic_or_quorum_queue_is_made(channel: Any, kind: str) -> None:
+    q = channel.queue_declare(name("qq"), durable=True, arguments={"x-queue-type": kind}).method.queue
+    try:
+        channel.basic_publish("", q, b"m")
+        assert _drain(channel, q) == [b"m"]
+    finally:
+        channel.queue_delete(q)

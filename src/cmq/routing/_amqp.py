@@ -965,6 +965,7 @@ class AmqpConnection:
             messages, consumers = self.core.queue_info(name, addr, now)
         else:
             args = dict(m.arguments or {})
+            _check_queue_type(name, args.get("x-queue-type"), m)
             max_length = args.pop("x-max-length", None)
             overflow = args.pop("x-overflow", None)
             known = {k: _plain(v) for k, v in args.items() if k in ("x-dead-letter-exchange",
@@ -1223,6 +1224,31 @@ def _deliver_frame(channel: int, tag: str, dtag: int, redelivered: bool, exchang
     payload = b"".join((_DELIVER_ID, _short(tag), _DELIVER_TAIL.pack(dtag, 1 if redelivered else 0),
                         _short(exchange), _short(key)))  # fmt: skip
     return _FRAME_HEAD.pack(_METHOD, channel, len(payload)) + payload + b"\xce"
+
+
+def _check_queue_type(name: str, kind: Any, m: Any) -> None:
+    """Refuse what RabbitMQ refuses of ``x-queue-type``: a type it does not
+    know, and a quorum queue that is exclusive, auto-delete or not durable.
+    cmq's queues are all one kind (a classic queue, kept on disk when
+    durable), so "classic" and "quorum" both make one; a stream (an
+    append-only log read from an offset) is refused: cmq has none.
+
+    Raises:
+        _ChannelError: 406, with RabbitMQ's text.
+    """
+    if kind is None:
+        return
+    if isinstance(kind, bytes):
+        kind = kind.decode("utf-8", "replace")
+    where = f"for queue '{name}' in vhost '/'"
+    if kind not in ("classic", "quorum"):
+        why = "cmq has no stream queues" if kind == "stream" else f"unsupported queue type '{kind!s:.40}'"
+        raise _ChannelError(PRECONDITION_FAILED, f"invalid arg 'x-queue-type' {where}: \"{why}\"")
+    if kind == "quorum":
+        for wrong, prop in ((m.exclusive, "exclusive-owner"), (m.auto_delete, "auto-delete"),
+                            (not m.durable, "non-durable")):  # fmt: skip
+            if wrong:
+                raise _ChannelError(PRECONDITION_FAILED, f"invalid property '{prop}' {where}")
 
 
 def _reply_text(code: int, text: str) -> str:
