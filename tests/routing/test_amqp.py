@@ -318,7 +318,7 @@ def test_bad_protocol_header_gets_ours_then_close(broker: Broker) -> None:
         (lambda: pframe.marshal(spec.Channel.Open(), 1), 504),  # opened twice
         (lambda: pframe.marshal(spec.Queue.Declare(queue="q"), 3), 504),  # never opened
         (lambda: pframe.marshal(spec.Channel.Flow(active=False), 1), 540),  # as RabbitMQ
-        (lambda: pframe.marshal(spec.Exchange.Bind(destination="a", source="b"), 1), 540),  # not offered
+        (lambda: pframe.marshal(spec.Channel.FlowOk(active=True), 1), 540),  # the broker never asks for one
     ],
 )
 def test_connection_exceptions(broker: Broker, frames: Any, code: int) -> None:

@@ -432,3 +432,95 @@ def test_a_classic_or_quorum_queue_is_made(channel: Any, kind: str) -> None:
         assert _drain(channel, q) == [b"m"]
     finally:
         channel.queue_delete(q)
+
+
+def _exchanges(channel: Any, *specs: tuple[str, str]) -> list[str]:
+    """Exchanges of these (label, type), named for this test (auto-delete off)."""
+    names = []
+    for label, kind in specs:
+        ex = name(label)
+        channel.exchange_declare(ex, kind)
+        names.append(ex)
+    return names
+
+
+def _queue_bound(channel: Any, exchange: str, key: str = "") -> str:
+    q = channel.queue_declare(name("q"), exclusive=True).method.queue
+    channel.queue_bind(q, exchange, key)
+    return q
+
+
+def test_an_exchange_bound_to_an_exchange_routes_on_with_the_same_key(channel: Any) -> None:
+    src, dest = _exchanges(channel, ("src", "topic"), ("dest", "fanout"))
+    try:
+        channel.exchange_bind(dest, src, "stock.#")
+        q1, q2 = _queue_bound(channel, dest), _queue_bound(channel, dest)
+        direct = _queue_bound(channel, src, "stock.ibm")  # also reached straight from the source
+        channel.basic_publish(src, "stock.ibm", b"m")
+        channel.basic_publish(src, "bond.x", b"not routed on")
+        assert (_drain(channel, q1), _drain(channel, q2), _drain(channel, direct)) == ([b"m"], [b"m"], [b"m"])
+        channel.exchange_unbind(dest, src, "stock.#")
+        channel.basic_publish(src, "stock.ibm", b"after")
+        assert (_drain(channel, q1), _drain(channel, direct)) == ([], [b"after"])
+    finally:
+        channel.exchange_delete(src)
+        channel.exchange_delete(dest)
+
+
+def test_two_paths_and_a_cycle_of_exchanges_give_a_queue_one_copy(channel: Any) -> None:
+    a, b = _exchanges(channel, ("a", "fanout"), ("b", "fanout"))
+    try:
+        channel.exchange_bind(b, a)
+        channel.exchange_bind(a, b)  # a cycle
+        q = _queue_bound(channel, b)
+        channel.queue_bind(q, a)  # and a second path
+        channel.basic_publish(a, "", b"once")
+        channel.basic_publish(b, "", b"twice?")
+        assert _drain(channel, q) == [b"once", b"twice?"]
+    finally:
+        channel.exchange_delete(a)
+        channel.exchange_delete(b)
+
+
+def test_deleting_the_destination_exchange_drops_its_bindings(channel: Any) -> None:
+    src, dest = _exchanges(channel, ("src", "direct"), ("dest", "fanout"))
+    try:
+        channel.exchange_bind(dest, src, "k")
+        q = _queue_bound(channel, dest)
+        channel.basic_publish(src, "k", b"through", mandatory=True)
+        assert _drain(channel, q) == [b"through"]
+        channel.exchange_delete(dest)
+        channel.exchange_declare(dest, "fanout")  # the same name again: not bound
+        channel.queue_bind(q, dest)
+        with pytest.raises(pika.exceptions.UnroutableError):  # mandatory, confirmed: returned
+            channel.basic_publish(src, "k", b"nowhere", mandatory=True)
+        assert _drain(channel, q) == []
+    finally:
+        channel.exchange_delete(src)
+        channel.exchange_delete(dest)
+
+
+@pytest.mark.parametrize("missing", ["source", "destination"])
+def test_binding_a_missing_exchange_is_refused_with_404(address: tuple[str, int], channel: Any, missing: str) -> None:
+    (there,) = _exchanges(channel, ("there", "direct"))
+    try:
+        ends = {"source": "cmq-parity-absent", "destination": there}
+        if missing == "destination":
+            ends = {"source": there, "destination": "cmq-parity-absent"}
+        code, text = _closed_with(address, lambda ch: ch.exchange_bind(ends["destination"], ends["source"], "k"))
+        assert code == 404 and "no exchange 'cmq-parity-absent'" in text
+    finally:
+        channel.exchange_delete(there)
+
+
+def test_a_headers_exchange_binds_an_exchange_by_its_arguments(channel: Any) -> None:
+    src, dest = _exchanges(channel, ("src", "headers"), ("dest", "fanout"))
+    try:
+        channel.exchange_bind(dest, src, arguments={"x-match": "all", "kind": "trade"})
+        q = _queue_bound(channel, dest)
+        channel.basic_publish(src, "", b"trade", pika.BasicProperties(headers={"kind": "trade"}))
+        channel.basic_publish(src, "", b"quote", pika.BasicProperties(headers={"kind": "quote"}))
+        assert _drain(channel, q) == [b"trade"]
+    finally:
+        channel.exchange_delete(src)
+        channel.exchange_delete(dest)

@@ -13,6 +13,8 @@ from cmq.routing._core import (
     Address,
     BrokerConfig,
     BrokerCore,
+    ExchangeBind,
+    ExchangeUnbind,
     Outgoing,
     _bytes_of,
 )
@@ -719,6 +721,78 @@ def test_x_max_priority_is_part_of_what_a_queue_was_declared_with() -> None:
     assert h.core.queue_options("q") == (1000, "drop-head", {"x-max-priority": 3})
     code, text = h.err(DeclareQueue, name="q", max_length=1000, overflow="drop-head")
     assert code == ErrorCode.PRECONDITION_FAILED and "x-max-priority=3" in text
+
+
+def _e2e(h: Harness, dest: str, source: str, key: str = "", unbind: bool = False) -> Any:
+    return h.core.call((ExchangeUnbind if unbind else ExchangeBind)(rid=0, destination=dest, source=source, key=key),
+                       PUB, h.now)  # fmt: skip
+
+
+def test_exchange_to_exchange_bindings_route_dead_letters_preview_and_show() -> None:
+    h = Harness()
+    h.ok(DeclareExchange, name="src", type="topic")
+    h.ok(DeclareExchange, name="dest", type="fanout")
+    h.ok(DeclareExchange, name="dlx", type="direct")
+    assert _e2e(h, "dest", "src", "a.#") == {"created": True}
+    assert _e2e(h, "dest", "src", "a.#") == {"created": False}
+    h.queue("q")
+    h.ok(Bind, queue="q", exchange="dest", key="")
+    assert h.core.route_preview("src", "a.b") == ["q"]
+    assert h.core.route_preview("src", "b") == []
+    (info,) = [e for e in h.core.exchanges_info() if e["name"] == "src"]
+    assert info["bindings"] == [("exchange:dest", "a.#")]
+    # A dead letter goes through them too.
+    _e2e(h, "src", "dlx", "dead")
+    h.ok(DeclareQueue, name="short", max_length=1, overflow="drop-head",
+         arguments={"x-dead-letter-exchange": "dlx", "x-dead-letter-routing-key": "dead"})  # fmt: skip
+    h.publish("", "short", "first")
+    h.publish("", "short", "second")  # pushes "first" out: dlx -> src (key "dead": no match)
+    assert h.queue_stats("q").ready == 0
+    _e2e(h, "dest", "dlx", "dead")
+    h.publish("", "short", "third")
+    assert h.queue_stats("q").ready == 1
+    assert _e2e(h, "dest", "src", "a.#", unbind=True) == {"deleted": True}
+    assert h.core.route_preview("src", "a.b") == []
+
+
+def test_deleting_either_end_of_an_exchange_binding_forgets_it() -> None:
+    h = Harness()
+    for name, kind in (("a", "fanout"), ("b", "fanout"), ("c", "fanout")):
+        h.ok(DeclareExchange, name=name, type=kind)
+    _e2e(h, "b", "a")
+    _e2e(h, "c", "b")
+    h.ok(DeleteExchange, name="b")
+    assert h.core._into == {}
+    assert h.core.exchange_in_use("a") is False
+    h.ok(DeclareExchange, name="b", type="fanout")
+    h.queue("q")
+    h.ok(Bind, queue="q", exchange="b", key="")
+    assert h.core.route_preview("a", "") == []
+
+
+@pytest.mark.parametrize(
+    ("fields", "code"),
+    [
+        ({"destination": "nope", "source": "x"}, ErrorCode.NOT_FOUND),
+        ({"destination": "x", "source": "nope"}, ErrorCode.NOT_FOUND),
+        ({"destination": "x", "source": ""}, ErrorCode.ACCESS_REFUSED),
+        ({"destination": "", "source": "x"}, ErrorCode.ACCESS_REFUSED),
+    ],
+)
+def test_a_bad_exchange_binding_is_refused(fields: dict[str, str], code: str) -> None:
+    from cmq.routing._core import Refused
+
+    h = Harness()
+    h.ok(DeclareExchange, name="x", type="direct")
+    with pytest.raises(Refused) as info:
+        h.core.call(ExchangeBind(rid=0, key="k", **fields), PUB, h.now)
+    assert info.value.code == code
+
+
+def test_no_queue_may_take_the_name_an_exchange_binding_uses() -> None:
+    h = Harness()
+    code, _ = h.err(DeclareQueue, name="\x00exchange:x", max_length=10, overflow="drop-head")
+    assert code == ErrorCode.ACCESS_REFUSED
 
 
 # -- consumers -------------------------------------------------------------------

@@ -143,6 +143,34 @@ def test_a_durable_priority_queue_takes_its_messages_back_in_priority_order(tmp_
     assert [m[2] for m in again._queues["dq"].ready] == [b"high", b"low", b"none"]
 
 
+def test_an_exchange_binding_is_kept_when_both_exchanges_are_durable(tmp_path: Path) -> None:
+    from cmq.routing._core import ExchangeBind, ExchangeUnbind
+
+    core = BrokerCore()
+    core.persisting = True
+    for name, durable in (("src", True), ("dest", True), ("brief", False)):
+        core.call(DeclareExchange(rid=0, name=name, type="fanout", durable=durable), ME, 0.0)
+    core.call(ExchangeBind(rid=0, destination="dest", source="src", key=""), ME, 0.0)
+    core.call(ExchangeBind(rid=0, destination="brief", source="src", key=""), ME, 0.0)  # not kept
+    core.call(ExchangeBind(rid=0, destination="src", source="dest", key="k"), ME, 0.0)
+    core.call(ExchangeUnbind(rid=0, destination="src", source="dest", key="k"), ME, 0.0)
+    core.call(DeclareQueue(rid=0, name="dq", max_length=10, overflow="drop-head", durable=True), ME, 0.0)
+    core.call(Bind(rid=0, queue="dq", exchange="dest", key=""), ME, 0.0)
+    again = _restarted(core, tmp_path)
+    assert again.route_preview("src", "") == ["dq"]
+    assert again.route_preview("dest", "k") == ["dq"]  # the unbound one stayed unbound
+    assert again._into == {"dest": {("src", "")}}
+    # Deleting an end deletes the kept binding too.
+    again.persisting = True
+    from cmq.routing._protocol import DeleteExchange
+
+    again.call(DeleteExchange(rid=0, name="dest"), ME, 0.0)
+    third = _restarted(again, tmp_path)
+    third.call(DeclareExchange(rid=0, name="dest", type="fanout", durable=True), ME, 0.0)
+    third.call(Bind(rid=0, queue="dq", exchange="dest", key=""), ME, 0.0)
+    assert third.route_preview("src", "") == []
+
+
 def test_a_durable_queues_x_expires_is_kept_and_counts_again_from_the_restart(tmp_path: Path) -> None:
     core = BrokerCore()
     core.persisting = True

@@ -59,7 +59,14 @@ import msgpack
 
 from cmq._errors import ConfigError
 from cmq._extras import optional_imports
-from cmq.routing._core import MAX_NAME, BrokerCore, ExclusiveConsume, Refused
+from cmq.routing._core import (
+    MAX_NAME,
+    BrokerCore,
+    ExchangeBind,
+    ExchangeUnbind,
+    ExclusiveConsume,
+    Refused,
+)
 from cmq.routing._protocol import (
     BODY_EXT,
     Ack,
@@ -595,7 +602,7 @@ class AmqpConnection:
             del buf[:8]
             self.state = _WAIT_START_OK
             caps = {"publisher_confirms": True, "basic.nack": True, "consumer_cancel_notify": True,
-                    "exchange_exchange_bindings": False, "per_consumer_qos": True,
+                    "exchange_exchange_bindings": True, "per_consumer_qos": True,
                     "authentication_failure_close": True, "connection.blocked": True}  # fmt: skip
             props: dict[str, Any] = {"product": "cmq", "version": "0.1.0", "platform": "Python",
                      "information": "cmq's broker, AMQP 0-9-1 front end", "capabilities": caps}  # fmt: skip
@@ -992,6 +999,14 @@ class AmqpConnection:
         if not m.nowait:
             self._send_method(ch.number, _DeclareOk(queue=name, message_count=messages, consumer_count=consumers))
 
+    def _exchange_bind(self, ch: _Channel, m: Any, now: float) -> None:
+        event = ExchangeBind if isinstance(m, spec.Exchange.Bind) else ExchangeUnbind
+        args = {str(k): _plain(v) for k, v in (m.arguments or {}).items()}
+        self.core.call(event(rid=0, destination=m.destination, source=m.source, key=m.routing_key, arguments=args),
+                       (self.key, ch.number), now)  # fmt: skip
+        if not m.nowait:
+            self._send_method(ch.number, spec.Exchange.BindOk() if event is ExchangeBind else spec.Exchange.UnbindOk())
+
     def _queue_bind(self, ch: _Channel, m: Any, now: float) -> None:
         queue = m.queue or ch.last_queue
         event = Bind if isinstance(m, spec.Queue.Bind) else Unbind
@@ -1276,6 +1291,8 @@ _METHODS: Final[dict[type[Any], _Handler]] = {
     spec.Channel.Flow: AmqpConnection._channel_flow,
     spec.Exchange.Declare: AmqpConnection._exchange_declare,
     spec.Exchange.Delete: AmqpConnection._exchange_delete,
+    spec.Exchange.Bind: AmqpConnection._exchange_bind,
+    spec.Exchange.Unbind: AmqpConnection._exchange_bind,
     spec.Queue.Declare: AmqpConnection._queue_declare,
     spec.Queue.Bind: AmqpConnection._queue_bind,
     spec.Queue.Unbind: AmqpConnection._queue_bind,

@@ -113,7 +113,8 @@ import enum
 import os
 import secrets
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any, Final
@@ -978,8 +979,39 @@ class ExclusiveConsume(Consume):
     only one while it consumes (a front end's request, not on cmq's wire)."""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExchangeBind:
+    """Bind exchange ``destination`` to exchange ``source`` (AMQP's
+    exchange.bind, RabbitMQ's extension): what ``source`` routes with
+    ``key`` (and ``arguments``, for a headers exchange) goes on through
+    ``destination`` with its routing key unchanged (a front end's request,
+    not on cmq's wire)."""
+
+    rid: int
+    destination: str
+    source: str
+    key: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExchangeUnbind(ExchangeBind):
+    """Undo an :class:`ExchangeBind`."""
+
+
+#: What an exchange-to-exchange binding binds in its source exchange's
+#: table: this prefix and the destination's name (no queue name starts so:
+#: see _reserved).
+_TO_EXCHANGE: Final = "\x00exchange:"
+
+
+def _target_name(target: str) -> str:
+    """A binding's target as people read it: a queue's name, or an exchange's as ``exchange:NAME``."""
+    return "exchange:" + target[len(_TO_EXCHANGE) :] if target.startswith(_TO_EXCHANGE) else target
+
+
 def _reserved(name: str) -> bool:
-    return name == "" or name.startswith("amq.")
+    return name == "" or name.startswith(("amq.", _TO_EXCHANGE))
 
 
 #: The exchanges every broker has from its start, besides the default one,
@@ -1046,6 +1078,9 @@ class BrokerCore:
         self.notes: deque[Note] = deque(maxlen=_MAX_NOTES)
         # Names of the queues whose ready messages may expire (see _Queue.expiring).
         self._expiring: set[str] = set()
+        # Exchange-to-exchange bindings (ExchangeBind), by destination:
+        # {(source, key)}. Routing looks through them only while there is one.
+        self._into: dict[str, set[tuple[str, str]]] = {}
         # Names of the queues that go once unused for a while (x-expires).
         self._with_expires: set[str] = set()
         # Connections (the first part of their addresses) whose consumers
@@ -1186,7 +1221,7 @@ class BrokerCore:
                 "name": name,
                 "type": ex.type.value,
                 "durable": name in self._durable_exchanges,
-                "bindings": sorted((b.queue, b.key) for b in ex.bindings()),
+                "bindings": sorted((_target_name(b.queue), b.key) for b in ex.bindings()),
             }
             for name, ex in sorted(self._exchanges.items())
         ]
@@ -1243,7 +1278,7 @@ class BrokerCore:
         ex = self._exchanges.get(exchange)
         if ex is None:
             return None
-        return sorted(ex.route(routing_key))
+        return sorted(self._targets(ex, exchange, routing_key))
 
     def restore(self, state: StoredState, now: float) -> None:
         """Take back what a store kept (see :mod:`cmq.routing._store`), before serving.
@@ -1277,6 +1312,11 @@ class BrokerCore:
                 self._expiring.add(sq.name)
             self._exchanges[""].bind(sq.name, sq.name)
             q.bindings.add(("", sq.name))
+        for dest, source, key in state.exchange_bindings:
+            src = self._exchanges.get(source)
+            if src is not None and dest in self._exchanges:
+                src.bind(_TO_EXCHANGE + dest, key)
+                self._into.setdefault(dest, set()).add((source, key))
         for qname, exname, key in state.bindings:
             q_ = self._queues.get(qname)
             ex = self._exchanges.get(exname)
@@ -1389,7 +1429,7 @@ class BrokerCore:
         ex = self._exchanges.get(exchange)
         if ex is None or len(key) > _SURELY_SHORT:
             return False  # _route answers (or measures the key)
-        names = ex.route(key)
+        names = ex.route(key) if not self._into else self._targets(ex, exchange, key)
         if len(names) != 1:
             return False
         q = self._queues[next(iter(names))]
@@ -1634,6 +1674,32 @@ class BrokerCore:
             )
         return q
 
+    def _targets(
+        self, ex: Exchange, name: str, key: str, headers: Mapping[str, Any] | None = None
+    ) -> AbstractSet[str]:
+        """The queues exchange ``ex`` (``name``) routes ``key`` to, through
+        exchange-to-exchange bindings too: each queue once, whatever the
+        paths to it, and each exchange looked at once (a cycle ends where it
+        began), as RabbitMQ routes."""
+        names = ex.route(key, headers)
+        if not self._into:
+            return names
+        out: set[str] = set()
+        seen = {name}
+        todo = [names]
+        while todo:
+            for n in todo.pop():
+                if not n.startswith(_TO_EXCHANGE):
+                    out.add(n)
+                    continue
+                dest = n[len(_TO_EXCHANGE) :]
+                if dest not in seen:
+                    seen.add(dest)
+                    dx = self._exchanges.get(dest)
+                    if dx is not None:
+                        todo.append(dx.route(key, headers))
+        return out
+
     def _exchange(self, name: str) -> Exchange:
         ex = self._exchanges.get(name)
         if ex is None:
@@ -1788,7 +1854,7 @@ class BrokerCore:
                           int(self.epoch + now))  # fmt: skip
             rejected_on_the_way = any(r == "rejected" for _, r in deaths)
             kept = 0
-            for name in ex.route(new_key, props["headers"]):
+            for name in self._targets(ex, dlx, new_key, props["headers"]):
                 target = self._queues.get(name)
                 if target is None:
                     continue
@@ -1984,9 +2050,19 @@ class BrokerCore:
             if self.persisting:
                 self.journal.append(("exchange-", ev.name))
         for b in ex.bindings():
+            if b.queue.startswith(_TO_EXCHANGE):
+                into = self._into.get(b.queue[len(_TO_EXCHANGE) :])
+                if into is not None:
+                    into.discard((ev.name, b.key))
             q = self._queues.get(b.queue)
             if q is not None:
                 q.bindings.discard((ev.name, b.key))
+        for source, key in self._into.pop(ev.name, ()):
+            src = self._exchanges.get(source)
+            if src is not None:
+                src.unbind(_TO_EXCHANGE + ev.name, key)
+        for dest in [d for d, into in self._into.items() if not into]:
+            del self._into[dest]
         return {"deleted": True}
 
     def _declare_queue(self, ev: DeclareQueue, sender: Address, now: float) -> Any:
@@ -2121,6 +2197,44 @@ class BrokerCore:
             self.journal.append(("bind", ev.queue, ev.exchange, key))
         return {"created": ex.bind(ev.queue, key)}
 
+    def _exchange_binding(self, ev: ExchangeBind) -> tuple[Exchange, str]:
+        """The source exchange and the binding's key (checked as a queue binding's)."""
+        _check_name("binding key", ev.key)
+        for end in (ev.source, ev.destination):
+            if end == "":
+                raise _Refused(ErrorCode.ACCESS_REFUSED, "the default exchange's bindings are fixed")
+        src = self._exchange(ev.source)
+        self._exchange(ev.destination)
+        key = ev.key
+        if src.type is ExchangeType.HEADERS:
+            try:
+                key = headers_binding_key(key, ev.arguments)
+            except ConfigError as exc:
+                raise _Refused(ErrorCode.PRECONDITION_FAILED, str(exc)) from None
+        return src, key
+
+    def _bind_exchange(self, ev: ExchangeBind, sender: Address, now: float) -> Any:
+        src, key = self._exchange_binding(ev)
+        self._into.setdefault(ev.destination, set()).add((ev.source, key))
+        if self.persisting and self._durable_exchange_binding(ev):
+            self.journal.append(("xbind", ev.destination, ev.source, key))
+        return {"created": src.bind(_TO_EXCHANGE + ev.destination, key)}
+
+    def _unbind_exchange(self, ev: ExchangeUnbind, sender: Address, now: float) -> Any:
+        src, key = self._exchange_binding(ev)
+        into = self._into.get(ev.destination)
+        if into is not None:
+            into.discard((ev.source, key))
+            if not into:
+                del self._into[ev.destination]
+        if self.persisting and self._durable_exchange_binding(ev):
+            self.journal.append(("xunbind", ev.destination, ev.source, key))
+        return {"deleted": src.unbind(_TO_EXCHANGE + ev.destination, key)}
+
+    def _durable_exchange_binding(self, ev: ExchangeBind) -> bool:
+        durable = self._durable_exchanges
+        return ev.source in durable and ev.destination in durable
+
     def _durable_binding(self, q: _Queue, exchange: str) -> bool:
         # A binding is kept when both its ends are (AMQP 0-9-1).
         return q.durable and exchange in self._durable_exchanges
@@ -2180,7 +2294,8 @@ class BrokerCore:
         if ex is None:
             totals["unroutable"] += n
             raise _Refused(ErrorCode.NOT_FOUND, f"no exchange {brief(exchange)}")
-        names = ex.route(routing_key, props.get("headers") if props is not None else None)
+        headers = props.get("headers") if props is not None else None
+        names = ex.route(routing_key, headers) if not self._into else self._targets(ex, exchange, routing_key, headers)
         if not names:
             totals["unroutable"] += n
             return 0
@@ -2353,6 +2468,8 @@ _HANDLERS: Final[dict[type[Any], _Handler]] = {
     PublishBatch: BrokerCore._publish_batch,
     Consume: BrokerCore._consume,
     ExclusiveConsume: BrokerCore._consume,
+    ExchangeBind: BrokerCore._bind_exchange,
+    ExchangeUnbind: BrokerCore._unbind_exchange,
     Heartbeat: BrokerCore._heartbeat,
     Ack: BrokerCore._ack,
     Nack: BrokerCore._nack,

@@ -62,7 +62,7 @@ import sqlite3
 import struct
 import zlib
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
@@ -83,6 +83,9 @@ CREATE TABLE IF NOT EXISTS queues (
 CREATE TABLE IF NOT EXISTS bindings (
     queue TEXT NOT NULL, exchange TEXT NOT NULL, key TEXT NOT NULL,
     PRIMARY KEY (queue, exchange, key));
+CREATE TABLE IF NOT EXISTS exchange_bindings (
+    destination TEXT NOT NULL, source TEXT NOT NULL, key TEXT NOT NULL,
+    PRIMARY KEY (destination, source, key));
 CREATE TABLE IF NOT EXISTS messages (
     id INTEGER PRIMARY KEY, queue TEXT NOT NULL, exchange TEXT NOT NULL,
     key TEXT NOT NULL, body BLOB NOT NULL, props BLOB, ttl REAL);
@@ -96,7 +99,8 @@ RECORDS: Final[dict[str, tuple[str, ...]]] = {
     # ("exchange", name, type): a durable exchange was declared
     "exchange": ("INSERT OR REPLACE INTO exchanges VALUES (?, ?)",),
     # ("exchange-", name): it was deleted, and its bindings with it
-    "exchange-": ("DELETE FROM exchanges WHERE name = ?", "DELETE FROM bindings WHERE exchange = ?"),
+    "exchange-": ("DELETE FROM exchanges WHERE name = ?", "DELETE FROM bindings WHERE exchange = ?",
+                  "DELETE FROM exchange_bindings WHERE ?1 IN (source, destination)"),
     # ("queue", name, max_length, overflow, arguments (msgpack), auto_delete)
     "queue": ("INSERT OR REPLACE INTO queues VALUES (?, ?, ?, ?, ?)",),
     # ("queue-", name): deleted, with its bindings (and, in the log, its messages)
@@ -106,6 +110,9 @@ RECORDS: Final[dict[str, tuple[str, ...]]] = {
     # ("bind", queue, exchange, key) / ("unbind", ...)
     "bind": ("INSERT OR IGNORE INTO bindings VALUES (?, ?, ?)",),
     "unbind": ("DELETE FROM bindings WHERE queue = ? AND exchange = ? AND key = ?",),
+    # ("xbind", destination, source, key) / ("xunbind", ...): an exchange-to-exchange binding
+    "xbind": ("INSERT OR IGNORE INTO exchange_bindings VALUES (?, ?, ?)",),
+    "xunbind": ("DELETE FROM exchange_bindings WHERE destination = ? AND source = ? AND key = ?",),
     # ("msg", id, queue, exchange, key, body (msgpack), props (msgpack), ttl (seconds or None)) (log only)
     "msg": (),
     # ("msg-", id): acknowledged, or otherwise gone from its queue (log only)
@@ -157,6 +164,7 @@ class StoredState:
     queues: list[StoredQueue]
     bindings: list[tuple[str, str, str]]  # (queue, exchange, key)
     messages: list[StoredMessage]  # in the order they were stored
+    exchange_bindings: list[tuple[str, str, str]] = field(default_factory=list)  # (destination, source, key)
 
 
 def pack(value: Any) -> bytes:
@@ -392,6 +400,7 @@ class Store:
                 for n, m, o, a, ad in db.execute("SELECT * FROM queues ORDER BY name")
             ],
             bindings=list(db.execute("SELECT queue, exchange, key FROM bindings")),
+            exchange_bindings=list(db.execute("SELECT destination, source, key FROM exchange_bindings")),
             messages=[
                 StoredMessage(id=i, queue=q, exchange=e, routing_key=k, body=_unpack(b),
                               props=None if p is None else _unpack(p), ttl=t)
