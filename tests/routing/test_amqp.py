@@ -319,6 +319,7 @@ def test_bad_protocol_header_gets_ours_then_close(broker: Broker) -> None:
         (lambda: pframe.marshal(spec.Queue.Declare(queue="q"), 3), 504),  # never opened
         (lambda: pframe.marshal(spec.Channel.Flow(active=False), 1), 540),  # as RabbitMQ
         (lambda: pframe.marshal(spec.Channel.FlowOk(active=True), 1), 540),  # the broker never asks for one
+        (lambda: pframe.marshal(spec.Basic.Publish(routing_key="q", immediate=True), 1), 540),  # as RabbitMQ
     ],
 )
 def test_connection_exceptions(broker: Broker, frames: Any, code: int) -> None:

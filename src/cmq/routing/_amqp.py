@@ -1078,6 +1078,9 @@ class AmqpConnection:
             self._send_method(ch.number, _CancelOk(consumer_tag=tag))
 
     def _basic_publish(self, ch: _Channel, m: Any, now: float) -> None:
+        if m.immediate:
+            # AMQP 0-9-1's "deliver now or return": RabbitMQ dropped it (3.0) and answers so.
+            raise _ConnectionError(NOT_IMPLEMENTED, "immediate=true", m)
         self.published = True
         ch.publishing = _Publishing(m)
 
