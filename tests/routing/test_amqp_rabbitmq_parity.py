@@ -524,3 +524,34 @@ def test_a_headers_exchange_binds_an_exchange_by_its_arguments(channel: Any) -> 
     finally:
         channel.exchange_delete(src)
         channel.exchange_delete(dest)
+
+
+def test_a_higher_priority_consumer_gets_messages_while_it_has_credit(channel: Any) -> None:
+    q = channel.queue_declare(name("cprio"), exclusive=True).method.queue
+    channel.basic_qos(prefetch_count=2)
+    got: dict[str, list[tuple[int, bytes]]] = {"low": [], "high": []}
+
+    def on(who: str) -> Any:
+        return lambda _ch, m, _p, body: got[who].append((m.delivery_tag, body))
+
+    channel.basic_consume(q, on("low"))  # no x-priority: 0
+    channel.basic_consume(q, on("high"), arguments={"x-priority": 10})
+    for i in range(6):
+        channel.basic_publish("", q, b"%d" % i)
+    assert wait_until(lambda: channel.connection.process_data_events(0) or len(got["low"]) == 2)
+    channel.connection.process_data_events(0.2)
+    assert [b for _, b in got["high"]] == [b"0", b"1"]  # first, until its window was full
+    assert [b for _, b in got["low"]] == [b"2", b"3"]  # then the lower one
+    for tag, _ in got["high"]:
+        channel.basic_ack(tag)
+    assert wait_until(lambda: channel.connection.process_data_events(0) or len(got["high"]) == 4)
+    assert [b for _, b in got["high"]] == [b"0", b"1", b"4", b"5"]
+
+
+def test_a_bad_x_priority_is_refused_with_406(address: tuple[str, int]) -> None:
+    def consume(ch: Any) -> None:
+        q = ch.queue_declare(name("cprio"), exclusive=True).method.queue
+        ch.basic_consume(q, lambda *_: None, arguments={"x-priority": "high"})
+
+    code, text = _closed_with(address, consume)
+    assert code == 406 and "x-priority" in text

@@ -16,6 +16,7 @@ from cmq.routing._core import (
     ExchangeBind,
     ExchangeUnbind,
     Outgoing,
+    PriorityConsume,
     _bytes_of,
 )
 from cmq.routing._protocol import (
@@ -793,6 +794,23 @@ def test_no_queue_may_take_the_name_an_exchange_binding_uses() -> None:
     h = Harness()
     code, _ = h.err(DeclareQueue, name="\x00exchange:x", max_length=10, overflow="drop-head")
     assert code == ErrorCode.ACCESS_REFUSED
+
+
+def test_consumer_priorities_round_robin_within_the_highest_with_credit() -> None:
+    h = Harness()
+    h.queue("q")
+    C2: Address = ("127.0.0.1", 2002)
+    h.consume("q", tag="low", prefetch=10)
+    for tag, sender in (("a", C1), ("b", C2)):
+        h.core.call(PriorityConsume(rid=0, tag=tag, queue="q", prefetch=2, no_ack=False, priority=5), sender, h.now)
+    h.collect()
+    for i in range(7):
+        h.publish("", "q", i)
+    assert sorted(h.got(C1, "a") + h.got(C2, "b")) == [0, 1, 2, 3]  # both of priority 5, two each
+    assert len(h.got(C1, "a")) == len(h.got(C2, "b")) == 2
+    assert h.got(C1, "low") == [4, 5, 6]  # only once both were full
+    h.ok(Cancel, C1, tag="a")  # its two go back; b is full: the low one takes them
+    assert sorted(h.got(C1, "low")) == sorted([4, 5, 6, *h.got(C1, "a")])
 
 
 # -- consumers -------------------------------------------------------------------

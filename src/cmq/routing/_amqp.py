@@ -65,6 +65,7 @@ from cmq.routing._core import (
     ExchangeBind,
     ExchangeUnbind,
     ExclusiveConsume,
+    PriorityConsume,
     Refused,
 )
 from cmq.routing._protocol import (
@@ -1059,9 +1060,17 @@ class AmqpConnection:
             mark = len(self._out)
             if not m.nowait:
                 self._send_method(ch.number, ok)
-            make = ExclusiveConsume if m.exclusive else Consume
-            self.core.call(make(rid=0, tag=tag, queue=queue, prefetch=ch.prefetch, no_ack=bool(m.no_ack)),
-                           (self.key, ch.number), now)  # fmt: skip
+            fields: dict[str, Any] = {"rid": 0, "tag": tag, "queue": queue, "prefetch": ch.prefetch,
+                                      "no_ack": bool(m.no_ack)}  # fmt: skip
+            priority = (m.arguments or {}).get("x-priority")
+            if m.exclusive:
+                self.core.call(ExclusiveConsume(**fields), (self.key, ch.number), now)
+            elif priority is not None:
+                if type(priority) is not int:
+                    raise _ChannelError(PRECONDITION_FAILED, f"invalid arg 'x-priority' for consumer '{tag}'")
+                self.core.call(PriorityConsume(priority=priority, **fields), (self.key, ch.number), now)
+            else:
+                self.core.call(Consume(**fields), (self.key, ch.number), now)
         except Exception:
             del ch.consumers[tag]
             del self._out[mark:]

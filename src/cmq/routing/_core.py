@@ -715,6 +715,7 @@ class _Consumer:
         "no_ack",
         "pending",
         "prefetch",
+        "priority",
         "queue",
         "tag",
         "unacked",
@@ -723,6 +724,7 @@ class _Consumer:
     def __init__(self, addr: Address, spec: ConsumerSpec, queue: _Queue, now: float) -> None:
         self.addr = addr
         self.tag = spec.tag
+        self.priority = 0  # RabbitMQ's consumer priority (PriorityConsume)
         self.queue = queue
         self.prefetch = spec.prefetch  # 0: no limit
         self.no_ack = spec.no_ack
@@ -977,6 +979,16 @@ def _died(props: dict[str, Any] | None, queue: str, reason: str, exchange: str, 
 class ExclusiveConsume(Consume):
     """AMQP's basic.consume with ``exclusive``: the consumer is the queue's
     only one while it consumes (a front end's request, not on cmq's wire)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PriorityConsume(Consume):
+    """AMQP's basic.consume with RabbitMQ's ``x-priority`` argument: while a
+    consumer of a higher priority has credit, the queue's messages go to it
+    (round robin among those of the same priority); the others get messages
+    only when all of those are full (a front end's request, not on cmq's wire)."""
+
+    priority: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -1912,6 +1924,9 @@ class BrokerCore:
         if n == 1 and ready and not expiring:
             self._dispatch_one(q, consumers[0], now)
             return
+        if n > 1 and ready and any(c.priority for c in consumers):
+            self._dispatch_by_priority(q, consumers, now)
+            return
         i, idle, handed = q.rr, 0, 0
         while ready and n and idle < n:
             c = consumers[i % n]
@@ -1928,6 +1943,33 @@ class BrokerCore:
         if handed:
             self._count(q, "delivered", handed)
         q.rr = i % n if n else 0
+
+    def _dispatch_by_priority(self, q: _Queue, consumers: list[_Consumer], now: float) -> None:
+        """``_dispatch`` when some consumer has a priority (RabbitMQ's
+        consumer priorities): each message to the highest priority that has
+        a consumer with credit, round robin among that priority's."""
+        ready, expiring = q.ready, q.expiring
+        groups: dict[int, list[_Consumer]] = {}
+        for c in consumers:
+            groups.setdefault(c.priority, []).append(c)
+        order = [groups[p] for p in sorted(groups, reverse=True)]
+        handed = 0
+        while ready:
+            for group in order:
+                n = len(group)
+                start = q.rr % n
+                found = next((group[(start + k) % n] for k in range(n) if group[(start + k) % n].has_credit()), None)
+                if found is not None:
+                    q.rr = group.index(found) + 1
+                    break
+            else:
+                break  # every consumer is full
+            self._hand(found, [ready.popleft()], now)
+            handed += 1
+            if expiring:
+                self._expire(q, now)
+        if handed:
+            self._count(q, "delivered", handed)
 
     def _dispatch_one(self, q: _Queue, c: _Consumer, now: float) -> None:
         """``_dispatch`` for the common single consumer: no round robin."""
@@ -1947,7 +1989,9 @@ class BrokerCore:
         self._hand(c, msgs, now)
         self._count(q, "delivered", take)
 
-    def _attach(self, sender: Address, spec: ConsumerSpec, now: float, *, exclusive: bool = False) -> _Consumer:
+    def _attach(
+        self, sender: Address, spec: ConsumerSpec, now: float, *, exclusive: bool = False, priority: int = 0
+    ) -> _Consumer:
         q = self._queue_for(spec.queue, sender)
         key = (sender, spec.tag)
         c = self._consumers.get(key)
@@ -1969,6 +2013,7 @@ class BrokerCore:
             c = self._consumers[key] = _Consumer(sender, spec, q, now)
             c.held = sender[0] in self._held
             q.consumers.append(c)
+        c.priority = priority
         if exclusive:
             q.exclusive = c
         self._dispatch(q, now)
@@ -2313,7 +2358,8 @@ class BrokerCore:
     def _consume(self, ev: Consume, sender: Address, now: float) -> Any:
         _check_name("consumer tag", ev.tag)
         spec = ConsumerSpec(tag=ev.tag, queue=ev.queue, prefetch=ev.prefetch, no_ack=ev.no_ack)
-        self._attach(sender, spec, now, exclusive=type(ev) is ExclusiveConsume)
+        priority = ev.priority if type(ev) is PriorityConsume else 0
+        self._attach(sender, spec, now, exclusive=type(ev) is ExclusiveConsume, priority=priority)
         cfg = self.config
         return {"heartbeat": cfg.heartbeat_interval, "timeout": cfg.consumer_timeout}
 
@@ -2468,6 +2514,7 @@ _HANDLERS: Final[dict[type[Any], _Handler]] = {
     PublishBatch: BrokerCore._publish_batch,
     Consume: BrokerCore._consume,
     ExclusiveConsume: BrokerCore._consume,
+    PriorityConsume: BrokerCore._consume,
     ExchangeBind: BrokerCore._bind_exchange,
     ExchangeUnbind: BrokerCore._unbind_exchange,
     Heartbeat: BrokerCore._heartbeat,
