@@ -777,6 +777,13 @@ class Queue(Endpoint):
             count += len(batch)
             if backlog is not None and receiver.queued() >= backlog:
                 break
+            if len(batch) < want:
+                # Fewer than asked: the socket was empty (a coalesced read
+                # gives more items than reads, never fewer), so another
+                # call would find nothing. Messages that come one at a
+                # time (a request, a ping-pong through the broker) then
+                # cost one system call each, not two.
+                break
             if receiver.status_urgent:
                 # A STATUS is owed now: it leaves with this call's datagrams,
                 # not after the whole drain (up to a window of datagrams, which
