@@ -78,6 +78,30 @@ def test_the_message_that_reaches_the_budget_raises_the_alarm_without_a_driver_c
     assert core.memory_alarm
 
 
+def test_the_turns_look_walks_the_queues_only_while_the_alarm_is_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A driver's look at the budget each turn: nothing to walk while the
+    alarm is down (the message that reaches the budget raises it), the
+    exact look that clears it while it is up."""
+    core = BrokerCore(BrokerConfig(memory_budget=BUDGET))
+    for i in range(100):
+        core.call(DeclareQueue(rid=0, name="q" if i == 0 else f"other{i}", max_length=1_000_000,
+                               overflow="drop-head"), ME, 0.0)  # fmt: skip
+    walked = []
+    held_bytes = core.held_bytes
+    monkeypatch.setattr(core, "held_bytes", lambda: walked.append(1) or held_bytes())
+    for _ in range(BUDGET // len(BODY) - 1):
+        _publish(core)
+        assert core.turn_memory() is False
+    assert walked == []  # under the budget: never walked
+    _publish(core)  # reaches it: raised as it comes in
+    assert core.memory_alarm and walked
+    assert core.turn_memory() is True
+    core.call(PurgeQueue(rid=0, name="q"), ME, 0.0)
+    assert core.turn_memory() is False  # the exact look cleared it
+    walked.clear()
+    assert core.turn_memory() is False and walked == []
+
+
 def test_live_broker_refuses_confirms_and_stays_bounded_then_takes_publishes_again() -> None:
     with Broker(config=BrokerConfig(memory_budget=BUDGET)).start() as b, BrokerClient(b.address, timeout=WAIT) as c:
         c.declare_queue("q", max_length=1_000_000)

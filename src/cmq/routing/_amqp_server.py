@@ -234,7 +234,7 @@ class AmqpListener:
         connections accordingly (under the lock); return those that changed."""
         core = self.core
         was = self.alarm
-        self.alarm = core.check_memory()  # shared with the cmq-protocol side
+        self.alarm = core.turn_memory()  # shared with the cmq-protocol side
         if self.alarm and not was:
             held, budget = core.held_bytes(), core.config.memory_budget
             self.alarms += 1

@@ -1199,6 +1199,16 @@ class BrokerCore:
             self.memory_alarm = False
         return self.memory_alarm
 
+    def turn_memory(self) -> bool:
+        """What drivers call once per turn instead of :meth:`check_memory`:
+        while the alarm is down this costs nothing, because a message that
+        brings what is held to the budget raises it as it comes in
+        (``_grown``, from an upper bound of what is held); while it is up,
+        the exact look that clears it (one step per queue). Whether the
+        alarm is raised. (Looking every turn cost 0.2 ms a message with
+        10,000 queues.)"""
+        return self.check_memory() if self.memory_alarm else False
+
     def _grown(self, size: int) -> None:
         """``size`` more bytes are held: look at the budget at once when what
         was last found held plus what came in since reaches it, so that the

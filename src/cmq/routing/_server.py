@@ -36,10 +36,12 @@ undecodable payloads) are logged on the ``cmq.broker`` logger, at most
 ``_LOG_BURST`` lines per reason every ``_LOG_WINDOW`` seconds, the rest
 summed up in the next line: a flood of garbage costs a few lines a minute.
 
-Memory. After each turn that received something, the loop has the core
-check what it holds against its memory budget (``BrokerCore.check_memory``):
-over it, the core refuses cmq-protocol publishes until consumers bring it
-back under 90% of it (the AMQP listener holds AMQP publishers back).
+Memory. The core raises its memory alarm as a message brings what it holds
+to its memory budget; after each turn that received something, the loop
+has it look again while the alarm is up (``BrokerCore.turn_memory``: the
+exact sum, one step per queue, only then). Over the budget the core
+refuses cmq-protocol publishes until consumers bring it back under 90% of
+it (the AMQP listener holds AMQP publishers back).
 
 The core is guarded by a lock only so that :meth:`Broker.stats` may be
 called from another thread.
@@ -376,7 +378,7 @@ class Broker:
                 with self._lock:
                     if first is not None:
                         core.receive(first.payload, first.sender, now)
-                        core.check_memory()
+                        core.turn_memory()
                     if deadline is not None and deadline <= now:
                         recheck = float("-inf")
                         core.handle_timer(now)
@@ -394,7 +396,7 @@ class Broker:
                     with self._lock:
                         more = self._take_waiting(now) > 0
                         if more:
-                            core.check_memory()
+                            core.turn_memory()
                             out = core.messages_to_send()
                             if core.journal or self._unsent:
                                 out = self._release(out)
