@@ -742,6 +742,56 @@ class _Consumer:
         return self.no_ack or not self.prefetch or len(self.unacked) < self.prefetch
 
 
+def _binding_key(ex: Exchange, key: str, arguments: dict[str, Any]) -> str:
+    """A binding's key in ``ex``: ``key``, or for a headers exchange its
+    arguments (see :func:`~cmq.routing.exchanges.headers_binding_key`).
+
+    Raises:
+        _Refused: bad headers arguments (precondition-failed).
+    """
+    if ex.type is not ExchangeType.HEADERS:
+        return key
+    try:
+        return headers_binding_key(key, arguments)
+    except ConfigError as exc:
+        raise _Refused(ErrorCode.PRECONDITION_FAILED, str(exc)) from None
+
+
+def _round_robin(q: _Queue, consumers: list[_Consumer]) -> Callable[[], _Consumer | None]:
+    """Who takes ``q``'s next message: its consumers in turn from ``q.rr``,
+    skipping those without credit; None when none has any."""
+    n = len(consumers)
+
+    def pick() -> _Consumer | None:
+        for k in range(n):
+            c = consumers[(q.rr + k) % n]
+            if c.has_credit():
+                q.rr = (q.rr + k + 1) % n
+                return c
+        return None
+
+    return pick
+
+
+def _by_priority(q: _Queue, consumers: list[_Consumer]) -> Callable[[], _Consumer | None]:
+    """:func:`_round_robin` when some consumer has a priority (RabbitMQ's
+    consumer priorities): among the highest priority that has a consumer
+    with credit."""
+    groups: dict[int, list[_Consumer]] = {}
+    for c in consumers:
+        groups.setdefault(c.priority, []).append(c)
+    order = [_round_robin(q, groups[p]) for p in sorted(groups, reverse=True)]
+
+    def pick() -> _Consumer | None:
+        for group in order:
+            c = group()
+            if c is not None:
+                return c
+        return None
+
+    return pick
+
+
 def _bytes_of(msgs: Iterable[_Msg]) -> int:
     """The body bytes of queued messages (as :func:`_approx_size` counts them)."""
     return sum([len(m[2]) if type(m[2]) is bytes else _approx_size(m[2]) for m in msgs])
@@ -1934,49 +1984,15 @@ class BrokerCore:
         if n == 1 and ready and not expiring:
             self._dispatch_one(q, consumers[0], now)
             return
-        if n > 1 and ready and any(c.priority for c in consumers):
-            self._dispatch_by_priority(q, consumers, now)
+        if not n:
             return
-        i, idle, handed = q.rr, 0, 0
-        while ready and n and idle < n:
-            c = consumers[i % n]
-            i += 1
-            if not c.has_credit():
-                idle += 1
-                continue
-            idle = 0
+        pick = _by_priority(q, consumers) if any(c.priority for c in consumers) else _round_robin(q, consumers)
+        handed = 0
+        while ready and (c := pick()) is not None:
             self._hand(c, [ready.popleft()], now)
             handed += 1
             if expiring:
                 # Each message is looked at when it reaches the head (RabbitMQ's rule).
-                self._expire(q, now)
-        if handed:
-            self._count(q, "delivered", handed)
-        q.rr = i % n if n else 0
-
-    def _dispatch_by_priority(self, q: _Queue, consumers: list[_Consumer], now: float) -> None:
-        """``_dispatch`` when some consumer has a priority (RabbitMQ's
-        consumer priorities): each message to the highest priority that has
-        a consumer with credit, round robin among that priority's."""
-        ready, expiring = q.ready, q.expiring
-        groups: dict[int, list[_Consumer]] = {}
-        for c in consumers:
-            groups.setdefault(c.priority, []).append(c)
-        order = [groups[p] for p in sorted(groups, reverse=True)]
-        handed = 0
-        while ready:
-            for group in order:
-                n = len(group)
-                start = q.rr % n
-                found = next((group[(start + k) % n] for k in range(n) if group[(start + k) % n].has_credit()), None)
-                if found is not None:
-                    q.rr = group.index(found) + 1
-                    break
-            else:
-                break  # every consumer is full
-            self._hand(found, [ready.popleft()], now)
-            handed += 1
-            if expiring:
                 self._expire(q, now)
         if handed:
             self._count(q, "delivered", handed)
@@ -2237,13 +2253,7 @@ class BrokerCore:
         if ev.exchange == "":
             raise _Refused(ErrorCode.ACCESS_REFUSED, "the default exchange's bindings are fixed")
         ex, q = self._exchange(ev.exchange), self._queue_for(ev.queue, sender)
-        key = ev.key
-        if ex.type is ExchangeType.HEADERS:
-            try:
-                key = headers_binding_key(key, ev.arguments)
-            except ConfigError as exc:
-                raise _Refused(ErrorCode.PRECONDITION_FAILED, str(exc)) from None
-        return ex, q, key
+        return ex, q, _binding_key(ex, ev.key, ev.arguments)
 
     def _bind(self, ev: Bind, sender: Address, now: float) -> Any:
         ex, q, key = self._binding(ev, sender)
@@ -2260,13 +2270,7 @@ class BrokerCore:
                 raise _Refused(ErrorCode.ACCESS_REFUSED, "the default exchange's bindings are fixed")
         src = self._exchange(ev.source)
         self._exchange(ev.destination)
-        key = ev.key
-        if src.type is ExchangeType.HEADERS:
-            try:
-                key = headers_binding_key(key, ev.arguments)
-            except ConfigError as exc:
-                raise _Refused(ErrorCode.PRECONDITION_FAILED, str(exc)) from None
-        return src, key
+        return src, _binding_key(src, ev.key, ev.arguments)
 
     def _bind_exchange(self, ev: ExchangeBind, sender: Address, now: float) -> Any:
         src, key = self._exchange_binding(ev)
