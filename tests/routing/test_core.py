@@ -707,6 +707,22 @@ def test_a_priority_queues_messages_expire_at_the_head() -> None:
     assert h.ok(Get, queue="q", no_ack=True)[5] == "low"
 
 
+def test_a_refusal_in_a_priority_queue_looks_only_at_the_batchs_priority() -> None:
+    """What a full reject-publish queue may refuse is the batch just
+    enqueued, at the tail of its priority: never older messages of other
+    priorities, however many of those wait."""
+    from cmq.routing._core import _Meta, _newest, _PriorityReady
+
+    ready = _PriorityReady(9)
+    low = ("", "q", b"old", False, _Meta(None, (), {"priority": 1}))
+    ready.extend([low] * 3)
+    high = ("", "q", b"new", False, _Meta(None, (), {"priority": 9}))
+    ready.append(high)
+    assert _newest(ready, 1) == 1 and ready.pop() is high
+    assert _newest(ready, 1) == 0  # the batch is gone (taken): nothing of it to refuse
+    assert len(ready) == 3 and ready.nbytes == 9
+
+
 @pytest.mark.parametrize("bad", [-1, 256, "5", 2.0])
 def test_a_bad_x_max_priority_is_refused(bad: Any) -> None:
     h = Harness()

@@ -797,6 +797,16 @@ def _bytes_of(msgs: Iterable[_Msg]) -> int:
     return sum([len(m[2]) if type(m[2]) is bytes else _approx_size(m[2]) for m in msgs])
 
 
+def _newest(ready: deque[_Msg] | _PriorityReady, n: int) -> int:
+    """How many of a batch of ``n`` just enqueued can still be ready, at the
+    tail (``pop``, ``[-i]``): in a priority queue, those of the batch's
+    priority (a consumer may have taken the batch and left older messages
+    of lower priorities)."""
+    if type(ready) is _PriorityReady:
+        return min(n, len(ready.levels[ready._last]))
+    return min(n, len(ready))
+
+
 def _over_bytes(ready: _SizedReady | _PriorityReady, max_bytes: int, oldest: bool, n: int) -> int:
     """How many of ``ready`` must go, the oldest (``oldest``) or the newest,
     for its body bytes to be at most ``max_bytes``. The newest are only the
@@ -812,7 +822,7 @@ def _over_bytes(ready: _SizedReady | _PriorityReady, max_bytes: int, oldest: boo
             excess -= _bytes_of((m,))
             k += 1
         return k
-    limit = min(n, len(ready))
+    limit = _newest(ready, n)
     for i in range(1, limit + 1):
         if excess <= 0:
             break
@@ -1841,6 +1851,8 @@ class BrokerCore:
         rule = _OVERFLOW[q.overflow]
         if q.max_bytes is not None and isinstance(ready, _SizedReady | _PriorityReady) and ready.nbytes > q.max_bytes:
             over = max(over, _over_bytes(ready, q.max_bytes, rule.evict_oldest, n))
+        if not rule.evict_oldest:
+            over = min(over, _newest(ready, n))  # what is refused is the batch's own
         if over <= 0:
             self._count(q, "enqueued", n)
             return 0
