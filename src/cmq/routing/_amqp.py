@@ -1063,14 +1063,16 @@ class AmqpConnection:
             fields: dict[str, Any] = {"rid": 0, "tag": tag, "queue": queue, "prefetch": ch.prefetch,
                                       "no_ack": bool(m.no_ack)}  # fmt: skip
             priority = (m.arguments or {}).get("x-priority")
+            event: Consume
             if m.exclusive:
-                self.core.call(ExclusiveConsume(**fields), (self.key, ch.number), now)
-            elif priority is not None:
-                if type(priority) is not int:
-                    raise _ChannelError(PRECONDITION_FAILED, f"invalid arg 'x-priority' for consumer '{tag}'")
-                self.core.call(PriorityConsume(priority=priority, **fields), (self.key, ch.number), now)
+                event = ExclusiveConsume(**fields)
+            elif priority is None:
+                event = Consume(**fields)
+            elif type(priority) is int:
+                event = PriorityConsume(priority=priority, **fields)
             else:
-                self.core.call(Consume(**fields), (self.key, ch.number), now)
+                raise _ChannelError(PRECONDITION_FAILED, f"invalid arg 'x-priority' for consumer '{tag}'")
+            self.core.call(event, (self.key, ch.number), now)
         except Exception:
             del ch.consumers[tag]
             del self._out[mark:]

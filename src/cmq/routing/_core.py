@@ -578,11 +578,11 @@ class _SizedReady(deque[_Msg]):
 
     def append(self, m: _Msg) -> None:
         super().append(m)
-        self.nbytes += _bytes_of((m,))
+        self.nbytes += _size(m)
 
     def appendleft(self, m: _Msg) -> None:
         super().appendleft(m)
-        self.nbytes += _bytes_of((m,))
+        self.nbytes += _size(m)
 
     def extend(self, msgs: Iterable[_Msg]) -> None:
         msgs = list(msgs)
@@ -596,12 +596,12 @@ class _SizedReady(deque[_Msg]):
 
     def pop(self) -> _Msg:  # type: ignore[override]
         m: _Msg = super().pop()
-        self.nbytes -= _bytes_of((m,))
+        self.nbytes -= _size(m)
         return m
 
     def popleft(self) -> _Msg:
         m: _Msg = super().popleft()
-        self.nbytes -= _bytes_of((m,))
+        self.nbytes -= _size(m)
         return m
 
     def clear(self) -> None:
@@ -671,12 +671,12 @@ class _PriorityReady:
         p = self._last = _priority(m, self.top)
         self.levels[p].append(m)
         self._n += 1
-        self.nbytes += _bytes_of((m,))
+        self.nbytes += _size(m)
 
     def appendleft(self, m: _Msg) -> None:
         self.levels[_priority(m, self.top)].appendleft(m)
         self._n += 1
-        self.nbytes += _bytes_of((m,))
+        self.nbytes += _size(m)
 
     def extend(self, msgs: Iterable[_Msg]) -> None:
         for m in msgs:
@@ -692,13 +692,13 @@ class _PriorityReady:
             raise IndexError("no ready message")
         m = level.pop()
         self._n -= 1
-        self.nbytes -= _bytes_of((m,))
+        self.nbytes -= _size(m)
         return m
 
     def popleft(self) -> _Msg:
         m = self._head().popleft()
         self._n -= 1
-        self.nbytes -= _bytes_of((m,))
+        self.nbytes -= _size(m)
         return m
 
     def clear(self) -> None:
@@ -797,6 +797,12 @@ def _bytes_of(msgs: Iterable[_Msg]) -> int:
     return sum([len(m[2]) if type(m[2]) is bytes else _approx_size(m[2]) for m in msgs])
 
 
+def _size(m: _Msg) -> int:
+    """One queued message's body bytes (:func:`_bytes_of` of one, without the list)."""
+    body = m[2]
+    return len(body) if type(body) is bytes else _approx_size(body)
+
+
 def _newest(ready: deque[_Msg] | _PriorityReady, n: int) -> int:
     """How many of a batch of ``n`` just enqueued can still be ready, at the
     tail (``pop``, ``[-i]``): in a priority queue, those of the batch's
@@ -819,14 +825,14 @@ def _over_bytes(ready: _SizedReady | _PriorityReady, max_bytes: int, oldest: boo
         for m in ready:
             if excess <= 0:
                 break
-            excess -= _bytes_of((m,))
+            excess -= _size(m)
             k += 1
         return k
     limit = _newest(ready, n)
     for i in range(1, limit + 1):
         if excess <= 0:
             break
-        excess -= _bytes_of((ready[-i],))
+        excess -= _size(ready[-i])
         k += 1
     return k
 
@@ -1416,7 +1422,7 @@ class BrokerCore:
                 self._expiring.add(q_.name)
             meta = _Meta(expires, (), m.props, m.id)
             q_.ready.append((m.exchange, m.routing_key, m.body, True, meta))
-            size = _bytes_of((q_.ready[-1],))
+            size = _size(q_.ready[-1])
             q_.nbytes += size
             self._grown(size)
             self._count(q_, "enqueued")
@@ -2510,7 +2516,7 @@ class BrokerCore:
             c.last_seen = now
             c.unacked[dtag] = (msg, now)
         else:
-            q.nbytes -= _bytes_of((msg,))
+            q.nbytes -= _size(msg)
             if self.persisting:
                 self._forget((msg,))
         ex, key_, body, redelivered, meta = msg
