@@ -555,3 +555,87 @@ def test_a_bad_x_priority_is_refused_with_406(address: tuple[str, int]) -> None:
 
     code, text = _closed_with(address, consume)
     assert code == 406 and "x-priority" in text
+
+
+def test_a_global_prefetch_is_shared_by_the_channels_consumers(channel: Any) -> None:
+    queues = [channel.queue_declare(name(f"gqos{i}"), exclusive=True).method.queue for i in range(2)]
+    for i in range(4):
+        for q, tag in zip(queues, "ab", strict=True):
+            channel.basic_publish("", q, b"%s%d" % (tag.encode(), i))
+    channel.basic_qos(prefetch_count=2)  # each consumer started next, on its own
+    channel.basic_qos(prefetch_count=3, global_qos=True)  # and the channel's consumers together
+    got: list[tuple[int, bytes]] = []
+
+    def on(_ch: Any, m: Any, _p: Any, body: bytes) -> None:
+        got.append((m.delivery_tag, body))
+
+    def settle(n: int) -> list[bytes]:
+        assert wait_until(lambda: channel.connection.process_data_events(0) or len(got) >= n)
+        channel.connection.process_data_events(0.2)  # and nothing more comes
+        return [b for _, b in got]
+
+    for q in queues:
+        channel.basic_consume(q, on)
+    # The first consumer its own two, the second what is left of the channel's three.
+    assert settle(3) == [b"a0", b"a1", b"b0"]
+    channel.basic_ack(got[0][0])  # room for one, on either consumer
+    assert len(settle(4)) == 4 and got[3][1] in (b"a2", b"b1")
+    channel.basic_qos(prefetch_count=5, global_qos=True)  # raised: each consumer now full at two
+    assert len(settle(5)) == 5
+    assert sorted(b for _, b in got[1:]) == [b"a1", b"a2", b"b0", b"b1"]
+
+
+def test_a_per_consumer_prefetch_set_after_a_global_one_lifts_it(channel: Any) -> None:
+    # RabbitMQ's rule: basic.qos without global sets the limit of each
+    # consumer started next and removes the channel's shared one.
+    queues = [channel.queue_declare(name(f"gqos{i}"), exclusive=True).method.queue for i in range(2)]
+    for q in queues:
+        for i in range(4):
+            channel.basic_publish("", q, b"%d" % i)
+    channel.basic_qos(prefetch_count=1, global_qos=True)
+    channel.basic_qos(prefetch_count=2)
+    got: list[bytes] = []
+    for q in queues:
+        channel.basic_consume(q, lambda _c, _m, _p, body: got.append(body))
+    assert wait_until(lambda: channel.connection.process_data_events(0) or len(got) >= 4)
+    channel.connection.process_data_events(0.2)
+    assert len(got) == 4  # two each: no shared limit of one
+
+
+def test_a_global_prefetch_holds_for_consumers_started_later_and_ends_with_its_channel(
+    address: tuple[str, int],
+) -> None:
+    conn = _connect(address)
+    try:
+        ch = conn.channel()
+        q = ch.queue_declare(name("gqos"), auto_delete=False).method.queue
+        for i in range(5):
+            ch.basic_publish("", q, b"%d" % i)
+        ch.basic_qos(prefetch_count=1, global_qos=True)
+        got: list[bytes] = []
+        ch.basic_consume(q, lambda _c, _m, _p, body: got.append(body))
+        ch.basic_consume(q, lambda _c, _m, _p, body: got.append(body))
+        assert wait_until(lambda: conn.process_data_events(0) or got)
+        conn.process_data_events(0.2)
+        assert got == [b"0"]  # one between the two of them
+        ch.close()
+        other = conn.channel()  # a new channel: no shared limit
+        again: list[bytes] = []
+        other.basic_consume(q, lambda _c, _m, _p, body: again.append(body))
+        assert wait_until(lambda: conn.process_data_events(0) or len(again) == 5)
+        assert sorted(again) == [b"0", b"1", b"2", b"3", b"4"]  # the unacked one came back too
+        other.queue_delete(q)
+    finally:
+        if conn.is_open:
+            conn.close()
+
+
+def test_a_prefetch_size_is_refused_with_540(address: tuple[str, int]) -> None:
+    conn = _connect(address)
+    try:
+        with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as info:
+            conn.channel().basic_qos(prefetch_size=4096, prefetch_count=1)
+        assert info.value.reply_code == 540 and "prefetch_size" in info.value.reply_text
+    finally:
+        if conn.is_open:
+            conn.close()

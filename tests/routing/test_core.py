@@ -13,6 +13,7 @@ from cmq.routing._core import (
     Address,
     BrokerConfig,
     BrokerCore,
+    ChannelPrefetch,
     ExchangeBind,
     ExchangeUnbind,
     Outgoing,
@@ -827,6 +828,89 @@ def test_consumer_priorities_round_robin_within_the_highest_with_credit() -> Non
     assert h.got(C1, "low") == [4, 5, 6]  # only once both were full
     h.ok(Cancel, C1, tag="a")  # its two go back; b is full: the low one takes them
     assert sorted(h.got(C1, "low")) == sorted([4, 5, 6, *h.got(C1, "a")])
+
+
+def _share(h: Harness, prefetch: int, sender: Address = C1) -> None:
+    """AMQP's basic.qos with global, from ``sender`` (a channel)."""
+    h.core.call(ChannelPrefetch(rid=0, prefetch=prefetch), sender, h.now)
+    h.collect()
+
+
+def _ack_first(h: Harness, tag: str, sender: Address = C1) -> None:
+    first = h.deliveries[(sender, tag)][0][0]
+    h.send(Ack(tag=tag, delivery_tags=(first,)), sender)
+
+
+def test_a_shared_prefetch_bounds_a_senders_consumers_together_beside_their_own() -> None:
+    h = Harness()
+    for q in ("qa", "qb"):
+        h.queue(q)
+        for i in range(5):
+            h.publish("", q, f"{q}{i}")
+    _share(h, 3)
+    h.consume("qa", tag="a", prefetch=2)
+    h.consume("qb", tag="b", prefetch=2)
+    h.consume("qb", tag="other", sender=C2)  # another channel: not bound by it
+    assert h.got(tag="a") == ["qa0", "qa1"]  # its own two
+    assert h.got(tag="b") == ["qb0"]  # what is left of the three
+    assert h.got(C2, "other") == ["qb1", "qb2", "qb3", "qb4"]
+    _ack_first(h, "a")  # room for one: a's queue goes first
+    assert h.got(tag="a") == ["qa0", "qa1", "qa2"] and h.got(tag="b") == ["qb0"]
+    _ack_first(h, "b")  # room for one, but a is full (two) and qb is empty
+    assert h.got(tag="a") == ["qa0", "qa1", "qa2"]
+
+
+def test_room_made_by_one_consumer_goes_to_another_queue_of_the_group() -> None:
+    h = Harness()
+    for q in ("qa", "qb"):
+        h.queue(q)
+    _share(h, 1)
+    h.consume("qa", tag="a")
+    h.consume("qb", tag="b")
+    h.publish("", "qa", "a0")
+    h.publish("", "qb", "b0")
+    assert h.got(tag="a") == ["a0"] and h.got(tag="b") == []
+    _ack_first(h, "a")  # a's queue is empty: b's takes the room
+    assert h.got(tag="b") == ["b0"]
+    h.send(Nack(tag="b", delivery_tags=(h.deliveries[(C1, "b")][0][0],), requeue=False), C1)
+    h.publish("", "qa", "a1")
+    assert h.got(tag="a") == ["a0", "a1"]
+
+
+def test_a_shared_prefetch_is_raised_lifted_and_ends_with_its_sender() -> None:
+    h = Harness()
+    h.queue("q")
+    h.consume("q", tag="a")
+    h.consume("q", tag="b")
+    _share(h, 2)  # consumers it has
+    for i in range(6):
+        h.publish("", "q", i)
+    assert len(h.got(tag="a") + h.got(tag="b")) == 2
+    _share(h, 3)  # raised: one more at once
+    assert len(h.got(tag="a") + h.got(tag="b")) == 3
+    _share(h, 0)  # lifted: the rest
+    assert sorted(h.got(tag="a") + h.got(tag="b")) == [0, 1, 2, 3, 4, 5]
+    _share(h, 1)
+    h.core.release(C1[0], h.now)  # its connection ended
+    assert h.core._groups == {}
+
+
+def test_a_no_ack_consumer_and_a_cancelled_one_count_as_rabbitmq_counts_them() -> None:
+    h = Harness()
+    h.queue("q")
+    h.queue("free")
+    _share(h, 1)
+    h.consume("free", tag="n", no_ack=True)
+    for i in range(3):
+        h.publish("", "free", i)
+    assert h.got(tag="n") == [0, 1, 2]  # no_ack: no limit applies
+    h.consume("q", tag="a")
+    h.publish("", "q", "x")
+    h.publish("", "q", "y")
+    assert h.got(tag="a") == ["x"]
+    h.ok(Cancel, C1, tag="a")  # detached: its message goes back, the room with it
+    h.consume("q", tag="b")
+    assert h.got(tag="b") == ["x"]
 
 
 # -- consumers -------------------------------------------------------------------

@@ -62,6 +62,7 @@ from cmq._extras import optional_imports
 from cmq.routing._core import (
     MAX_NAME,
     BrokerCore,
+    ChannelPrefetch,
     ExchangeBind,
     ExchangeUnbind,
     ExclusiveConsume,
@@ -426,6 +427,7 @@ class _Channel:
     confirm: bool = False
     published: int = 0  # publish sequence number (in confirm mode)
     prefetch: int = 0  # basic.qos prefetch_count for consumers started next
+    shared_prefetch: int = 0  # basic.qos with global: the limit all its consumers share
     next_tag: int = 1  # next delivery tag on this channel
     # channel delivery tag -> (core consumer tag, core delivery tag); order: oldest first
     unacked: dict[int, tuple[str, int]] = field(default_factory=dict)
@@ -716,6 +718,9 @@ class AmqpConnection:
         addr = (self.key, ch.number)
         for tag in list(ch.consumers) + list(ch.getters):
             self.core.call(Cancel(rid=0, tag=tag), addr, now)
+        if ch.shared_prefetch:
+            self.core.call(ChannelPrefetch(rid=0, prefetch=0), addr, now)
+            ch.shared_prefetch = 0
         ch.consumers.clear()
         ch.getters.clear()
         ch.unacked.clear()
@@ -1042,7 +1047,19 @@ class AmqpConnection:
             self._send_method(ch.number, spec.Queue.DeleteOk(message_count=res["messages"]))
 
     def _basic_qos(self, ch: _Channel, m: Any, now: float) -> None:
-        ch.prefetch = m.prefetch_count
+        if m.prefetch_size:
+            # As RabbitMQ, which limits messages, never bytes.
+            raise _ConnectionError(NOT_IMPLEMENTED, f"prefetch_size!=0 ({m.prefetch_size})", m)
+        if m.global_:
+            # RabbitMQ's reading of global: shared by the channel's
+            # consumers, those it has and those it starts later.
+            shared = m.prefetch_count
+        else:
+            ch.prefetch = m.prefetch_count
+            shared = 0  # and, as in RabbitMQ, the channel's shared limit is lifted
+        if shared != ch.shared_prefetch:
+            self.core.call(ChannelPrefetch(rid=0, prefetch=shared), (self.key, ch.number), now)
+            ch.shared_prefetch = shared
         self._send_method(ch.number, spec.Basic.QosOk())
 
     def _basic_consume(self, ch: _Channel, m: Any, now: float) -> None:

@@ -164,6 +164,7 @@ __all__ = [
     "BrokerConfig",
     "BrokerCore",
     "BrokerStats",
+    "ChannelPrefetch",
     "ExclusiveConsume",
     "Note",
     "Outgoing",
@@ -707,9 +708,27 @@ class _PriorityReady:
         self._n = self.nbytes = 0
 
 
+class _Group:
+    """The consumers of one sender that share a limit of unacknowledged
+    deliveries between them (AMQP's basic.qos with ``global``: a channel's
+    consumers, as RabbitMQ reads it), beside each one's own ``prefetch``."""
+
+    __slots__ = ("limit", "members")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.members: list[_Consumer] = []
+
+    def room(self) -> int:
+        """Deliveries the members may still be sent (counted afresh: the
+        members' unacked entries are the one record of what they hold)."""
+        return self.limit - sum([len(c.unacked) for c in self.members if not c.no_ack])
+
+
 class _Consumer:
     __slots__ = (
         "addr",
+        "group",
         "held",
         "last_seen",
         "no_ack",
@@ -727,6 +746,7 @@ class _Consumer:
         self.priority = 0  # RabbitMQ's consumer priority (PriorityConsume)
         self.queue = queue
         self.prefetch = spec.prefetch  # 0: no limit
+        self.group: _Group | None = None  # a limit shared with the sender's other consumers
         self.no_ack = spec.no_ack
         self.last_seen = now
         # On a connection (see BrokerCore.hold): never timed out, nor its deliveries.
@@ -739,7 +759,11 @@ class _Consumer:
         self.pending: list[list[Any]] = []
 
     def has_credit(self) -> bool:
-        return self.no_ack or not self.prefetch or len(self.unacked) < self.prefetch
+        if self.no_ack:
+            return True
+        if self.prefetch and len(self.unacked) >= self.prefetch:
+            return False
+        return self.group is None or self.group.room() > 0
 
 
 def _binding_key(ex: Exchange, key: str, arguments: dict[str, Any]) -> str:
@@ -1058,6 +1082,17 @@ class PriorityConsume(Consume):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ChannelPrefetch:
+    """AMQP's basic.qos with ``global``: the sender's consumers, those it
+    has and those it starts later, may hold at most ``prefetch``
+    unacknowledged deliveries between them (0: no shared limit), beside
+    each one's own prefetch (a front end's request, not on cmq's wire)."""
+
+    rid: int
+    prefetch: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ExchangeBind:
     """Bind exchange ``destination`` to exchange ``source`` (AMQP's
     exchange.bind, RabbitMQ's extension): what ``source`` routes with
@@ -1143,6 +1178,8 @@ class BrokerCore:
         self._queues: dict[str, _Queue] = {}
         self._consumers: dict[tuple[Address, str], _Consumer] = {}
         self._with_pending: dict[tuple[Address, str], _Consumer] = {}
+        # Senders whose consumers share a limit (ChannelPrefetch): one group each.
+        self._groups: dict[Address, _Group] = {}
         self._out: list[Outgoing] = []
         self._replies: dict[tuple[Address, int], Any] = {}
         self._totals: Counter[str] = Counter()
@@ -1214,6 +1251,8 @@ class BrokerCore:
         for key, c in list(self._consumers.items()):
             if key[0][0] == conn:
                 self._detach(key, c, now)
+        for addr in [a for a in self._groups if a[0] == conn]:
+            del self._groups[addr]
         for q in [q for q in self._queues.values() if q.owner == conn]:
             self._drop_queue(q, now)
 
@@ -1526,7 +1565,7 @@ class BrokerCore:
             return False
         c = consumers[0]
         unacked = c.unacked
-        if c.pending or not (c.no_ack or not c.prefetch or len(unacked) < c.prefetch):
+        if c.pending or c.group is not None or not (c.no_ack or not c.prefetch or len(unacked) < c.prefetch):
             return False
         dtag = self._next_dtag
         self._next_dtag = dtag + 1
@@ -1677,7 +1716,7 @@ class BrokerCore:
                 overdue.append(dtag)
             if overdue:
                 self._requeue(c.queue, [c.unacked.pop(d)[0] for d in overdue])
-                self._dispatch(c.queue, now)
+                self._settled(c, now)
 
     def note_send_failed(self, n: int = 1) -> None:
         """Count messages the driver could not hand to the OS (shown in stats)."""
@@ -1835,7 +1874,7 @@ class BrokerCore:
             # batch, hand it over without passing through ``ready`` (the
             # same outcome, fewer steps: the latency path of a ping-pong).
             c = consumers[0]
-            if c.no_ack or not c.prefetch or len(c.unacked) + n <= c.prefetch:
+            if c.group is None and (c.no_ack or not c.prefetch or len(c.unacked) + n <= c.prefetch):
                 self._hand(c, kept if kept is not None else [(exchange, key, body, False, meta) for body in bodies],
                            now)  # fmt: skip
                 counts, totals = q.counts, self._totals
@@ -2022,6 +2061,8 @@ class BrokerCore:
             take = len(ready)
         else:
             take = min(len(ready), c.prefetch - len(c.unacked))
+        if c.group is not None and not c.no_ack:
+            take = min(take, c.group.room())
         if take <= 0:
             return
         if take == len(ready):
@@ -2032,6 +2073,22 @@ class BrokerCore:
             msgs = [popleft() for _ in range(take)]
         self._hand(c, msgs, now)
         self._count(q, "delivered", take)
+
+    def _settled(self, c: _Consumer, now: float) -> None:
+        """Deliveries of ``c`` were settled (acked, rejected, requeued): its
+        queue may go on, and so may its group's (the room was shared)."""
+        self._dispatch(c.queue, now)
+        if c.group is not None:
+            self._dispatch_members(c.group, c.queue, now)
+
+    def _dispatch_members(self, g: _Group, done: _Queue | None, now: float) -> None:
+        """Dispatch the queues of ``g``'s members, but ``done``, once each."""
+        seen = set() if done is None else {id(done)}
+        for m in list(g.members):
+            q = m.queue
+            if id(q) not in seen and self._queues.get(q.name) is q:
+                seen.add(id(q))
+                self._dispatch(q, now)
 
     def _attach(
         self, sender: Address, spec: ConsumerSpec, now: float, *, exclusive: bool = False, priority: int = 0
@@ -2057,6 +2114,10 @@ class BrokerCore:
             c = self._consumers[key] = _Consumer(sender, spec, q, now)
             c.held = sender[0] in self._held
             q.consumers.append(c)
+            g = self._groups.get(sender)
+            if g is not None:
+                c.group = g
+                g.members.append(c)
         c.priority = priority
         if exclusive:
             q.exclusive = c
@@ -2066,6 +2127,10 @@ class BrokerCore:
     def _detach(self, key: tuple[Address, str], c: _Consumer, now: float) -> None:
         del self._consumers[key]
         self._with_pending.pop(key, None)
+        g = c.group
+        if g is not None:
+            g.members.remove(c)
+            c.group = None
         q = c.queue
         if c in q.consumers:  # a basic.get's holder is not one
             _unlist(q, c, now)
@@ -2090,6 +2155,8 @@ class BrokerCore:
         if back and self._queues.get(q.name) is q:
             self._requeue(q, back)
             self._dispatch(q, now)
+        if back and g is not None:
+            self._dispatch_members(g, q, now)  # the room it held is the others' now
         if q.auto_delete and not q.consumers and self._queues.get(q.name) is q and not c.tag.startswith(GET_TAG):
             self._drop_queue(q, now)  # its last consumer went (AMQP's auto-delete)
 
@@ -2395,6 +2462,27 @@ class BrokerCore:
         cfg = self.config
         return {"heartbeat": cfg.heartbeat_interval, "timeout": cfg.consumer_timeout}
 
+    def _channel_prefetch(self, ev: ChannelPrefetch, sender: Address, now: float) -> Any:
+        if type(ev.prefetch) is not int or ev.prefetch < 0:
+            raise _Refused(ErrorCode.BAD_REQUEST, f"prefetch must be an integer >= 0, not {ev.prefetch!r}")
+        g = self._groups.get(sender)
+        if not ev.prefetch:
+            if g is not None:
+                del self._groups[sender]
+                for c in g.members:
+                    c.group = None
+                self._dispatch_members(g, None, now)
+            return None
+        if g is None:
+            g = self._groups[sender] = _Group(ev.prefetch)
+            for (addr, tag), c in self._consumers.items():
+                if addr == sender and not tag.startswith(GET_TAG):
+                    c.group = g
+                    g.members.append(c)
+        g.limit = ev.prefetch
+        self._dispatch_members(g, None, now)  # a higher limit makes room
+        return None
+
     def _heartbeat(self, ev: Heartbeat, sender: Address, now: float) -> Any:
         for spec in ev.consumers:
             c = self._consumers.get((sender, spec.tag))
@@ -2438,7 +2526,7 @@ class BrokerCore:
         if stale:
             self._totals["stale_acks"] += stale
         self._count(c.queue, "acked", acked)
-        self._dispatch(c.queue, now)
+        self._settled(c, now)
         return None
 
     def _nack(self, ev: Nack, sender: Address, now: float) -> Any:
@@ -2461,7 +2549,7 @@ class BrokerCore:
                 if self.persisting:
                     self._forget(msgs)
                 self._dead_letter(q, msgs, "rejected", now)
-        self._dispatch(q, now)
+        self._settled(c, now)
         return None
 
     def _cancel(self, ev: Cancel, sender: Address, now: float) -> Any:
@@ -2488,7 +2576,7 @@ class BrokerCore:
         if back:
             q.ready.extendleft(reversed(back))
             self._count(q, "delivered", -len(back))
-        self._dispatch(q, now)
+        self._settled(c, now)
         if q.auto_delete and not q.consumers and self._queues.get(q.name) is q:
             self._drop_queue(q, now)
 
@@ -2547,6 +2635,7 @@ _HANDLERS: Final[dict[type[Any], _Handler]] = {
     Consume: BrokerCore._consume,
     ExclusiveConsume: BrokerCore._consume,
     PriorityConsume: BrokerCore._consume,
+    ChannelPrefetch: BrokerCore._channel_prefetch,
     ExchangeBind: BrokerCore._bind_exchange,
     ExchangeUnbind: BrokerCore._unbind_exchange,
     Heartbeat: BrokerCore._heartbeat,
