@@ -3,6 +3,7 @@
 Serve:   cmq broker --port 5700                        (durable state in ./cmq-data/)
          cmq broker --port 5700 --data-dir /var/lib/cmq  (or --in-memory: nothing kept)
          cmq broker --port 5700 --amqp-port 5673 --users users.txt   (also AMQP 0-9-1 over TCP)
+         cmq broker --port 5700 --amqp-port 5673 --amqps-port 5671 --tls-cert cert.pem --tls-key key.pem
          cmq broker --port 5700 --http-port 15700      (the web console at /console/, /metrics)
 Client:  cmq broker declare-exchange prices --type topic
          cmq broker declare-queue ibm --max-length 1000 --overflow reject
@@ -125,6 +126,26 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="PORT",
         help="also serve AMQP 0-9-1 over TCP on this port (off by default; 0: any free port), "
         "in front of the same exchanges and queues; needs pamqp (pip install 'pycmq[broker]')",
+    )
+    parser.add_argument(
+        "--amqps-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="also serve AMQP over TLS (amqps; RabbitMQ's is 5671) on this port, with the "
+        "same logins; needs --amqp-port and --tls-cert",
+    )
+    parser.add_argument(
+        "--tls-cert",
+        default=None,
+        metavar="FILE",
+        help="the TLS certificate chain of --amqps-port (PEM)",
+    )
+    parser.add_argument(
+        "--tls-key",
+        default=None,
+        metavar="FILE",
+        help="its private key (PEM; default: in the --tls-cert file)",
     )
     parser.add_argument(
         "--memory-budget",
@@ -327,9 +348,20 @@ def _serve(args: argparse.Namespace) -> int:
         from cmq.routing._amqp import Users
 
         users = Users.load(args.users)
+    tls = None
+    if args.amqps_port is not None or args.tls_cert is not None or args.tls_key is not None:
+        if args.amqps_port is None or args.tls_cert is None:
+            raise ConfigError("AMQP over TLS needs --amqps-port and --tls-cert (and --tls-key unless "
+                              "the key is in the certificate's file)")  # fmt: skip
+        if args.amqp_port is None:
+            raise ConfigError("--amqps-port serves beside the AMQP listener: give --amqp-port too")
+        from cmq.routing import tls_context
+
+        tls = tls_context(args.tls_cert, args.tls_key)
     data_dir = None if args.in_memory else args.data_dir
     broker = Broker(port=args.port, host=args.host, config=BrokerConfig(**options),
-                    amqp_port=args.amqp_port, users=users, data_dir=data_dir, key=_key(args))  # fmt: skip
+                    amqp_port=args.amqp_port, users=users, data_dir=data_dir, key=_key(args),
+                    amqps_port=args.amqps_port, tls=tls)  # fmt: skip
     # Only set a flag here: closing from a signal handler could interrupt the
     # endpoint while it holds its own locks.
     signal.signal(signal.SIGTERM, lambda *_: broker.stop())
@@ -353,6 +385,9 @@ def _serve(args: argparse.Namespace) -> int:
     host, port = broker.address
     amqp = broker.amqp_address
     also = f", AMQP 0-9-1 on {amqp[0]}:{amqp[1]}" if amqp is not None else ""
+    amqps = broker.amqps_address
+    if amqps is not None:
+        also += f", AMQP over TLS on {amqps[0]}:{amqps[1]}"
     if http is not None:
         h, p = http.address
         also += f", console on http://{h}:{p}/console/"

@@ -29,7 +29,7 @@ from cmq.routing._client import (
 )
 from cmq.routing._core import BrokerConfig, BrokerCore, BrokerStats, Outgoing, Overflow, QueueStats
 from cmq.routing._protocol import Delivery, ErrorCode
-from cmq.routing._server import Broker
+from cmq.routing._server import Broker, tls_context
 from cmq.routing.exchanges import (
     Binding,
     DirectExchange,
@@ -64,5 +64,6 @@ __all__ = [
     "QueueStats",
     "TopicExchange",
     "make_exchange",
+    "tls_context",
     "topic_matches",
 ]

@@ -16,6 +16,13 @@ endpoint through ``send_udp``. The UDP loop hands this thread the core's
 messages for AMQP channels through :meth:`AmqpListener.post`, which wakes the
 selector through a socket pair.
 
+TLS (``tls_port`` with an ``ssl.SSLContext``): a second listening socket in
+the same loop, whose connections are wrapped on accept and shake hands
+without blocking the loop (a client that never finishes its handshake holds
+only its own socket, and is dropped after ``_HANDSHAKE_TIMEOUT``). After the
+handshake a TLS connection is served as a plain one, a turn reading record
+after record while its socket has more.
+
 Flow control (RabbitMQ's memory alarm). After each turn that read something,
 the bytes the broker holds (``BrokerCore.held_bytes``) are compared with
 ``BrokerConfig.memory_budget``. Over it, every connection that has published
@@ -34,12 +41,13 @@ import itertools
 import logging
 import selectors
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
 from typing import Any, Final
 
-from cmq._errors import TransportError
+from cmq._errors import ConfigError, TransportError
 from cmq.routing._amqp import AmqpConnection, Users
 from cmq.routing._core import AMQP_PREFIX, MEMORY_RESUME_FRACTION, BrokerCore, Outgoing
 
@@ -51,6 +59,8 @@ _READ: Final = 256 * 1024
 _ALARM_LOG_EVERY: Final = 10.0
 #: Longest select wait, so that close() is noticed promptly.
 _MAX_WAIT: Final = 0.1
+#: Seconds a TLS client has to finish its handshake.
+_HANDSHAKE_TIMEOUT: Final = 10.0
 
 _log = logging.getLogger("cmq.broker")
 
@@ -61,13 +71,30 @@ def is_amqp(dest: Any) -> bool:
 
 
 class _Client:
-    __slots__ = ("conn", "events", "out", "sock")
+    __slots__ = ("conn", "events", "handshake_by", "out", "sock", "want_write")
 
-    def __init__(self, sock: socket.socket, conn: AmqpConnection) -> None:
+    def __init__(self, sock: socket.socket, conn: AmqpConnection, handshake_by: float | None = None) -> None:
         self.sock = sock
         self.conn = conn
         self.out = bytearray()
         self.events = 0  # what the selector watches the socket for
+        # A TLS client before its handshake is done: the time it must be done by.
+        self.handshake_by = handshake_by
+        self.want_write = False  # the TLS handshake waits for the socket to take bytes
+
+
+def _listen(host: str, port: int, what: str) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        raise TransportError(f"cannot listen for {what} on {host}:{port}: {exc.strerror or exc}") from exc
+    sock.setblocking(False)
+    return sock
 
 
 class AmqpListener:
@@ -87,6 +114,8 @@ class AmqpListener:
         users: Users,
         send_udp: Callable[[list[Outgoing]], None],
         commit: Callable[[], bool] | None = None,
+        tls: ssl.SSLContext | None = None,
+        tls_port: int | None = None,
     ) -> None:
         self.core = core
         # Writes the core's journal to the store (under the lock): called
@@ -98,18 +127,21 @@ class AmqpListener:
         self.lock = lock
         self.users = users
         self._send_udp = send_udp
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._sock = socket.socket(family, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            self._sock.bind((host, port))
-            self._sock.listen(128)
-        except OSError as exc:
-            self._sock.close()
-            raise TransportError(f"cannot listen for AMQP on {host}:{port}: {exc.strerror or exc}") from exc
-        self._sock.setblocking(False)
+        if (tls is None) != (tls_port is None):
+            raise ConfigError("TLS needs both a port and an SSL context (tls= and tls_port=)")
+        self._sock = _listen(host, port, "AMQP")
+        self._tls = tls
+        self._tls_sock: socket.socket | None = None
+        if tls_port is not None:
+            try:
+                self._tls_sock = _listen(host, tls_port, "AMQP over TLS")
+            except TransportError:
+                self._sock.close()
+                raise
         self._sel = selectors.DefaultSelector()
         self._sel.register(self._sock, selectors.EVENT_READ, "listen")
+        if self._tls_sock is not None:
+            self._sel.register(self._tls_sock, selectors.EVENT_READ, "listen-tls")
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
@@ -127,6 +159,14 @@ class AmqpListener:
     @property
     def address(self) -> tuple[str, int]:
         host, port = self._sock.getsockname()[:2]
+        return ("127.0.0.1" if host in ("0.0.0.0", "::") else host, port)
+
+    @property
+    def tls_address(self) -> tuple[str, int] | None:
+        """Where AMQP over TLS is served, or None."""
+        if self._tls_sock is None:
+            return None
+        host, port = self._tls_sock.getsockname()[:2]
         return ("127.0.0.1" if host in ("0.0.0.0", "::") else host, port)
 
     @property
@@ -156,8 +196,9 @@ class AmqpListener:
             self._thread.join(timeout=2)
         for c in list(self._clients.values()):
             self._drop(c, time.monotonic())
-        for s in (self._sock, self._wake_r, self._wake_w):
-            s.close()
+        for s in (self._sock, self._tls_sock, self._wake_r, self._wake_w):
+            if s is not None:
+                s.close()
         self._sel.close()
 
     # -- the loop ------------------------------------------------------------------
@@ -174,7 +215,7 @@ class AmqpListener:
         wait = _MAX_WAIT
         now = time.monotonic()
         for c in self._clients.values():
-            dl = c.conn.next_deadline()
+            dl = c.conn.next_deadline() if c.handshake_by is None else c.handshake_by
             if dl is not None and dl - now < wait:
                 wait = max(dl - now, 0.0)
         events = self._sel.select(wait)
@@ -183,7 +224,9 @@ class AmqpListener:
         for key, mask in events:
             what = key.data
             if what == "listen":
-                self._accept(now)
+                self._accept(self._sock, now)
+            elif what == "listen-tls":
+                self._accept(self._tls_sock, now)
             elif what == "wake":
                 try:
                     while self._wake_r.recv(4096):
@@ -192,23 +235,28 @@ class AmqpListener:
                     pass
             else:
                 cl: _Client = what
+                if cl.handshake_by is not None:
+                    if not self._handshake(cl, now):
+                        continue
+                    mask |= selectors.EVENT_READ  # what came with the handshake's end may wait decrypted
                 if mask & selectors.EVENT_WRITE and not self._held:
                     self._write(cl, now)
                 if mask & selectors.EVENT_READ and not cl.conn.finished:
-                    try:
-                        data = cl.sock.recv(_READ)
-                    except (BlockingIOError, InterruptedError):
-                        continue
-                    except OSError:
-                        data = b""
-                    reads.append((cl, data))
+                    data = self._read(cl)
+                    if data is not None:
+                        reads.append((cl, data))
         paused: list[_Client] = []
         with self.lock:
             for c, data in reads:
                 c.conn.receive_data(data, now)
             if reads or self.alarm:
                 paused = self._flow(now)
+            late = []
             for c in self._clients.values():
+                if c.handshake_by is not None:
+                    if c.handshake_by <= now:
+                        late.append(c)
+                    continue
                 dl = c.conn.next_deadline()
                 if dl is not None and dl <= now:
                     c.conn.handle_timer(now)
@@ -220,6 +268,9 @@ class AmqpListener:
                 self._held = not self._commit()
             else:
                 self._held = False
+        for c in late:
+            _log.info("AMQP over TLS: no handshake from %s within %.0f s: dropped", c.conn.peer_host, _HANDSHAKE_TIMEOUT)
+            self._drop(c, now)
         for c in paused:
             self._interest(c)
         if udp:
@@ -255,9 +306,63 @@ class AmqpListener:
                 changed.append(c)
         return changed
 
+    def _read(self, c: _Client) -> bytes | None:
+        """What ``c``'s socket has (b"": closed or broken), or None for nothing yet."""
+        try:
+            data = c.sock.recv(_READ)
+        except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            return None
+        except OSError:  # ssl.SSLError among them: a TLS connection that broke
+            return b""
+        if data and isinstance(c.sock, ssl.SSLSocket):
+            # A TLS read returns one record (16 KiB at most): read on while
+            # the socket has more, so that a large message takes one turn,
+            # not one a record (the level-triggered selector would only
+            # bring the rest on the next turns).
+            parts, total = [data], len(data)
+            while total < _READ:
+                try:
+                    more = c.sock.recv(_READ - total)
+                except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                    break
+                except OSError:
+                    break  # the next turn's read says so
+                if not more:
+                    break
+                parts.append(more)
+                total += len(more)
+            data = b"".join(parts)
+        return data
+
+    def _handshake(self, c: _Client, now: float) -> bool:
+        """Go on with ``c``'s TLS handshake; whether it is done."""
+        sock = c.sock
+        assert isinstance(sock, ssl.SSLSocket)
+        try:
+            sock.do_handshake()
+        except ssl.SSLWantReadError:
+            c.want_write = False
+        except ssl.SSLWantWriteError:
+            c.want_write = True
+        except (ssl.SSLError, OSError) as exc:
+            # Not TLS (a plain AMQP client on the TLS port), a certificate
+            # the client refused, or a connection that went.
+            _log.info("AMQP over TLS: handshake with %s failed: %s", c.conn.peer_host, exc)
+            self._drop(c, now)
+            return False
+        else:
+            c.handshake_by, c.want_write = None, False
+            self._interest(c)
+            return True
+        self._interest(c)
+        return False
+
     def _interest(self, c: _Client) -> None:
         """Watch ``c``'s socket for reading unless paused, for writing while output waits."""
-        want = (0 if c.conn.paused else selectors.EVENT_READ) | (selectors.EVENT_WRITE if c.out else 0)
+        if c.handshake_by is not None:
+            want = selectors.EVENT_WRITE if c.want_write else selectors.EVENT_READ
+        else:
+            want = (0 if c.conn.paused else selectors.EVENT_READ) | (selectors.EVENT_WRITE if c.out else 0)
         if want == c.events:
             return
         try:
@@ -285,10 +390,12 @@ class AmqpListener:
                 udp.append(o)
         return udp
 
-    def _accept(self, now: float) -> None:
+    def _accept(self, listening: socket.socket | None, now: float) -> None:
+        assert listening is not None
+        tls = self._tls if listening is self._tls_sock else None
         for _ in range(64):
             try:
-                sock, peer = self._sock.accept()
+                sock, peer = listening.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
@@ -296,10 +403,18 @@ class AmqpListener:
                 return
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if tls is not None:
+                try:
+                    sock = tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+                except (ssl.SSLError, OSError) as exc:
+                    _log.info("AMQP over TLS: cannot start TLS with %s: %s", peer[0], exc)
+                    sock.close()
+                    continue
             key = f"{AMQP_PREFIX}{next(self._ids)}"
             with self.lock:
                 conn = AmqpConnection(self.core, key, peer[0], self.users, now)
-            c = self._clients[key] = _Client(sock, conn)
+            by = now + _HANDSHAKE_TIMEOUT if tls is not None else None
+            c = self._clients[key] = _Client(sock, conn, by)
             self._interest(c)
 
     def _flush(self, c: _Client, now: float) -> None:
@@ -312,9 +427,11 @@ class AmqpListener:
             self._drop(c, now)
 
     def _write(self, c: _Client, now: float) -> None:
+        if c.handshake_by is not None:
+            return  # nothing is written before the TLS handshake is done
         try:
             n = c.sock.send(c.out)
-        except (BlockingIOError, InterruptedError):
+        except (BlockingIOError, InterruptedError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
             n = 0
         except OSError:
             c.out.clear()

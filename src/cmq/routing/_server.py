@@ -58,6 +58,7 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
+import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -75,7 +76,7 @@ if TYPE_CHECKING:
     from cmq.routing._amqp_server import AmqpListener
     from cmq.routing._store import Store
 
-__all__ = ["Broker"]
+__all__ = ["Broker", "tls_context"]
 
 _T = TypeVar("_T")
 
@@ -141,6 +142,27 @@ def _cpus() -> int:
     return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
 
 
+def tls_context(cert: str | os.PathLike[str], key: str | os.PathLike[str] | None = None) -> ssl.SSLContext:
+    """A server-side TLS context for :class:`Broker`'s ``tls=``: the
+    certificate chain in ``cert`` (PEM) and its private key (in ``key``, or
+    in ``cert`` too when None), TLS 1.2 at least.
+
+    Raises:
+        ConfigError: a file is missing, unreadable, or not a certificate and
+            its key.
+    """
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        ctx.load_cert_chain(os.fspath(cert), None if key is None else os.fspath(key))
+    except FileNotFoundError as exc:
+        raise ConfigError(f"TLS: no such file: {exc.filename}") from None
+    except (ssl.SSLError, OSError) as exc:
+        raise ConfigError(f"TLS: cannot use certificate {os.fspath(cert)!r} and key "
+                          f"{os.fspath(key) if key is not None else '(in the same file)'!r}: {exc}") from None  # fmt: skip
+    return ctx
+
+
 class Broker:
     """A broker serving on ``host:port`` (``port=0``: an ephemeral port).
 
@@ -151,7 +173,10 @@ class Broker:
     TCP on ``host:amqp_port``, in a thread of its own, in front of the same
     exchanges and queues; ``users`` says who may log in there (default:
     RabbitMQ's ``guest``/``guest`` from loopback only). Needs pamqp (the
-    ``broker`` extra).
+    ``broker`` extra). With ``amqps_port`` and ``tls`` (an
+    ``ssl.SSLContext`` for the server side, such as :func:`tls_context`
+    makes) it serves AMQP over TLS there too (amqps, RabbitMQ's 5671), in
+    the same thread; the logins are the same.
 
     With ``key`` (1 to 64 bytes) every cmq-protocol datagram is signed and
     checked with it (the endpoints' BLAKE2b tags): clients must be given the
@@ -186,7 +211,13 @@ class Broker:
         users: Users | None = None,
         data_dir: str | os.PathLike[str] | None = None,
         key: bytes | None = None,
+        amqps_port: int | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
+        if (amqps_port is None) != (tls is None):
+            raise ConfigError("AMQP over TLS needs both amqps_port= and tls= (an ssl.SSLContext)")
+        if amqps_port is not None and amqp_port is None:
+            raise ConfigError("amqps_port= serves beside the AMQP listener: give amqp_port= too")
         self.store: Store | None = None
         if data_dir is not None:
             from cmq.routing._store import Store
@@ -239,7 +270,8 @@ class Broker:
             try:
                 self.amqp = AmqpListener(self.core, self._lock, host=host, port=amqp_port,
                                          users=users if users is not None else Users.default(),
-                                         send_udp=self._send_udp, commit=self.commit)  # fmt: skip
+                                         send_udp=self._send_udp, commit=self.commit,
+                                         tls=tls, tls_port=amqps_port)  # fmt: skip
             except CmqError:
                 if self._owns_endpoint:
                     endpoint.close()
@@ -258,6 +290,11 @@ class Broker:
     def amqp_address(self) -> Address | None:
         """Where AMQP clients reach the broker, or None when it does not serve AMQP."""
         return self.amqp.address if self.amqp is not None else None
+
+    @property
+    def amqps_address(self) -> Address | None:
+        """Where AMQP over TLS is served, or None."""
+        return self.amqp.tls_address if self.amqp is not None else None
 
     @property
     def address(self) -> Address:
