@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pika = pytest.importorskip("pika", reason="pika is not installed: pip install 'pycmq[test]'")
 pytest.importorskip("pamqp", reason="pamqp is not installed: pip install 'pycmq[broker]'")
@@ -19,7 +21,7 @@ from pamqp import frame as pframe  # noqa: E402
 from pamqp.header import ContentHeader  # noqa: E402
 
 from cmq.routing import Broker, BrokerClient, BrokerConfig  # noqa: E402
-from cmq.routing._amqp import PROTOCOL_HEADER, Users  # noqa: E402
+from cmq.routing._amqp import PROTOCOL_HEADER, AmqpConnection, Users  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -150,6 +152,23 @@ def test_large_bodies_split_at_frame_max(conn: Any) -> None:
     body = bytes(range(256)) * 2000  # 512,000 bytes: several frames each way
     ch.basic_publish("", "big", body)
     assert ch.basic_get("big", auto_ack=True)[2] == body
+
+
+@given(size=st.integers(0, 3 * 4096 + 9), frame_max=st.sampled_from([4096, 5000, 131072]))
+@settings(max_examples=60, deadline=None)
+def test_content_frames_are_pamqps_byte_for_byte(size: int, frame_max: int) -> None:
+    from pamqp.body import ContentBody
+
+    from cmq.routing._core import BrokerCore
+
+    conn = AmqpConnection(BrokerCore(BrokerConfig()), "amqp#1", "127.0.0.1", Users.default(), 0.0)
+    conn.frame_max = frame_max
+    body = bytes(i % 251 for i in range(size))
+    method = spec.Basic.Deliver(consumer_tag="t", delivery_tag=1, exchange="", routing_key="q")
+    conn._send_content(1, method, None, body)
+    want = [pframe.marshal(method, 1), pframe.marshal(ContentHeader(0, size, spec.Basic.Properties()), 1)]
+    want += [pframe.marshal(ContentBody(body[i : i + frame_max - 8]), 1) for i in range(0, size, frame_max - 8)]
+    assert conn.data_to_send(0.0) == b"".join(want)
 
 
 def test_topic_fanout_server_named_exclusive_queue(conn: Any, broker: Broker) -> None:

@@ -597,6 +597,33 @@ def test_the_byte_bound_sees_messages_expire() -> None:
     assert h.queue_stats("q").dropped_old == 0  # 100 bytes: at the bound, not over it
 
 
+def test_a_message_handed_straight_to_the_consumer_keeps_its_queues_ttl_when_requeued() -> None:
+    h = Harness()
+    h.ok(DeclareQueue, name="q", max_length=1000, overflow="drop-head", arguments={"x-message-ttl": 1000})
+    h.consume("q", tag="a", prefetch=1)
+    h.publish("", "q", b"m")  # one queue, one consumer with room: the latency path's case
+    (first,) = h.deliveries[(C1, "a")]
+    h.ok(Cancel, C1, tag="a")  # back to the queue, with its expiry
+    h.advance(1.5)
+    assert h.queue_stats("q").expired == 1
+    assert first[3] == b"m"
+    assert h.core.hand_over("", "q", b"n", h.now) is False  # nor may the AMQP front end's path take it
+
+
+def test_the_front_ends_latency_path_hands_over_as_a_publish_would() -> None:
+    h = Harness()
+    h.queue("q")
+    h.consume("q", tag="a")
+    assert h.core.hand_over("", "q", b"x", h.now) is True
+    h.collect()
+    assert h.got(tag="a") == [b"x"]
+    assert h.core.hand_over("", "missing", b"x", h.now) is False  # the usual path answers for it
+    h.consume("q", tag="b")
+    assert h.core.hand_over("", "q", b"y", h.now) is False  # two consumers: round robin decides
+    stats = h.queue_stats("q")
+    assert (stats.enqueued, stats.delivered, stats.unacked) == (1, 1, 1)
+
+
 @pytest.mark.parametrize("bad", [-1, "10", 1.5, True])
 def test_a_bad_max_length_bytes_is_refused(bad: Any) -> None:
     h = Harness()

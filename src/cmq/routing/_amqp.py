@@ -499,9 +499,16 @@ class AmqpConnection:
             self._finish(now, "peer closed the connection")
             return
         self._last_recv = now
-        self._buf += data
         try:
-            self._parse(now)
+            if self._buf or self.state == _WAIT_HEADER:
+                self._buf += data
+                self._parse(now)
+            else:
+                # Nothing held from before: frames are sliced from this read
+                # itself, and only an unfinished frame's bytes are kept.
+                offset = self._frames(data, now)
+                if offset < len(data) and self.state != _DONE:
+                    self._buf += memoryview(data)[offset:]
         except _ConnectionError as exc:
             self._close_connection(exc.code, exc.text, exc.method, now)
         except Exception as exc:  # noqa: BLE001 - a bug must cost this connection, never the broker
@@ -610,9 +617,12 @@ class AmqpConnection:
             props: dict[str, Any] = {"product": "cmq", "version": "0.1.0", "platform": "Python",
                      "information": "cmq's broker, AMQP 0-9-1 front end", "capabilities": caps}  # fmt: skip
             self._send_method(0, spec.Connection.Start(server_properties=props, mechanisms="PLAIN AMQPLAIN"))
+        del buf[: self._frames(bytes(buf), now)]  # one copy; frames are sliced from it
+
+    def _frames(self, data: bytes, now: float) -> int:
+        """Handle the whole frames at the start of ``data``; return how many bytes they take."""
         offset = 0
-        n = len(buf)
-        data = bytes(buf)  # one copy; frames are sliced from it
+        n = len(data)
         while self.state != _DONE and n - offset >= 7:
             ftype, channel, size = _FRAME_HEAD.unpack_from(data, offset)
             if ftype not in (_METHOD, _HEADER, _BODY, _HEARTBEAT):
@@ -630,7 +640,7 @@ class AmqpConnection:
                 self._content_body(channel, data[start + 7 : end], now)
             else:
                 self._frame(ftype, channel, data[start:offset], now)
-        del buf[:offset]
+        return offset
 
     def _bad_header(self, now: float) -> None:
         # RabbitMQ's answer to a protocol header it does not speak: its own, then close.
@@ -685,8 +695,11 @@ class AmqpConnection:
             head = pframe.marshal(ContentHeader(0, len(body), props), channel)
         out = [method if type(method) is bytes else pframe.marshal(method, channel), head]
         step = self.frame_max - 8
-        for i in range(0, len(body), step):
-            out.append(pframe.marshal(ContentBody(body[i : i + step]), channel))
+        if 0 < len(body) <= step:
+            out += (_FRAME_HEAD.pack(_BODY, channel, len(body)), body, b"\xce")  # pamqp's body frame, by hand
+        else:
+            for i in range(0, len(body), step):
+                out.append(pframe.marshal(ContentBody(body[i : i + step]), channel))
         self._emit(b"".join(out))
 
     def _close_connection(self, code: int, text: str, method: Any, now: float) -> None:
@@ -883,6 +896,8 @@ class AmqpConnection:
         """Publish one message; False when that closed the channel."""
         if ch.confirm:
             ch.published += 1
+        elif not m.mandatory and properties is None and self.core.hand_over(m.exchange, m.routing_key, body, now):
+            return True  # the latency path: straight to the queue's one consumer
         seq = ch.published
         try:
             expiration = _expiration_ms(properties)
@@ -1261,8 +1276,19 @@ _new_publish = object.__new__
 
 
 def _short(text: str) -> bytes:
-    raw = text.encode("utf-8")
-    return bytes((len(raw),)) + raw  # names and keys are at most 255 bytes (checked by the core)
+    """``text`` as AMQP's short string; the last few thousand are kept (a
+    consumer's tag, exchange and key come back with every delivery)."""
+    raw = _SHORTS.get(text)
+    if raw is None:
+        if len(_SHORTS) >= _SHORTS_KEPT:
+            _SHORTS.clear()
+        raw = text.encode("utf-8")
+        raw = _SHORTS[text] = bytes((len(raw),)) + raw  # at most 255 bytes (checked by the core)
+    return raw
+
+
+_SHORTS: dict[str, bytes] = {}
+_SHORTS_KEPT: Final = 4096
 
 
 def _deliver_frame(channel: int, tag: str, dtag: int, redelivered: bool, exchange: str, key: str) -> bytes:

@@ -420,17 +420,23 @@ class AmqpListener:
     def _flush(self, c: _Client, now: float) -> None:
         data = c.conn.data_to_send(now)
         if data:
-            c.out += data
-        if c.out and not c.events & selectors.EVENT_WRITE:
+            if c.out or c.events & selectors.EVENT_WRITE:
+                c.out += data  # behind what waits
+            else:
+                self._write(c, now, data)  # straight from the connection's bytes
+        elif c.out and not c.events & selectors.EVENT_WRITE:
             self._write(c, now)
         if c.conn.finished and not c.out:
             self._drop(c, now)
 
-    def _write(self, c: _Client, now: float) -> None:
+    def _write(self, c: _Client, now: float, data: bytes | None = None) -> None:
+        """Send what ``c`` has waiting, or ``data`` when nothing waits; keep what the socket does not take."""
         if c.handshake_by is not None:
+            if data:
+                c.out += data
             return  # nothing is written before the TLS handshake is done
         try:
-            n = c.sock.send(c.out)
+            n = c.sock.send(c.out if data is None else data)
         except (BlockingIOError, InterruptedError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
             n = 0
         except OSError:
@@ -439,7 +445,10 @@ class AmqpListener:
                 c.conn.connection_lost(now)
             self._drop(c, now)
             return
-        del c.out[:n]
+        if data is None:
+            del c.out[:n]
+        elif n < len(data):
+            c.out += memoryview(data)[n:]
         self._interest(c)
 
     def _drop(self, c: _Client, now: float) -> None:

@@ -1544,6 +1544,14 @@ class BrokerCore:
             return
         self.handle(event, sender, now)
 
+    def hand_over(self, exchange: str, key: str, body: bytes, now: float) -> bool:
+        """For a front end in this process: an unconfirmed publish of
+        ``body`` without properties or expiration, handed straight to the
+        consumer when it routes to one queue that holds nothing and has one
+        consumer with room (see ``_hand_over``). False, having done nothing,
+        in any other case: publish it as usual."""
+        return type(body) is bytes and not self.memory_alarm and self._hand_over(exchange, key, body, now)
+
     def _hand_over(self, exchange: str, key: str, body: Any, now: float) -> bool:
         """The latency path of one unconfirmed publish ``["p", 0, exchange, key, body]``.
 
@@ -1561,8 +1569,8 @@ class BrokerCore:
             return False
         q = self._queues[next(iter(names))]
         consumers = q.consumers
-        if q.ready or len(consumers) != 1:
-            return False
+        if q.ready or len(consumers) != 1 or q.ttl is not None:
+            return False  # (a message TTL: _enqueue keeps it with the message, should it be requeued)
         c = consumers[0]
         unacked = c.unacked
         if c.pending or c.group is not None or not (c.no_ack or not c.prefetch or len(unacked) < c.prefetch):
