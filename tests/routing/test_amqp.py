@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import socket
+import string
 import struct
 import time
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ from pamqp.header import ContentHeader  # noqa: E402
 
 from cmq.routing import Broker, BrokerClient, BrokerConfig  # noqa: E402
 from cmq.routing._amqp import PROTOCOL_HEADER, AmqpConnection, Users  # noqa: E402
+from cmq.routing._core import BrokerCore  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -159,8 +161,6 @@ def test_large_bodies_split_at_frame_max(conn: Any) -> None:
 def test_content_frames_are_pamqps_byte_for_byte(size: int, frame_max: int) -> None:
     from pamqp.body import ContentBody
 
-    from cmq.routing._core import BrokerCore
-
     conn = AmqpConnection(BrokerCore(BrokerConfig()), "amqp#1", "127.0.0.1", Users.default(), 0.0)
     conn.frame_max = frame_max
     body = bytes(i % 251 for i in range(size))
@@ -169,6 +169,32 @@ def test_content_frames_are_pamqps_byte_for_byte(size: int, frame_max: int) -> N
     want = [pframe.marshal(method, 1), pframe.marshal(ContentHeader(0, size, spec.Basic.Properties()), 1)]
     want += [pframe.marshal(ContentBody(body[i : i + frame_max - 8]), 1) for i in range(0, size, frame_max - 8)]
     assert conn.data_to_send(0.0) == b"".join(want)
+
+
+_EXCHANGE_CHARS = string.ascii_letters + string.digits + "-_.:"  # what pamqp lets an exchange name hold
+
+
+@given(tag=st.integers(0, 2**63 - 1), multiple=st.booleans(), publish=st.booleans(),
+       exchange=st.text(_EXCHANGE_CHARS, max_size=20), key=st.text(max_size=40), bits=st.integers(0, 3))  # fmt: skip
+@settings(max_examples=200, deadline=None)
+def test_the_quick_reads_of_publish_and_ack_are_pamqps(
+    tag: int, multiple: bool, publish: bool, exchange: str, key: str, bits: int
+) -> None:
+    from cmq.routing import _amqp
+
+    seen: list[Any] = []
+    conn = AmqpConnection(BrokerCore(BrokerConfig()), "amqp#1", "127.0.0.1", Users.default(), 0.0)
+    conn._method = lambda channel, m, now: seen.append(m)  # type: ignore[method-assign]
+    if publish:
+        m = spec.Basic.Publish(exchange=exchange, routing_key=key, mandatory=bool(bits & 1), immediate=bool(bits & 2))
+    else:
+        m = spec.Basic.Ack(delivery_tag=tag, multiple=multiple)
+    raw = pframe.marshal(m, 1)
+    conn._frame(_amqp._METHOD, 1, raw, 0.0)
+    (got,) = seen
+    want = pframe.unmarshal(raw)[2]
+    assert type(got) is type(want)
+    assert {k: getattr(got, k) for k in want.__slots__} == {k: getattr(want, k) for k in want.__slots__}
 
 
 def test_topic_fanout_server_named_exclusive_queue(conn: Any, broker: Broker) -> None:

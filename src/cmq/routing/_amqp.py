@@ -654,11 +654,19 @@ class AmqpConnection:
                 raise _ConnectionError(FRAME_ERROR, "heartbeat frame on a channel other than 0")
             return
         if ftype == _METHOD:
-            if raw[7:11] == _PUBLISH_ID:
+            head = raw[7:11]
+            if head == _PUBLISH_ID:
                 m = _quick_publish(raw)
                 if m is not None:
                     self._method(channel, m, now)
                     return
+            elif head == _ACK_ID and len(raw) == _ACK_FRAME_SIZE:
+                # basic.ack, a consumer's every few messages: its two fields by hand.
+                m = _bare(_Ack)
+                m.delivery_tag, bits = _ACK_TAIL.unpack_from(raw, 11)
+                m.multiple = bool(bits & 1)
+                self._method(channel, m, now)
+                return
         elif len(raw) == 22 and raw[7:9] == _BASIC_CLASS and raw[19:21] == b"\x00\x00":
             # A content header with no properties (what most publishers send).
             self._content_header(channel, None, _U64.unpack_from(raw, 11)[0], now)
@@ -1245,6 +1253,10 @@ class AmqpConnection:
 
 _BASIC_CLASS: Final = b"\x00\x3c"
 _PUBLISH_ID: Final = b"\x00\x3c\x00\x28"  # class 60 (basic), method 40 (publish)
+_ACK_ID: Final = b"\x00\x3c\x00\x50"  # class 60, method 80 (ack)
+_ACK_TAIL = struct.Struct(">QB")  # delivery tag, bits (multiple)
+_ACK_FRAME_SIZE: Final = 7 + 4 + 8 + 1 + 1
+_Ack = spec.Basic.Ack
 _DELIVER_ID: Final = b"\x00\x3c\x00\x3c"  # class 60, method 60 (deliver)
 _U64 = struct.Struct(">Q")
 _DELIVER_TAIL = struct.Struct(">QB")
@@ -1265,14 +1277,14 @@ def _quick_publish(raw: bytes) -> Any:
         return None
     if p + 2 != len(raw):
         return None
-    m = _new_publish(_Publish)
+    m = _bare(_Publish)
     m.ticket, m.exchange, m.routing_key = 0, exchange, key
     m.mandatory, m.immediate = bool(bits & 1), bool(bits & 2)
     return m
 
 
 _Publish = spec.Basic.Publish
-_new_publish = object.__new__
+_bare = object.__new__
 
 
 def _short(text: str) -> bytes:
