@@ -931,7 +931,7 @@ class AmqpConnection:
                           routing_key=m.routing_key)  # fmt: skip
             self._send_content(ch.number, ret, properties or spec.Basic.Properties(), body)
         if ch.confirm:
-            self._send_method(ch.number, spec.Basic.Ack(delivery_tag=seq))
+            self._emit(_ack_frame(ch.number, seq))
         return True
 
     def _deliver_runs(self, ch: _Channel, tag: str, runs: list[Any]) -> None:
@@ -1257,6 +1257,11 @@ _ACK_ID: Final = b"\x00\x3c\x00\x50"  # class 60, method 80 (ack)
 _ACK_TAIL = struct.Struct(">QB")  # delivery tag, bits (multiple)
 _ACK_FRAME_SIZE: Final = 7 + 4 + 8 + 1 + 1
 _Ack = spec.Basic.Ack
+
+
+def _ack_frame(channel: int, tag: int) -> bytes:
+    """A publisher confirm's basic.ack frame (``multiple`` off), as pamqp marshals it."""
+    return _FRAME_HEAD.pack(_METHOD, channel, 13) + _ACK_ID + _ACK_TAIL.pack(tag, 0) + b"\xce"
 _DELIVER_ID: Final = b"\x00\x3c\x00\x3c"  # class 60, method 60 (deliver)
 _U64 = struct.Struct(">Q")
 _DELIVER_TAIL = struct.Struct(">QB")
