@@ -1262,6 +1262,8 @@ _Ack = spec.Basic.Ack
 def _ack_frame(channel: int, tag: int) -> bytes:
     """A publisher confirm's basic.ack frame (``multiple`` off), as pamqp marshals it."""
     return _FRAME_HEAD.pack(_METHOD, channel, 13) + _ACK_ID + _ACK_TAIL.pack(tag, 0) + b"\xce"
+
+
 _DELIVER_ID: Final = b"\x00\x3c\x00\x3c"  # class 60, method 60 (deliver)
 _U64 = struct.Struct(">Q")
 _DELIVER_TAIL = struct.Struct(">QB")
