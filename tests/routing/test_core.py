@@ -940,6 +940,27 @@ def test_a_no_ack_consumer_and_a_cancelled_one_count_as_rabbitmq_counts_them() -
     assert h.got(tag="b") == ["x"]
 
 
+def test_deliveries_in_doubt_go_back_to_their_queue_at_once_marked_redelivered() -> None:
+    h = Harness(ack_timeout=3600.0)
+    h.queue("q")
+    h.consume("q", tag="a", prefetch=2)
+    for i in range(3):
+        h.publish("", "q", i)
+    first = h.deliveries.pop((C1, "a"))
+    assert [d[3] for d in first] == [0, 1]  # the window is full
+    # The delivery message as the broker sent it: the endpoint gave up on it
+    # (the consumer's endpoint restarted).
+    sent = [["d", "a", [[d[0], d[1], d[2], d[4], [d[3]]] for d in first]]]
+    assert h.core.deliveries_in_doubt(C1, sent, h.now) == 2
+    h.collect()
+    assert h.got(tag="a") == [0, 1]  # sent again, the window free again
+    assert all(d[4] for d in h.deliveries[(C1, "a")])  # marked redelivered
+    assert h.core.deliveries_in_doubt(C1, sent, h.now) == 0  # what was settled since is not taken twice
+    assert h.core.deliveries_in_doubt(C2, sent, h.now) == 0  # nor another address's
+    assert h.core.deliveries_in_doubt(C1, [["x", "a"], "junk", ["d", "nobody", []]], h.now) == 0
+    assert h.core.stats().requeued_in_doubt == 2
+
+
 # -- consumers -------------------------------------------------------------------
 
 

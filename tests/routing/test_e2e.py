@@ -474,3 +474,46 @@ def test_the_brokers_own_endpoint_leaves_polling_to_the_broker() -> None:
         assert b.endpoint._pause_after > 1 << 32  # nor pause after empty pops: its loop yields itself
     with Queue(host="127.0.0.1", codec="msgpack") as ep, Broker(endpoint=ep) as b:
         assert b.endpoint.config.spin == ep.config.spin > 0.0
+
+
+# -- a client on a port another client had --------------------------------------------
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def test_a_client_on_a_port_another_had_gets_its_replies_and_deliveries_at_once() -> None:
+    """The broker's streams to that port still count the old client's
+    datagrams: the new one answers with a reset, and what the broker's
+    endpoint then gives up on (a reply, deliveries filling the prefetch
+    window) is sent again or requeued at once, not at the ack timeout."""
+    from cmq.net import Queue
+
+    port = _free_port()
+    config = BrokerConfig(ack_timeout=3600.0, consumer_timeout=3600.0)  # only the fix can bring them back
+    with Broker(config=config).start() as broker, BrokerClient(broker.address) as admin:
+        addr = f"{broker.address[0]}:{broker.address[1]}"
+        admin.declare_queue("first")
+        admin.declare_queue("second")
+        for name in ("first", "second"):
+            for i in range(300):
+                admin.publish("", name, b"%d" % i)
+        for name in ("first", "second"):
+            ep = Queue(port=port, host="127.0.0.1", codec="msgpack")
+            try:
+                with BrokerClient(addr, endpoint=ep, timeout=20.0) as client, client.consume(name, prefetch=256) as c:
+                    got: list[Any] = []
+                    while len(got) < 300:
+                        got += c.get_bodies(timeout=20.0)
+                    assert sorted(got) == sorted(b"%d" % i for i in range(300))
+            finally:
+                ep.close()
+        stats = broker.stats()
+        assert stats.requeued_in_doubt > 0  # the second client's first window came back
+        assert [(q.ready, q.unacked) for q in stats.per_queue if q.name == "second"] == [(0, 0)]

@@ -461,6 +461,7 @@ class BrokerStats:
     refused_memory: int = 0  # cmq-protocol publishes refused while over the memory budget (messages)
     memory_alarms: int = 0  # times the held bytes reached the memory budget
     queues_expired: int = 0  # queues deleted for going unused their x-expires
+    requeued_in_doubt: int = 0  # deliveries given back at once: the consumer's endpoint restarted or went silent
     per_queue: tuple[QueueStats, ...] = field(default=())
 
     def as_dict(self) -> dict[str, Any]:
@@ -1757,6 +1758,7 @@ class BrokerCore:
                     "refused_memory",
                     "memory_alarms",
                     "queues_expired",
+                    "requeued_in_doubt",
                 )
             },
             bad_bodies=t["bad_body"],
@@ -1950,6 +1952,32 @@ class BrokerCore:
             meta = m[4]
             if meta is not None and meta.pid is not None:
                 journal.append(("msg-", meta.pid))
+
+    def deliveries_in_doubt(self, dest: Address, payloads: Iterable[Any], now: float) -> int:
+        """The endpoint gave up on these delivery messages to ``dest``: its
+        reliable stream there failed (the consumer's endpoint restarted, or
+        stopped answering), so each may or may not have arrived. What they
+        carried goes back to its queue now, marked redelivered, as the ack
+        timeout would do much later (meanwhile it held the consumer's
+        prefetch window, so nothing else reached it). Returns how many."""
+        n = 0
+        for p in payloads:
+            if type(p) is not list or len(p) < 3 or p[0] != "d" or type(p[2]) is not list:
+                continue
+            c = self._consumers.get((dest, p[1]))
+            if c is None:
+                continue  # detached: what it held went back then
+            tags = [first + i for first, _, _, _, bodies, *_ in p[2] for i in range(len(bodies))]
+            back = [c.unacked.pop(d)[0] for d in tags if d in c.unacked]
+            if not back:
+                continue
+            q = c.queue
+            if self._queues.get(q.name) is q:
+                self._requeue(q, back)
+            n += len(back)
+            self._settled(c, now)
+        self._totals["requeued_in_doubt"] += n
+        return n
 
     def _requeue(self, q: _Queue, msgs: list[_Msg]) -> None:
         # Back to the front in their original order, marked redelivered, and

@@ -55,6 +55,7 @@ turn share one fsync. The AMQP listener's thread does the same in its turns.
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import sqlite3
@@ -68,8 +69,8 @@ from cmq._errors import CmqError, ConfigError, MissingExtra, Timeout
 from cmq._extras import optional_imports
 from cmq.net._sock import yield_cpu
 from cmq.routing._client import Endpoint, check_codec
-from cmq.routing._core import Address, BrokerConfig, BrokerCore, BrokerStats, Note
-from cmq.routing._protocol import BROKER_MAILBOX
+from cmq.routing._core import Address, BrokerConfig, BrokerCore, BrokerStats, Note, Outgoing
+from cmq.routing._protocol import BROKER_MAILBOX, DELIVERY_MAILBOX, REPLY_MAILBOX
 
 if TYPE_CHECKING:
     from cmq.routing._amqp import Users
@@ -214,6 +215,9 @@ class Broker:
         amqps_port: int | None = None,
         tls: ssl.SSLContext | None = None,
     ) -> None:
+        # Delivery failures the endpoint reports (from whichever thread read
+        # the receiver's answer), handled by the loop under the lock.
+        self._in_doubt: collections.deque[Any] = collections.deque()
         if (amqps_port is None) != (tls is None):
             raise ConfigError("AMQP over TLS needs both amqps_port= and tls= (an ssl.SSLContext)")
         if amqps_port is not None and amqp_port is None:
@@ -229,7 +233,11 @@ class Broker:
             try:
                 # spin=0: the loop polls itself (_spin, BrokerConfig.spin);
                 # the endpoint's own poll would only add a second one.
-                endpoint = Queue(port=port, host=host, codec="msgpack", linger=_CLOSE_LINGER, key=key, spin=0.0)
+                # on_failure: deliveries the endpoint gave up on (a consumer
+                # that restarted, say on the port another had) go back to
+                # their queues at the loop's next turn (see _take_in_doubt).
+                endpoint = Queue(port=port, host=host, codec="msgpack", linger=_CLOSE_LINGER, key=key, spin=0.0,
+                                 on_failure=self._in_doubt.append)  # fmt: skip
                 # Nor does a run of empty pops pause it: _spin yields between them itself.
                 endpoint._pause_after = 1 << 62
             except BaseException:
@@ -442,6 +450,8 @@ class Broker:
             except Exception as exc:  # noqa: BLE001 - a bug must not stop the broker: counted, logged
                 with self._lock:
                     core.note_internal_error(exc, None, "in the broker's loop")
+            if self._in_doubt:
+                self._take_in_doubt(now)
             if core.notes:
                 self._log_notes(now)
             if now >= self._drops_at:
@@ -470,6 +480,27 @@ class Broker:
             receive(msg.payload, msg.sender, now)
             n += 1
         return n
+
+    def _take_in_doubt(self, now: float) -> None:
+        """Give back what the deliveries the endpoint gave up on carried (see
+        BrokerCore.deliveries_in_doubt), send replies again to a client that
+        restarted (its stream starts anew: it gets them this time; a request
+        it resends is answered from the reply cache), and send what that
+        makes due."""
+        failures = self._in_doubt
+        again: list[Outgoing] = []
+        with self._lock:
+            while failures:
+                f = failures.popleft()
+                if f.mailbox == DELIVERY_MAILBOX:
+                    self.core.deliveries_in_doubt(f.dest, f.messages, now)
+                elif f.mailbox == REPLY_MAILBOX and f.reason == "peer_reset":
+                    again += [Outgoing(dest=f.dest, mailbox=REPLY_MAILBOX, payload=m) for m in f.messages]
+            out = again + self.core.messages_to_send()
+            if self.core.journal or self._unsent:
+                out = self._release(out)
+        if out:
+            self._send(out)
 
     def _send(self, out: list[Any]) -> None:
         amqp = self.amqp
