@@ -91,7 +91,6 @@ with optional_imports("the AMQP listener"):
     from pamqp import commands as spec
     from pamqp import decode as pdecode
     from pamqp import frame as pframe
-    from pamqp.body import ContentBody
     from pamqp.exceptions import PAMQPException
     from pamqp.header import ContentHeader
     from pamqp.heartbeat import Heartbeat
@@ -703,11 +702,9 @@ class AmqpConnection:
             head = pframe.marshal(ContentHeader(0, len(body), props), channel)
         out = [method if type(method) is bytes else pframe.marshal(method, channel), head]
         step = self.frame_max - 8
-        if 0 < len(body) <= step:
-            out += (_FRAME_HEAD.pack(_BODY, channel, len(body)), body, b"\xce")  # pamqp's body frame, by hand
-        else:
-            for i in range(0, len(body), step):
-                out.append(pframe.marshal(ContentBody(body[i : i + step]), channel))
+        for i in range(0, len(body), step):
+            chunk = body[i : i + step]  # the body itself when it fits one frame
+            out += (_FRAME_HEAD.pack(_BODY, channel, len(chunk)), chunk, b"\xce")  # pamqp's body frame, by hand
         self._emit(b"".join(out))
 
     def _close_connection(self, code: int, text: str, method: Any, now: float) -> None:

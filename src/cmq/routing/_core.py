@@ -759,6 +759,17 @@ class _Consumer:
         # [first_tag, exchange, routing_key, redelivered, bodies] (the wire's form).
         self.pending: list[list[Any]] = []
 
+    def room(self) -> int | None:
+        """Deliveries it may still be sent: within its own prefetch and its
+        group's shared one; None for no limit (no prefetch, or no_ack)."""
+        if self.no_ack:
+            return None
+        own = self.prefetch - len(self.unacked) if self.prefetch else None
+        if self.group is None:
+            return own
+        shared = self.group.room()
+        return shared if own is None or shared < own else own
+
     def has_credit(self) -> bool:
         if self.no_ack:
             return True
@@ -1516,7 +1527,7 @@ class BrokerCore:
             op, rid, exchange, key, body = payload
             if type(rid) is int and rid == 0 and type(exchange) is str and type(key) is str:
                 if op == "p":
-                    if type(body) in _OPAQUE and not self.memory_alarm and self._hand_over(exchange, key, body, now):
+                    if self.hand_over(exchange, key, body, now):
                         return
                     bodies = [body]
                 elif op == "P" and type(body) is list:
@@ -1545,13 +1556,14 @@ class BrokerCore:
             return
         self.handle(event, sender, now)
 
-    def hand_over(self, exchange: str, key: str, body: bytes, now: float) -> bool:
-        """For a front end in this process: an unconfirmed publish of
-        ``body`` without properties or expiration, handed straight to the
-        consumer when it routes to one queue that holds nothing and has one
-        consumer with room (see ``_hand_over``). False, having done nothing,
-        in any other case: publish it as usual."""
-        return type(body) is bytes and not self.memory_alarm and self._hand_over(exchange, key, body, now)
+    def hand_over(self, exchange: str, key: str, body: Any, now: float) -> bool:
+        """An unconfirmed publish of ``body`` without properties or
+        expiration (a cmq client's ``["p", 0, ...]``, or one the AMQP front
+        end read), handed straight to the consumer when it routes to one
+        queue that holds nothing and has one consumer with room (see
+        ``_hand_over``). False, having done nothing, in any other case:
+        publish it as usual."""
+        return type(body) in _OPAQUE and not self.memory_alarm and self._hand_over(exchange, key, body, now)
 
     def _hand_over(self, exchange: str, key: str, body: Any, now: float) -> bool:
         """The latency path of one unconfirmed publish ``["p", 0, exchange, key, body]``.
@@ -1573,13 +1585,12 @@ class BrokerCore:
         if q.ready or len(consumers) != 1 or q.ttl is not None:
             return False  # (a message TTL: _enqueue keeps it with the message, should it be requeued)
         c = consumers[0]
-        unacked = c.unacked
-        if c.pending or c.group is not None or not (c.no_ack or not c.prefetch or len(unacked) < c.prefetch):
+        if c.pending or not c.has_credit():
             return False
         dtag = self._next_dtag
         self._next_dtag = dtag + 1
         if not c.no_ack:
-            unacked[dtag] = ((exchange, key, body, False, None), now)
+            c.unacked[dtag] = ((exchange, key, body, False, None), now)
             size = len(body) if type(body) is bytes else _approx_size(body)
             q.nbytes += size
             self._grown(size)
@@ -1884,7 +1895,8 @@ class BrokerCore:
             # batch, hand it over without passing through ``ready`` (the
             # same outcome, fewer steps: the latency path of a ping-pong).
             c = consumers[0]
-            if c.group is None and (c.no_ack or not c.prefetch or len(c.unacked) + n <= c.prefetch):
+            room = c.room()
+            if room is None or room >= n:
                 self._hand(c, kept if kept is not None else [(exchange, key, body, False, meta) for body in bodies],
                            now)  # fmt: skip
                 counts, totals = q.counts, self._totals
@@ -2093,12 +2105,8 @@ class BrokerCore:
     def _dispatch_one(self, q: _Queue, c: _Consumer, now: float) -> None:
         """``_dispatch`` for the common single consumer: no round robin."""
         ready = q.ready
-        if c.no_ack or not c.prefetch:
-            take = len(ready)
-        else:
-            take = min(len(ready), c.prefetch - len(c.unacked))
-        if c.group is not None and not c.no_ack:
-            take = min(take, c.group.room())
+        room = c.room()
+        take = len(ready) if room is None else min(len(ready), room)
         if take <= 0:
             return
         if take == len(ready):

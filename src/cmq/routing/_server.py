@@ -338,6 +338,16 @@ class Broker:
         core.journal.clear()
         return True
 
+    def _outgoing(self, first: list[Any] | None = None) -> list[Any]:
+        """What the core wants sent (after ``first``), held back while the
+        journal cannot be committed (see :meth:`_release`). Under the lock."""
+        out = self.core.messages_to_send()
+        if first:
+            out = first + out
+        if self.core.journal or self._unsent:
+            out = self._release(out)
+        return out
+
     def _release(self, out: list[Any]) -> list[Any]:
         """What of ``out`` (and what was held back) may leave now: all of it
         once the journal is committed, else nothing (held back). Under the lock."""
@@ -427,9 +437,7 @@ class Broker:
                     if deadline is not None and deadline <= now:
                         recheck = float("-inf")
                         core.handle_timer(now)
-                    out = core.messages_to_send()
-                    if core.journal or self._unsent:
-                        out = self._release(out)
+                    out = self._outgoing()
                 if out:
                     self._send(out)
                 if first is not None and spin:
@@ -442,9 +450,7 @@ class Broker:
                         more = self._take_waiting(now) > 0
                         if more:
                             core.turn_memory()
-                            out = core.messages_to_send()
-                            if core.journal or self._unsent:
-                                out = self._release(out)
+                            out = self._outgoing()
                     if more and out:
                         self._send(out)
             except Exception as exc:  # noqa: BLE001 - a bug must not stop the broker: counted, logged
@@ -496,9 +502,7 @@ class Broker:
                     self.core.deliveries_in_doubt(f.dest, f.messages, now)
                 elif f.mailbox == REPLY_MAILBOX and f.reason == "peer_reset":
                     again += [Outgoing(dest=f.dest, mailbox=REPLY_MAILBOX, payload=m) for m in f.messages]
-            out = again + self.core.messages_to_send()
-            if self.core.journal or self._unsent:
-                out = self._release(out)
+            out = self._outgoing(again)
         if out:
             self._send(out)
 
