@@ -1664,6 +1664,29 @@ cdef inline double _mono() noexcept nogil:
 cdef double _CROWDED = 3e-6
 
 
+cdef int _spin_readable(int fd, double seconds) noexcept nogil:
+    cdef pollfd p
+    cdef int r = 0
+    cdef double end, before, after
+    p.fd = fd
+    p.events = POLLIN
+    end = _mono() + seconds
+    while True:
+        p.revents = 0
+        if poll(&p, 1, 0) != 0:
+            r = 1
+            break
+        before = _mono()
+        if before >= end:
+            break
+        sched_yield()
+        after = _mono()
+        if after - before > _CROWDED:
+            r = -1
+            break
+    return r
+
+
 def spin_readable(int fd, double seconds):
     """Poll ``fd`` for input without blocking for up to ``seconds``,
     yielding the CPU between polls. Returns 1 as soon as it is readable
@@ -1671,24 +1694,262 @@ def spin_readable(int fd, double seconds):
     time is up, -1 when a yield gave the CPU to another process (one that
     shares this CPU: polling only delays it). The GIL is released
     throughout (as :func:`cmq.net._sock.spin_readable`)."""
-    cdef pollfd p
-    cdef int r = 0
-    cdef double end, before, after
-    p.fd = fd
-    p.events = POLLIN
+    cdef int r
     with nogil:
-        end = _mono() + seconds
-        while True:
-            p.revents = 0
-            if poll(&p, 1, 0) != 0:
-                r = 1
-                break
-            before = _mono()
-            if before >= end:
-                break
-            sched_yield()
-            after = _mono()
-            if after - before > _CROWDED:
-                r = -1
-                break
+        r = _spin_readable(fd, seconds)
     return r
+
+
+# -- the latency path of a blocking read ---------------------------------------
+
+
+cdef class DirectReader:
+    """The twin of :class:`cmq.net._reader.DirectReader`: a queue's blocking
+    read when nothing it waits for is queued, and the polling policy before
+    it, with the policy's state in C members and the read's loop in C.
+
+    It reads and writes the queue's attributes that change (``_closed``,
+    ``_rel_at``, the SO_RCVTIMEO setting) as the pure one does, and calls
+    the queue's own methods for what is rare (firing timers, a read bounded
+    by select, setting SO_RCVTIMEO). The policy's constants are the pure
+    module's, read when the reader is made. ``poll`` is called in C, with
+    the GIL released, when it is this module's :func:`spin_readable`
+    (tests set another callable: it is then called as Python).
+    """
+
+    cdef public object queue, poll
+    cdef public double spin_max, spin
+    cdef public long spin_rest, crowded, crowded_rest, ahead, lockstep
+    cdef public bint trial
+    cdef public long long sent_seen, got_seen
+    # What the queue holds for its lifetime.
+    cdef object heap, rx_lock, state_lock, mailboxes, batcher, receiver, sock
+    cdef object c_poll
+    # The policy's constants (cmq.net._reader).
+    cdef double short_wait, timer_slack, spin_floor
+    cdef Py_ssize_t big_datagram
+    cdef long direct_reads, spin_rest_n, crowded_off, crowded_rest_n, crowded_rest_max
+    cdef long ahead_poll, ahead_cap, lockstep_n
+
+    def __init__(self, queue, double spin_max, poll):
+        from cmq.net import _reader as R
+
+        self.queue = queue
+        self.poll = poll
+        self.c_poll = spin_readable
+        self.heap = queue._heap
+        self.rx_lock = queue._rx_lock
+        self.state_lock = queue._state_lock
+        self.mailboxes = queue._mailboxes
+        self.batcher = queue._batcher
+        self.receiver = queue._receiver
+        self.sock = queue._sock
+        self.short_wait = R.SHORT_WAIT
+        self.timer_slack = R.TIMER_SLACK
+        self.spin_floor = R.SPIN_FLOOR
+        self.big_datagram = R.BIG_DATAGRAM
+        self.direct_reads = R.DIRECT_READS
+        self.spin_rest_n = R.SPIN_REST
+        self.crowded_off = R.CROWDED_OFF
+        self.crowded_rest_n = R.CROWDED_REST
+        self.crowded_rest_max = R.CROWDED_REST_MAX
+        self.ahead_poll = R.AHEAD_POLL
+        self.ahead_cap = R.AHEAD_CAP
+        self.lockstep_n = R.LOCKSTEP
+        self.spin_max = spin_max
+        self.spin = spin_max
+        self.spin_rest = 0
+        self.crowded = 0
+        self.crowded_rest = self.crowded_rest_n
+        self.ahead = 0
+        self.lockstep = 0
+        self.trial = False
+        self.sent_seen = 0
+        self.got_seen = 0
+
+    cdef int _poll(self, double seconds) except? -2:
+        cdef int fd = self.sock.fileno()
+        cdef int r
+        if self.poll is self.c_poll:
+            with nogil:
+                r = _spin_readable(fd, seconds)
+            return r
+        return self.poll(fd, seconds)
+
+    def read(self, timeout, mailbox):
+        """The latency path of a blocking read: ``(item or None, the timeout left)``
+        (see :meth:`cmq.net._reader.DirectReader.read`)."""
+        cdef object q = self.queue
+        cdef double start, now, deadline = 0.0, left = 0.0, wait = 0.0, rel_at, rleft
+        cdef bint bounded = timeout is not None
+        cdef bint has_wait, awaits, polls, found
+        cdef long i
+        if self.heap or not self.rx_lock.acquire(False):
+            return None, timeout
+        # The application reads: the I/O thread leaves the socket to it.
+        start = now = _mono()
+        q._app_read_at = now
+        if bounded:
+            deadline = start + <double>timeout
+        awaits = polls = self.spin_max != 0.0 and self._awaits()
+        try:
+            for i in range(self.direct_reads):
+                mb = self.mailboxes.get(mailbox)  # again: another reader may have filled it
+                if q._closed or self.heap or (mb is not None and mb.chunks and mb.available()):
+                    break
+                rel_at = q._rel_at
+                if now >= rel_at:
+                    q._fire_reliable(now)
+                    rel_at = q._rel_at
+                if bounded:
+                    left = deadline - now
+                    if left <= 0.0:
+                        break
+                # Queue._rel_bound: a reliability timer due first bounds the wait.
+                rleft = rel_at - now
+                if rleft < INFINITY and (not bounded or rleft < left):
+                    has_wait = True
+                    wait = rleft if rleft > self.timer_slack else self.timer_slack
+                else:
+                    has_wait = bounded
+                    wait = left
+                found = False
+                if polls:
+                    if self.trial:
+                        self.trial = False
+                        found = polls = self._trial_poll(has_wait, wait)
+                    else:
+                        found = polls = self._poll_first(has_wait, wait)
+                try:
+                    if q._big_reads or (
+                        not found
+                        and has_wait
+                        and wait < self.short_wait
+                        and not (awaits and self.crowded_rest > self.crowded_rest_n)
+                    ):
+                        data, addr = q._recv_within(wait if has_wait else None)
+                    else:
+                        if not has_wait:
+                            if q._rcvtimeo:
+                                q._set_rcvtimeo(None)
+                        elif not (<double>q._rcv_lo <= wait <= <double>q._rcv_hi):
+                            q._set_rcvtimeo(wait)
+                        data, addr = q._recv_small(True)
+                        if PyBytes_GET_SIZE(data) >= self.big_datagram:
+                            q._big_reads = True
+                except OSError:
+                    addr = None  # timed out, closed, or an ICMP error
+                if addr is not None:
+                    now = _mono()
+                    q._app_read_at = now
+                    self.batcher.waited_at = now
+                    with self.state_lock:
+                        item = self.receiver.receive_one(data, addr, now, mailbox)
+                    if item is not None:
+                        # The timers due wait for this thread's next read.
+                        q._after_read(now, False)
+                        return item, timeout
+                    q._after_read(now)
+                    continue
+                now = _mono()
+                if now < <double>q._rel_at:
+                    break  # timed out, closed, or an ICMP error: the general path decides
+                # A timer cut the wait: the next turn fires it and reads on.
+        finally:
+            self.rx_lock.release()
+        if bounded:
+            left = <double>timeout - (_mono() - start)
+            return None, (left if left > 0.0 else 0.0)
+        return None, None
+
+    cdef bint _awaits(self) except -1:
+        cdef long long sent = self.batcher.messages_sent
+        cdef long long got = self.receiver.messages_received
+        cdef long long ahead = self.ahead
+        cdef long long came = got - self.got_seen
+        cdef long long went = sent - self.sent_seen
+        cdef long long surplus
+        self.trial = False
+        if came <= ahead:
+            ahead += went - came
+        elif went:
+            surplus = came - ahead
+            ahead = went - surplus if surplus < went else 1
+        else:
+            ahead = 0
+        if ahead > self.ahead_cap:
+            ahead = self.ahead_cap
+        self.ahead = ahead
+        self.sent_seen = sent
+        self.got_seen = got
+        if ahead == self.ahead_cap and came == 1 and went == 1:
+            self.lockstep += 1
+            if self.lockstep >= self.lockstep_n:
+                self.lockstep = 0
+                self.trial = True
+                return True
+        else:
+            self.lockstep = 0
+        return ahead == self.ahead_poll
+
+    cdef bint _trial_poll(self, bint has_wait, double wait) except -1:
+        cdef double spin
+        if self._poll(0.0) > 0:
+            return True  # queued already: it tells nothing
+        spin = self.spin_max if not has_wait or self.spin_max < wait else wait
+        if spin <= 0.0 or self._poll(spin) <= 0:
+            return False
+        self.ahead = self.ahead_poll
+        self.spin = self.spin_max
+        self.spin_rest = 0
+        return True
+
+    cdef bint _poll_first(self, bint has_wait, double wait) except -1:
+        cdef double spin = self.spin
+        cdef bint cut = False
+        cdef int got
+        if spin == 0.0:
+            self.spin_rest -= 1
+            if self.spin_rest > 0:
+                return False
+            spin = self.spin = self.spin_max
+        if has_wait and wait < spin:
+            spin = wait
+            cut = True
+        if spin <= 0.0:
+            return False
+        got = self._poll(spin)
+        if got < 0:
+            # Another process ran on this CPU while this one yielded.
+            self.crowded += 1
+            if self.crowded >= self.crowded_off:
+                self.spin = 0.0
+                self.spin_rest = self.crowded_rest
+                self.crowded = 0
+                self.crowded_rest = min(self.crowded_rest * 2, self.crowded_rest_max)
+            return False
+        self.crowded = 0
+        self.crowded_rest = self.crowded_rest_n
+        if got > 0:
+            self.spin = self.spin_max
+            return True
+        if cut:
+            return False  # ended by the read's bound (a timer due), not for want of a datagram
+        if self.spin * 0.5 < self.spin_max * self.spin_floor:
+            self.spin = 0.0
+            self.spin_rest = self.spin_rest_n
+        else:
+            self.spin *= 0.5
+        return False
+
+    def awaits_one_answer(self):
+        """See :meth:`cmq.net._reader.DirectReader.awaits_one_answer`."""
+        return self._awaits()
+
+    def trial_poll(self, wait):
+        """See :meth:`cmq.net._reader.DirectReader.trial_poll`."""
+        return self._trial_poll(wait is not None, 0.0 if wait is None else wait)
+
+    def poll_first(self, wait):
+        """See :meth:`cmq.net._reader.DirectReader.poll_first`."""
+        return self._poll_first(wait is not None, 0.0 if wait is None else wait)

@@ -16,6 +16,7 @@ import pytest
 
 import cmq
 from cmq import _impl
+from cmq.net import _reader as reader_mod
 from cmq.net import _sock
 from cmq.net import queue as queue_mod
 from tests.conftest import CORES
@@ -119,25 +120,25 @@ class _ScriptedPolls:
 
 
 @pytest.fixture
-def polled() -> Iterator[cmq.Queue]:
+def polled(core: str) -> Iterator[cmq.Queue]:
     q = cmq.Queue(0, "127.0.0.1", spin=80e-6)
-    q._spin_max = 80e-6  # whatever the machine's CPU count
-    q._spin = q._spin_max
+    q._reader.spin_max = 80e-6  # whatever the machine's CPU count
+    q._reader.spin = q._reader.spin_max
     yield q
     q.close()
 
 
 def _reads(q: cmq.Queue, answers: list[int], n: int, wait: float | None = None) -> list[float]:
     script = _ScriptedPolls(answers)
-    q._spin_readable = script
+    q._reader.poll = script
     for _ in range(n):
-        q._poll_first(wait)
+        q._reader.poll_first(wait)
     return script.asked
 
 
 def test_empty_polls_halve_the_budget_then_rest_then_try_it_whole(polled: cmq.Queue) -> None:
     us = 1e-6
-    asked = _reads(polled, [0, 0, 0, 0, 1], 4 + queue_mod._SPIN_REST)
+    asked = _reads(polled, [0, 0, 0, 0, 1], 4 + reader_mod.SPIN_REST)
     assert asked == pytest.approx([80 * us, 40 * us, 20 * us, 10 * us, 80 * us])
 
 
@@ -152,12 +153,12 @@ def test_the_poll_never_outlasts_the_read_it_precedes(polled: cmq.Queue) -> None
 
 
 def test_a_cpu_shared_with_another_process_turns_polling_off_for_a_few_reads(polled: cmq.Queue) -> None:
-    off = queue_mod._CROWDED_OFF
+    off = reader_mod.CROWDED_OFF
     # Now and then crowded (a timer, a kernel thread): the budget stays.
     asked = _reads(polled, [-1, 1, -1, 1], 4)
     assert asked == pytest.approx([80e-6] * 4)
     # Crowded every time: off for _CROWDED_REST reads, then whole again.
-    asked = _reads(polled, [-1] * off + [1], off + queue_mod._CROWDED_REST)
+    asked = _reads(polled, [-1] * off + [1], off + reader_mod.CROWDED_REST)
     assert asked == pytest.approx([80e-6] * (off + 1))
 
 
@@ -165,18 +166,19 @@ def test_a_cpu_that_stays_shared_keeps_polling_off_longer_each_time(polled: cmq.
     """Two processes pinned to one CPU: every poll after a rest is crowded
     again, so each rest is twice the one before, up to a ceiling; one poll
     that is not crowded brings the short rest back."""
-    off, rest = queue_mod._CROWDED_OFF, queue_mod._CROWDED_REST
+    off, rest = reader_mod.CROWDED_OFF, reader_mod.CROWDED_REST
     for turn in range(12):
         # off crowded polls, then the reads of the rest but its last, which polls
         # again (the next turn's first).
-        skipped = min(rest << turn, queue_mod._CROWDED_REST_MAX) - 1
+        skipped = min(rest << turn, reader_mod.CROWDED_REST_MAX) - 1
         assert len(_reads(polled, [-1] * off, off + skipped)) == off
-    assert polled._crowded_rest == queue_mod._CROWDED_REST_MAX
+    assert polled._reader.crowded_rest == reader_mod.CROWDED_REST_MAX
     # Not crowded once (the scheduler moved one of the two): back to the short rest.
     assert _reads(polled, [1], 1) == pytest.approx([80e-6])
-    assert polled._crowded_rest == rest
+    assert polled._reader.crowded_rest == rest
 
 
+@pytest.mark.usefixtures("core")
 def test_a_queue_with_polling_off_never_polls() -> None:
     with cmq.Queue(0, "127.0.0.1", spin=0) as q:
         assert _reads(q, [], 3) == []
@@ -204,6 +206,7 @@ def _echoing(b: cmq.Queue) -> Iterator[None]:
         t.join(5)
 
 
+@pytest.mark.usefixtures("core")
 @pytest.mark.parametrize("spin_s", [0.0, 100e-6])
 def test_request_and_reply_arrive_with_polling_on_or_off(spin_s: float) -> None:
     with cmq.Queue(0, "127.0.0.1", spin=spin_s) as a, cmq.Queue(0, "127.0.0.1", spin=spin_s) as b, _echoing(b):
@@ -226,8 +229,8 @@ def _selects_in_round_trips(monkeypatch: pytest.MonkeyPatch, polls: Spin) -> tup
         return real(*args)  # type: ignore[arg-type]
 
     with cmq.Queue(0, "127.0.0.1") as a, cmq.Queue(0, "127.0.0.1", spin=0) as b, _echoing(b):
-        a._spin_max = a._spin = 100e-6  # whatever the machine's CPU count
-        a._spin_readable = polls
+        a._reader.spin_max = a._reader.spin = 100e-6  # whatever the machine's CPU count
+        a._reader.poll = polls
         for i in range(20):  # the streams open (their first datagrams take the general path)
             a.push(b.address, b"%d" % i)
             assert a.get(timeout=10) == b"%d" % i
@@ -241,6 +244,7 @@ def _selects_in_round_trips(monkeypatch: pytest.MonkeyPatch, polls: Spin) -> tup
     return timed, len(selects)
 
 
+@pytest.mark.usefixtures("core")
 def test_a_read_awaiting_its_answer_on_a_shared_cpu_sleeps_in_the_read(monkeypatch: pytest.MonkeyPatch) -> None:
     """A reliable request/response owes a STATUS a few ms after each answer,
     which bounds most reads' waits. On a CPU it shares with another process
@@ -252,6 +256,7 @@ def test_a_read_awaiting_its_answer_on_a_shared_cpu_sleeps_in_the_read(monkeypat
     assert selects == 0
 
 
+@pytest.mark.usefixtures("core")
 def test_a_read_on_a_cpu_of_its_own_keeps_its_timers_on_time(monkeypatch: pytest.MonkeyPatch) -> None:
     """Polls that are not crowded (and find nothing): a timer-bounded wait
     is select's, which wakes on time (the socket's timeout would be up to a
@@ -261,13 +266,18 @@ def test_a_read_on_a_cpu_of_its_own_keeps_its_timers_on_time(monkeypatch: pytest
     assert selects > 100
 
 
-def test_both_cores_poll_with_the_same_policy() -> None:
+def test_each_core_reads_through_its_own_reader_and_poll() -> None:
     for name in CORES:
         with _impl.using(name), cmq.Queue(0, "127.0.0.1") as q:
-            expected = _sock.spin_readable if name == "python" else _impl.speedups.spin_readable  # type: ignore[union-attr]
-            assert q._spin_readable is expected
+            if name == "python":
+                assert type(q._reader) is reader_mod.DirectReader
+                assert q._reader.poll is _sock.spin_readable
+            else:
+                assert type(q._reader) is _impl.speedups.DirectReader  # type: ignore[union-attr]
+                assert q._reader.poll is _impl.speedups.spin_readable  # type: ignore[union-attr]
 
 
+@pytest.mark.usefixtures("core")
 @pytest.mark.parametrize("delivery", ["best-effort", "reliable"])
 def test_a_datagram_for_another_mailbox_keeps_the_read_on_its_latency_path(
     delivery: str, monkeypatch: pytest.MonkeyPatch
@@ -309,7 +319,7 @@ def test_a_poll_cut_short_by_the_reads_bound_leaves_the_budget_whole(polled: cmq
     """A poll that ends because the read's wait does (a timer due sooner than
     the budget) says nothing about how far apart messages come."""
     assert _reads(polled, [0, 0], 2, wait=5e-6) == pytest.approx([5e-6, 5e-6])
-    assert polled._spin == polled._spin_max
+    assert polled._reader.spin == polled._reader.spin_max
 
 
 def test_a_read_that_waits_through_a_timer_polls_once(polled: cmq.Queue) -> None:
@@ -318,13 +328,13 @@ def test_a_read_that_waits_through_a_timer_polls_once(polled: cmq.Queue) -> None
     so a reader waiting out a lost message does not turn polling off for the
     round trips after it."""
     script = _ScriptedPolls([0, 0, 0, 0])
-    polled._spin_readable = script
-    polled._ahead = queue_mod._AHEAD_POLL  # it awaits the answer to a request of its own
+    polled._reader.poll = script
+    polled._reader.ahead = reader_mod.AHEAD_POLL  # it awaits the answer to a request of its own
     polled._rel_at = queue_mod._monotonic() + 0.002
     with pytest.raises(cmq.Timeout):
         polled.get(timeout=0.01)
     assert script.asked == pytest.approx([80e-6])
-    assert polled._spin == pytest.approx(40e-6)
+    assert polled._reader.spin == pytest.approx(40e-6)
 
 
 # -- which reads poll: those awaiting the answer to one message of their own --
@@ -333,7 +343,7 @@ def test_a_read_that_waits_through_a_timer_polls_once(polled: cmq.Queue) -> None
 def _counts(q: cmq.Queue, sent: int, got: int) -> bool:
     """Set the queue's message counts, then ask whether the next read polls."""
     q._batcher.messages_sent, q._receiver.messages_received = sent, got
-    return q._awaits_one_answer()
+    return q._reader.awaits_one_answer()
 
 
 def test_a_request_then_its_answer_polls_on_both_sides(polled: cmq.Queue) -> None:
@@ -396,11 +406,12 @@ class _CountedPolls:
         return self.real(fd, seconds)
 
 
+@pytest.mark.usefixtures("core")
 def test_a_consumer_never_polls_over_real_sockets() -> None:
     with cmq.Queue(0, "127.0.0.1", spin=100e-6) as a, cmq.Queue(0, "127.0.0.1", spin=100e-6) as b:
-        b._spin_max = b._spin = 100e-6  # whatever the machine's CPU count
-        polls = _CountedPolls(b._spin_readable)
-        b._spin_readable = polls
+        b._reader.spin_max = b._reader.spin = 100e-6  # whatever the machine's CPU count
+        polls = _CountedPolls(b._reader.poll)
+        b._reader.poll = polls
         for i in range(50):
             a.push(b.address, b"%d" % i)
             assert b.get(timeout=10) == b"%d" % i
@@ -415,35 +426,35 @@ def _at_the_cap_in_lockstep(q: cmq.Queue) -> None:
     cap; then a request and its answer per look, up to the look that tries,
     which the next read makes."""
     assert _counts(q, 2, 0) is False
-    lockstep = queue_mod._LOCKSTEP
+    lockstep = reader_mod.LOCKSTEP
     assert [_counts(q, 2 + n, n) for n in range(1, lockstep)] == [False] * (lockstep - 1)
     q._batcher.messages_sent, q._receiver.messages_received = 2 + lockstep, lockstep
 
 
 def test_lockstep_at_the_cap_tries_a_poll_every_so_many_looks(polled: cmq.Queue) -> None:
     _at_the_cap_in_lockstep(polled)
-    assert polled._awaits_one_answer() is True
-    assert polled._trial
-    assert polled._ahead == queue_mod._AHEAD_CAP
+    assert polled._reader.awaits_one_answer() is True
+    assert polled._reader.trial
+    assert polled._reader.ahead == reader_mod.AHEAD_CAP
     # No poll came of it (the answer was read without one): the next trial
     # is as many looks away again.
-    lockstep = queue_mod._LOCKSTEP
+    lockstep = reader_mod.LOCKSTEP
     base = 2 + lockstep
     assert [_counts(polled, base + n, lockstep + n) for n in range(1, lockstep)] == [False] * (lockstep - 1)
-    assert not polled._trial
+    assert not polled._reader.trial
     assert _counts(polled, base + lockstep, 2 * lockstep) is True
     # A look out of step starts the count again.
     assert _counts(polled, base + lockstep + 2, 2 * lockstep + 1) is False
-    assert polled._lockstep == 0
+    assert polled._reader.lockstep == 0
 
 
 @pytest.fixture
-def plain_pair() -> Iterator[tuple[cmq.Queue, cmq.Queue]]:
+def plain_pair(core: str) -> Iterator[tuple[cmq.Queue, cmq.Queue]]:
     """A best-effort receiver that polls and its sender: each datagram is one
     message, read on the latency path."""
     with cmq.Queue(0, "127.0.0.1", delivery="best-effort", spin=80e-6) as q, \
             cmq.Queue(0, "127.0.0.1", delivery="best-effort") as tx:  # fmt: skip
-        q._spin_max = q._spin = 80e-6  # whatever the machine's CPU count
+        q._reader.spin_max = q._reader.spin = 80e-6  # whatever the machine's CPU count
         yield q, tx
 
 
@@ -464,11 +475,11 @@ def test_a_trial_poll_that_waits_for_its_answer_brings_the_count_down(
         tx.flush()
         return 1
 
-    q._spin_readable = polls
+    q._reader.poll = polls
     assert q.get(timeout=10) == b"answer"
     assert asked == pytest.approx([0.0, 80e-6])
-    assert q._ahead == queue_mod._AHEAD_POLL
-    assert _counts(q, 3 + queue_mod._LOCKSTEP, 1 + queue_mod._LOCKSTEP) is True  # and the next read polls
+    assert q._reader.ahead == reader_mod.AHEAD_POLL
+    assert _counts(q, 3 + reader_mod.LOCKSTEP, 1 + reader_mod.LOCKSTEP) is True  # and the next read polls
 
 
 def test_a_trial_polls_through_a_resting_budget_and_makes_it_whole(
@@ -479,7 +490,7 @@ def test_a_trial_polls_through_a_resting_budget_and_makes_it_whole(
     thousands of reads. The trial polls the whole budget anyway."""
     q, tx = plain_pair
     _at_the_cap_in_lockstep(q)
-    q._spin, q._spin_rest = 0.0, queue_mod._SPIN_REST
+    q._reader.spin, q._reader.spin_rest = 0.0, reader_mod.SPIN_REST
     asked: list[float] = []
 
     def polls(fd: int, seconds: float) -> int:
@@ -490,11 +501,11 @@ def test_a_trial_polls_through_a_resting_budget_and_makes_it_whole(
             return 1
         return 0
 
-    q._spin_readable = polls
+    q._reader.poll = polls
     assert q.get(timeout=10) == b"answer"
     assert asked == pytest.approx([0.0, 80e-6])
-    assert q._ahead == queue_mod._AHEAD_POLL
-    assert (q._spin, q._spin_rest) == (q._spin_max, 0)
+    assert q._reader.ahead == reader_mod.AHEAD_POLL
+    assert (q._reader.spin, q._reader.spin_rest) == (q._reader.spin_max, 0)
 
 
 def test_an_answer_queued_before_the_trial_leaves_the_count(plain_pair: tuple[cmq.Queue, cmq.Queue]) -> None:
@@ -509,10 +520,10 @@ def test_an_answer_queued_before_the_trial_leaves_the_count(plain_pair: tuple[cm
         tx.flush()
         return 1
 
-    q._spin_readable = polls
+    q._reader.poll = polls
     assert q.get(timeout=10) == b"queued"
-    assert q._ahead == queue_mod._AHEAD_CAP
-    assert not q._trial
+    assert q._reader.ahead == reader_mod.AHEAD_CAP
+    assert not q._reader.trial
 
 
 def test_no_answer_within_the_budget_of_the_trial_leaves_the_count(plain_pair: tuple[cmq.Queue, cmq.Queue]) -> None:
@@ -527,25 +538,26 @@ def test_no_answer_within_the_budget_of_the_trial_leaves_the_count(plain_pair: t
             tx.flush()
         return 0
 
-    q._spin_readable = polls
+    q._reader.poll = polls
     assert q.get(timeout=10) == b"late"
-    assert q._ahead == queue_mod._AHEAD_CAP
+    assert q._reader.ahead == reader_mod.AHEAD_CAP
 
 
+@pytest.mark.usefixtures("core")
 def test_a_one_way_message_does_not_stop_a_request_loop_polling_for_good() -> None:
     """Over real sockets: a request and its answer at a time, one message
     that is never answered in between; the reads poll again after a trial.
     The polls wait for the answer, as on an idle machine (a loaded one makes
     them give up, and polling stays off there by design)."""
     with cmq.Queue(0, "127.0.0.1") as a, cmq.Queue(0, "127.0.0.1", spin=0) as b, _echoing(b):
-        a._spin_max = a._spin = 100e-6  # whatever the machine's CPU count
+        a._reader.spin_max = a._reader.spin = 100e-6  # whatever the machine's CPU count
         for i in range(20):
             a.push(b.address, b"%d" % i)
             assert a.get(timeout=10) == b"%d" % i
         a.push(b.address, b"notice", 7)  # nobody answers mailbox 7
         # Whatever the polls so far left of the budget: here, a rest.
-        a._spin, a._spin_rest = 0.0, queue_mod._SPIN_REST
-        look = a._spin_readable
+        a._reader.spin, a._reader.spin_rest = 0.0, reader_mod.SPIN_REST
+        look = a._reader.poll
 
         def until_readable(fd: int, seconds: float) -> int:
             if not seconds:
@@ -553,12 +565,12 @@ def test_a_one_way_message_does_not_stop_a_request_loop_polling_for_good() -> No
             return 1 if select.select([fd], [], [], 10.0)[0] else 0
 
         polls = _CountedPolls(until_readable)
-        a._spin_readable = polls
+        a._reader.poll = polls
         seen = []
-        for i in range(8 * queue_mod._LOCKSTEP):
+        for i in range(8 * reader_mod.LOCKSTEP):
             a.push(b.address, b"%d" % i)
             assert a.get(timeout=10) == b"%d" % i
-            seen.append(a._ahead)
-        assert seen[:2] == [queue_mod._AHEAD_CAP] * 2  # the notice counted as unanswered
-        assert seen[-1] == queue_mod._AHEAD_POLL
-        assert polls.calls > 4 * queue_mod._LOCKSTEP
+            seen.append(a._reader.ahead)
+        assert seen[:2] == [reader_mod.AHEAD_CAP] * 2  # the notice counted as unanswered
+        assert seen[-1] == reader_mod.AHEAD_POLL
+        assert polls.calls > 4 * reader_mod.LOCKSTEP

@@ -53,6 +53,9 @@ from cmq._config import QueueConfig
 from cmq._errors import Closed, Timeout, TransportError
 from cmq._types import Address, Message
 from cmq.net._base import Endpoint, message_of, send_error
+from cmq.net._reader import BIG_DATAGRAM as _BIG_DATAGRAM
+from cmq.net._reader import SHORT_WAIT as _SHORT_WAIT
+from cmq.net._reader import DirectReader
 from cmq.net._sock import spin_readable, yield_cpu
 from cmq.wire.batcher import Stream
 from cmq.wire.receiver import EMPTY, Meta
@@ -67,8 +70,6 @@ _APP_READING: Final = 0.01
 _YIELD_MAX: Final = 0.05
 #: Datagrams read in one go before the reader lets others run.
 _DRAIN_BATCH: Final = 256
-#: Above this size a datagram is read straight into its own bytes object.
-_BIG_DATAGRAM: Final = 8192
 _RECV_SIZE: Final = 65536
 #: glibc's malloc settings the compiled core leaves alone when the environment sets them.
 _MALLOC_ENV: Final = frozenset({"MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_"})
@@ -77,45 +78,9 @@ _KEEP_FREED: Final = 64 << 20
 _TOP_PAD: Final = 16 << 20
 #: Datagrams per recvmmsg/sendmmsg call (the compiled core's buffers: this many times _RECV_SIZE).
 _MMSG_SLOTS: Final = 16
-#: Waits shorter than this use select, not SO_RCVTIMEO (which rounds up to a timer tick).
-_SHORT_WAIT: Final = 0.02
-#: Most datagrams one blocking read takes on its latency path (_read_direct).
-_DIRECT_READS: Final = 8
 _FOREVER: Final = float("inf")
-#: The least wait a reliability timer imposes on a blocking read (it fires
-#: up to a kernel tick late anyway).
-_TIMER_SLACK: Final = 0.001
 #: Longest single wait of a push blocked for room, or of drain (between checks).
 _ROOM_POLL: Final = 0.005
-#: A polling budget that halved below this share of QueueConfig.spin is off ...
-_SPIN_FLOOR: Final = 1 / 8
-#: ... for this many blocking reads, after which polling is tried again whole.
-_SPIN_REST: Final = 32
-#: Polls in a row that gave the CPU to another process before polling is off ...
-_CROWDED_OFF: Final = 3
-#: ... for this many reads (few: the scheduler soon moves one of the two),
-#: twice as many each time it is found crowded again without a poll in
-#: between that was not, up to ``_CROWDED_REST_MAX``: two processes pinned
-#: to one CPU stay crowded, and each crowded poll costs the round trip a
-#: switch to the peer and back.
-_CROWDED_REST: Final = 4
-_CROWDED_REST_MAX: Final = 256
-#: Messages of this queue's own a read may wait on, unanswered, and still
-#: poll: one, a request and its answer (ping-pong). With more the peer has a
-#: backlog of them to work through, which hides a wake-up, and a poll would
-#: only take CPU from that peer (see Queue._awaits_one_answer).
-_AHEAD_POLL: Final = 1
-#: The count of unanswered messages stops here, so that it comes down soon
-#: after a window of requests; but a queue that left more than one message
-#: unanswered (one-way pushes) polls again only once it got more back than
-#: it sent since, or a trial poll tells (``_LOCKSTEP``), as the counts cannot
-#: tell answers from other messages.
-_AHEAD_CAP: Final = _AHEAD_POLL + 1
-#: Looks in a row at the cap that each saw one message go and one come (a
-#: window of requests kept full, or one request at a time with a one-way
-#: message once counted on top: the counts cannot tell) before a read
-#: polls once to tell (see Queue._awaits_one_answer).
-_LOCKSTEP: Final = 64
 _monotonic = time.monotonic
 #: Polls in a row that read nothing, no message received since, before each
 #: further one pauses (Queue._poll): more than the few empty pops of code
@@ -186,19 +151,18 @@ class Queue(Endpoint):
             self.push = self._make_push()  # type: ignore[method-assign]
         # Polling before a blocking read (QueueConfig.spin): pointless with
         # one CPU, where the thread it waits for needs that CPU.
-        self._spin_readable: Callable[[int, float], int] = spin_readable if sp is None else sp.spin_readable
-        self._spin_max = self.config.spin if (os.cpu_count() or 1) > 1 else 0.0
-        self._spin = self._spin_max  # the budget now: halved by each poll that found nothing
-        self._spin_rest = 0  # blocking reads left before polling again
-        self._crowded = 0  # polls in a row that found another process on this CPU
-        self._crowded_rest = _CROWDED_REST  # reads without polling after the next crowded run
+        spin_max = self.config.spin if (os.cpu_count() or 1) > 1 else 0.0
         self._pause_after = _EMPTY_POLLS  # see _poll (the broker's loop, which yields itself, turns it off)
         self._empty_polls = 0  # polls in a row that read nothing, no message received since (see _poll)
         self._got_at_poll = 0  # the receiver's message count at the last poll
-        self._ahead = 0  # own messages not yet answered, as the counts tell (capped)
-        self._lockstep = 0  # looks in a row at the cap in lockstep (see _awaits_one_answer)
-        self._trial = False  # whether the read being begun polls to test the count
-        self._sent_seen = self._got_seen = 0  # the counts when _ahead was last brought up to date
+        # The latency path of a blocking read and its polling policy: the
+        # compiled core's reader runs its loop in C.
+        self._reader: DirectReader = (
+            DirectReader(self, spin_max, spin_readable)
+            if sp is None
+            else sp.DirectReader(self, spin_max, sp.spin_readable)
+        )
+        self._read_direct = self._reader.read
         if sp is not None and not _MALLOC_ENV.intersection(os.environ):
             # Freed datagrams stay in the process for the next ones rather
             # than go back to the kernel and fault in again (_speedups).
@@ -401,232 +365,6 @@ class Queue(Endpoint):
             item = self._wait_item(mailbox, left, None, asked=timeout)
         return message_of(item)
 
-    def _read_direct(self, timeout: float | None, mailbox: int) -> tuple[tuple[Any, Meta] | None, float | None]:
-        """The latency path of a blocking read: ``(item or None, the timeout left)``.
-
-        When nothing is batched, ``mailbox`` holds nothing and no other
-        thread reads, reads datagrams here; a datagram of one message for
-        ``mailbox`` comes straight back, anything else is queued as usual.
-        A datagram that leaves ``mailbox`` empty (a STATUS, a message for
-        another mailbox) and a reliability timer that cut the wait short
-        are followed by another read here, up to ``_DIRECT_READS`` in all:
-        the general path's read does not poll first, and in a reliable
-        request/response the STATUS that comes a few times a round trip in
-        a hundred would cost a process wake-up each. The reliability timers
-        due are fired as a read starts (while the caller waits anyway), not
-        as it returns a message.
-        """
-        if self._heap or not self._rx_lock.acquire(False):
-            return None, timeout
-        # The application reads: the I/O thread leaves the socket to it.
-        start = now = self._app_read_at = _monotonic()
-        deadline = None if timeout is None else start + timeout
-        # Poll until a poll finds nothing (then this read has waited a
-        # while: polling again would only shrink the budget, which is
-        # for spacing between messages, not for each datagram of a read).
-        awaits = poll = bool(self._spin_max) and self._awaits_one_answer()
-        try:
-            for _ in range(_DIRECT_READS):
-                mb = self._mailboxes.get(mailbox)  # again: another reader may have filled it
-                if self._closed or self._heap or (mb is not None and mb.chunks and mb.available()):
-                    break
-                if now >= self._rel_at:
-                    self._fire_reliable(now)
-                left = None if deadline is None else deadline - now
-                if left is not None and left <= 0.0:
-                    break
-                # A reliability timer due first bounds the wait: this thread
-                # fires it (the I/O thread stays off while the application
-                # reads). A short wait is select's (SO_RCVTIMEO rounds up
-                # to a timer tick, 4 ms here: a STATUS owed in 2 ms would go
-                # so late that its sender's probe timeout fires first, and
-                # a repair a tick late shows in the tail under loss), but
-                # for a read that awaits its answer on a CPU it shares with
-                # another process (its polls found it crowded: a rest above
-                # the first, and no uncrowded poll since): there a
-                # wake-up from select made the one-CPU round trip about 1.5x
-                # as long as one from the read itself, and the answer most
-                # likely comes before the timer. Nor when the poll found a
-                # datagram: the read takes it at once.
-                wait = self._rel_bound(left, now, _TIMER_SLACK)
-                found = False
-                if poll:
-                    if self._trial:
-                        self._trial = False
-                        found = poll = self._trial_poll(wait)
-                    else:
-                        found = poll = self._poll_first(wait)
-                try:
-                    if self._big_reads or (
-                        not found
-                        and wait is not None
-                        and wait < _SHORT_WAIT
-                        and not (awaits and self._crowded_rest > _CROWDED_REST)
-                    ):
-                        data, addr = self._recv_within(wait)
-                    else:
-                        # _recv_within's common case, inline: a blocking read
-                        # into the reused buffer.
-                        if wait is None:
-                            if self._rcvtimeo:
-                                self._set_rcvtimeo(None)
-                        elif not self._rcv_lo <= wait <= self._rcv_hi:
-                            self._set_rcvtimeo(wait)
-                        data, addr = self._recv_small(True)
-                        if len(data) >= _BIG_DATAGRAM:
-                            self._big_reads = True
-                except OSError:
-                    addr = None  # timed out, closed, or an ICMP error
-                if addr is not None:
-                    now = self._app_read_at = self._batcher.waited_at = _monotonic()
-                    with self._state_lock:
-                        item = self._receiver.receive_one(data, addr, now, mailbox)
-                    if item is not None:
-                        # The timers that fell due wait for this thread's
-                        # next read: a STATUS sent now would reach the peer
-                        # before the request the caller is about to send in
-                        # answer, and delay it.
-                        self._after_read(now, fire=False)
-                        return item, timeout
-                    self._after_read(now)
-                    continue
-                now = _monotonic()
-                if now < self._rel_at:
-                    break  # timed out, closed, or an ICMP error: the general path decides
-                # A timer cut the wait: the next turn fires it and reads on.
-        finally:
-            self._rx_lock.release()
-        if timeout is not None:
-            timeout = max(timeout - (_monotonic() - start), 0.0)
-        return None, timeout
-
-    def _awaits_one_answer(self) -> bool:
-        """Whether a blocking read now most likely waits for the answer to
-        the one message of this queue's own that is unanswered: then polling
-        saves a wake-up (ping-pong, request and reply).
-
-        A reader with none unanswered (it only receives: a stream's
-        consumer) or several (ping-ping, a window of requests) waits on a
-        peer that is busy producing or working through a backlog; a
-        wake-up's delay is hidden behind that work, and a poll would keep
-        this CPU busy beside the peer's. On these VMs a busy vCPU slowed
-        the other one by up to 1.8x (scripts/vcpu_contention.py), so a poll
-        beside a busy peer can slow the very work it waits for.
-
-        Counts messages, not answers: the messages received since the last
-        look cancel as many sent before them, then those sent since are
-        added, capped at ``_AHEAD_CAP``. Received messages left over (more
-        than were unanswered) cancel those sent since too, all but the last:
-        a read that came back without looking (its message was queued
-        already) leaves a request and its answer, then the next request, to
-        the next look, which must count one, not two. A read that times out
-        sets the count to none (see ``_wait_item``): what was unanswered is
-        lost or late, and the count would otherwise stay up for good.
-
-        At the cap, a queue whose looks each see one message go and one come
-        may keep a window of requests full, or send one request at a time
-        and have once sent a message that is not answered (a notice, an
-        acknowledgement), which the counts take for a second request for
-        good: its reads would never poll again. So after ``_LOCKSTEP`` such
-        looks in a row, one read polls as a trial (``_trial``): a datagram
-        that was not queued when the read began and comes within the budget
-        tells that one message was awaited, and the count comes down to
-        one. An answer queued already, or none within the budget (a peer
-        working through a window), leaves it.
-        """
-        self._trial = False
-        sent, got = self._batcher.messages_sent, self._receiver.messages_received
-        ahead, came, went = self._ahead, got - self._got_seen, sent - self._sent_seen
-        # max(ahead - came, 0) + went - min(max(came - ahead, 0), max(went - 1, 0)),
-        # without the builtins' calls (this runs at every blocking read).
-        if came <= ahead:
-            ahead += went - came
-        elif went:
-            surplus = came - ahead
-            ahead = went - surplus if surplus < went else 1
-        else:
-            ahead = 0
-        if ahead > _AHEAD_CAP:
-            ahead = _AHEAD_CAP
-        self._ahead = ahead
-        self._sent_seen, self._got_seen = sent, got
-        if ahead == _AHEAD_CAP and came == went == 1:
-            self._lockstep += 1
-            if self._lockstep >= _LOCKSTEP:
-                self._lockstep = 0
-                self._trial = True
-                return True
-        else:
-            self._lockstep = 0
-        return ahead == _AHEAD_POLL
-
-    def _trial_poll(self, wait: float | None) -> bool:
-        """The trial of a read whose count stands at the cap (see
-        :meth:`_awaits_one_answer`): whether a datagram is there to read.
-
-        Nothing queued yet, and a datagram within the whole budget (bounded
-        by ``wait``; a resting budget too, which only trials would count
-        down at the cap): one message was awaited, not a window of them, so
-        the count comes down to one and the budget is whole again."""
-        fd = self._sock.fileno()
-        if self._spin_readable(fd, 0.0) > 0:
-            return True  # queued already: it tells nothing
-        spin = self._spin_max if wait is None else min(self._spin_max, wait)
-        if spin <= 0.0 or self._spin_readable(fd, spin) <= 0:
-            return False
-        self._ahead = _AHEAD_POLL
-        self._spin, self._spin_rest = self._spin_max, 0
-        return True
-
-    def _poll_first(self, wait: float | None) -> bool:
-        """Before a blocking read of at most ``wait`` seconds (None: no
-        bound), poll the socket for the budget (QueueConfig.spin), so that an
-        answer that comes soon is read without a thread wake-up.
-
-        A poll that finds a datagram restores the budget; one that finds
-        nothing halves it, and below an eighth it is off for ``_SPIN_REST``
-        reads, then tried whole again: a reader whose messages come seldom
-        polls on a few reads in thirty-odd. A poll that finds another
-        process running on this CPU between its polls (most likely the peer
-        it waits for) stops; after ``_CROWDED_OFF`` such polls in a row,
-        polling is off for ``_CROWDED_REST`` reads, doubling up to
-        ``_CROWDED_REST_MAX`` while the polls after each rest are crowded
-        too: a sleeping reader gives that process the CPU sooner, and lets
-        the scheduler move one of the two to another CPU. Returns whether it
-        found a datagram."""
-        spin = self._spin
-        if not spin:
-            self._spin_rest -= 1
-            if self._spin_rest > 0:
-                return False
-            spin = self._spin = self._spin_max
-        cut = False
-        if wait is not None and wait < spin:
-            spin, cut = wait, True
-        if spin <= 0.0:
-            return False
-        got = self._spin_readable(self._sock.fileno(), spin)
-        if got < 0:
-            # Another process ran on this CPU while this one yielded: once
-            # in a while that is a kernel thread or a timer; every time, the
-            # peer on the same CPU.
-            self._crowded += 1
-            if self._crowded >= _CROWDED_OFF:
-                self._spin, self._spin_rest, self._crowded = 0.0, self._crowded_rest, 0
-                self._crowded_rest = min(self._crowded_rest * 2, _CROWDED_REST_MAX)
-            return False
-        self._crowded, self._crowded_rest = 0, _CROWDED_REST
-        if got > 0:
-            self._spin = self._spin_max
-            return True
-        if cut:
-            return False  # ended by the read's bound (a timer due), not for want of a datagram
-        if self._spin * 0.5 < self._spin_max * _SPIN_FLOOR:
-            self._spin, self._spin_rest = 0.0, _SPIN_REST
-        else:
-            self._spin *= 0.5
-        return False
-
     def receive(
         self, predicate: Callable[[Any], bool], timeout: float | None = None, mailbox: int = 0
     ) -> Any:
@@ -675,7 +413,7 @@ class Queue(Endpoint):
                 item = self._take_item(mailbox, predicate)
                 if item is not None:
                     return item
-                self._ahead = 0  # what was unanswered is lost or late (see _awaits_one_answer)
+                self._reader.ahead = 0  # what was unanswered is lost or late (see DirectReader.awaits_one_answer)
                 raise Timeout(f"no message in mailbox {mailbox} within {asked} s")
             # Reads one datagram unless what we wait for is already queued;
             # a datagram of one message for us comes straight back.
