@@ -662,3 +662,63 @@ def test_the_compiled_idle_rule_hands_a_message_that_is_not_bytes_to_the_pure_on
     b.append(s, bytearray(b"abc"))
     [datagram] = b.advance(s, lambda: 1.0)  # type: ignore[misc]
     assert datagram.endswith(b"\x03abc") and not s.frames and b.datagrams_sent == 1
+
+
+# -- the blocking read's polling policy ------------------------------------------
+
+
+class _PolicyQueue:
+    """What a DirectReader takes from its queue, for the policy alone: the
+    message counts it reads, and a socket whose polls a script answers."""
+
+    def __init__(self) -> None:
+        self._heap: list[object] = []
+        self._rx_lock = self._state_lock = None
+        self._mailboxes: dict[int, object] = {}
+        self._batcher = type("Counts", (), {"messages_sent": 0})()
+        self._receiver = type("Counts", (), {"messages_received": 0})()
+        self._sock = type("Sock", (), {"fileno": lambda self: 7})()
+
+
+_POLICY = ("spin", "spin_rest", "crowded", "crowded_rest", "ahead", "lockstep", "trial", "sent_seen", "got_seen")
+
+# A look: new messages sent and received since the last one, then a poll of
+# the budget (with the read's bound or none) that the script answers.
+policy_steps = st.lists(
+    st.tuples(
+        st.integers(0, 3),
+        st.integers(0, 3),
+        st.sampled_from([-1, 0, 1]),
+        st.one_of(st.none(), st.sampled_from([0.0, 5e-6, 30e-6, 1.0])),
+        st.booleans(),
+    ),
+    max_size=400,
+)
+
+
+@given(policy_steps)
+@settings(max_examples=150, deadline=None)
+def test_the_reads_polling_policy_is_the_same_on_both_cores(steps: list[tuple[int, int, int, float | None, bool]]) -> None:
+    from cmq.net import _reader
+
+    readers = []
+    for make in (_reader.DirectReader, _speedups.DirectReader):
+        q = _PolicyQueue()
+        asked: list[float] = []
+
+        def poll(fd: int, seconds: float, asked: list[float] = asked) -> int:
+            asked.append(seconds)
+            return answer[0]
+
+        readers.append((q, make(q, 80e-6, poll), asked))
+    answer = [0]
+    for went, came, polled, wait, trial in steps:
+        answer[0] = polled
+        seen = []
+        for q, r, asked in readers:
+            q._batcher.messages_sent += went
+            q._receiver.messages_received += came
+            looks = r.awaits_one_answer()
+            found = r.trial_poll(wait) if trial else r.poll_first(wait)
+            seen.append((looks, found, asked[-2:], [getattr(r, name) for name in _POLICY]))
+        assert seen[0] == seen[1]
