@@ -1723,7 +1723,8 @@ cdef class DirectReader:
     cdef public bint trial
     cdef public long long sent_seen, got_seen
     # What the queue holds for its lifetime.
-    cdef object heap, rx_lock, state_lock, mailboxes, batcher, receiver, sock
+    cdef object heap, rx_lock, state_lock, batcher, receiver, sock
+    cdef dict mailboxes
     cdef object c_poll
     # The policy's constants (cmq.net._reader).
     cdef double short_wait, timer_slack, spin_floor
@@ -1847,7 +1848,12 @@ cdef class DirectReader:
                         item = self.receiver.receive_one(data, addr, now, mailbox)
                     if item is not None:
                         # The timers due wait for this thread's next read.
-                        q._after_read(now, False)
+                        # Endpoint._after_read(now, fire=False) has nothing
+                        # to do unless one of these is set: its call is
+                        # skipped (most reads of a request/response).
+                        rx = self.receiver
+                        if rx.replies or rx.controls or rx.status_urgent or rx.new_due:
+                            q._after_read(now, False)
                         return item, timeout
                     q._after_read(now)
                     continue
