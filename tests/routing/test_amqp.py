@@ -24,6 +24,7 @@ from pamqp.header import ContentHeader  # noqa: E402
 from cmq.routing import Broker, BrokerClient, BrokerConfig  # noqa: E402
 from cmq.routing._amqp import PROTOCOL_HEADER, AmqpConnection, Users  # noqa: E402
 from cmq.routing._core import BrokerCore  # noqa: E402
+from cmq.routing._server import _cpus  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -499,3 +500,58 @@ def test_cmq_broker_command_serves_amqp_and_stops_on_sigterm(tmp_path: Any) -> N
     assert p.returncode == 0, err
     bad = subprocess.run([cmq, "broker", "--users", str(users)], capture_output=True, text=True, timeout=WAIT)
     assert bad.returncode == 1 and "--amqp-port" in bad.stderr and "Traceback" not in bad.stderr
+
+
+# -- polling before the listener's blocking select --------------------------------
+
+
+@pytest.mark.parametrize("spin", [0.0, 100e-6, 0.01])
+def test_ping_pong_through_the_amqp_port_whatever_the_listener_polls(spin: float) -> None:
+    """Request/response over AMQP, one message in flight, with the listener
+    blocking at once (spin 0), polling 100 us (the default) or 10 ms after
+    each read: every reply comes back, in order."""
+    config = BrokerConfig(consumer_timeout=60.0, spin=spin)
+    with Broker(config=config, amqp_port=0).start() as b:
+        ping, pong = connect(b), connect(b)
+        try:
+            pc, oc = ping.channel(), pong.channel()
+            for q in ("to-pong", "to-ping"):
+                pc.queue_declare(q)
+            for i in range(50):
+                pc.basic_publish("", "to-pong", b"%d" % i)
+                ((_, _, body),) = consume_n(oc, "to-pong", 1)
+                oc.basic_publish("", "to-ping", body + b"!")
+                assert consume_n(pc, "to-ping", 1)[0][2] == b"%d!" % i
+        finally:
+            ping.close()
+            pong.close()
+
+
+def _polls_after_a_publish(spin: float) -> int:
+    """How many times the listener polled (its turns that did not block at
+    once) around one publish and its delivery."""
+    with Broker(config=BrokerConfig(consumer_timeout=60.0, spin=spin), amqp_port=0).start() as b:
+        assert b.amqp is not None
+        polls: list[int] = []
+        real = b.amqp._poll
+
+        def counted() -> Any:
+            polls.append(1)
+            return real()
+
+        b.amqp._poll = counted  # type: ignore[method-assign]
+        c = connect(b)
+        try:
+            ch = c.channel()
+            ch.queue_declare("q")
+            ch.basic_publish("", "q", b"x")
+            consume_n(ch, "q", 1)
+        finally:
+            c.close()
+        return len(polls)
+
+
+def test_the_listener_polls_after_a_read_only_when_it_may_spin() -> None:
+    # With one CPU to run on the listener never polls: its client needs that CPU.
+    assert (_polls_after_a_publish(0.01) > 0) == (_cpus() > 1)
+    assert _polls_after_a_publish(0.0) == 0

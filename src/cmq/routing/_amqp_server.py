@@ -23,6 +23,12 @@ only its own socket, and is dropped after ``_HANDSHAKE_TIMEOUT``). After the
 handshake a TLS connection is served as a plain one, a turn reading record
 after record while its socket has more.
 
+After a turn that read frames, the next turn polls its sockets for up to
+``BrokerConfig.spin`` (yielding the CPU between polls) before it blocks in
+``select``, as the UDP loop does (see ``cmq.routing._server``): in a
+request/response the next frame most often comes within that time, and a
+listener asleep pays a process wake-up for it. With one CPU it never polls.
+
 Flow control (RabbitMQ's memory alarm). After each turn that read something,
 the bytes the broker holds (``BrokerCore.held_bytes``) are compared with
 ``BrokerConfig.memory_budget``. Over it, every connection that has published
@@ -48,6 +54,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from cmq._errors import ConfigError, TransportError
+from cmq.net._sock import yield_cpu
 from cmq.routing._amqp import AmqpConnection, Users
 from cmq.routing._core import AMQP_PREFIX, MEMORY_RESUME_FRACTION, BrokerCore, Outgoing
 
@@ -116,8 +123,13 @@ class AmqpListener:
         commit: Callable[[], bool] | None = None,
         tls: ssl.SSLContext | None = None,
         tls_port: int | None = None,
+        spin: float = 0.0,
     ) -> None:
         self.core = core
+        # After a turn that read frames, the next one polls this long before
+        # it blocks (BrokerConfig.spin; 0 with one CPU: see Broker).
+        self._spin = spin
+        self._spin_until = float("-inf")
         # Writes the core's journal to the store (under the lock): called
         # before a turn's frames leave, so a confirm follows its fsync.
         self._commit = commit
@@ -218,7 +230,9 @@ class AmqpListener:
             dl = c.conn.next_deadline() if c.handshake_by is None else c.handshake_by
             if dl is not None and dl - now < wait:
                 wait = max(dl - now, 0.0)
-        events = self._sel.select(wait)
+        events = self._poll() if self._spin_until > now else []
+        if not events:
+            events = self._sel.select(wait)
         now = time.monotonic()
         reads: list[tuple[_Client, bytes]] = []
         for key, mask in events:
@@ -245,6 +259,8 @@ class AmqpListener:
                     data = self._read(cl)
                     if data is not None:
                         reads.append((cl, data))
+        if reads and self._spin:
+            self._spin_until = now + self._spin
         paused: list[_Client] = []
         with self.lock:
             for c, data in reads:
@@ -279,6 +295,21 @@ class AmqpListener:
             return
         for c in list(self._clients.values()):
             self._flush(c, now)
+
+    def _poll(self) -> list[tuple[selectors.SelectorKey, int]]:
+        """The events that come before ``_spin_until``, polled without
+        blocking, the CPU yielded between polls (so a client ready to run on
+        this CPU runs first); none when nothing came by then.
+
+        In a request/response through the broker the next frame most often
+        comes within the budget, and a listener asleep in ``select`` pays a
+        process wake-up for it, as the UDP loop's poll (see ``Broker``)."""
+        select, monotonic = self._sel.select, time.monotonic
+        while True:
+            events = select(0)
+            if events or monotonic() >= self._spin_until or self._stopping:
+                return events
+            yield_cpu()
 
     def _flow(self, now: float) -> list[_Client]:
         """Raise or clear the memory alarm, pause or resume the publishing

@@ -279,7 +279,8 @@ class Broker:
                 self.amqp = AmqpListener(self.core, self._lock, host=host, port=amqp_port,
                                          users=users if users is not None else Users.default(),
                                          send_udp=self._send_udp, commit=self.commit,
-                                         tls=tls, tls_port=amqps_port)  # fmt: skip
+                                         tls=tls, tls_port=amqps_port,
+                                         spin=self.core.config.spin if _cpus() > 1 else 0.0)  # fmt: skip
             except CmqError:
                 if self._owns_endpoint:
                     endpoint.close()
