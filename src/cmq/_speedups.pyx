@@ -1715,6 +1715,13 @@ cdef class DirectReader:
     module's, read when the reader is made. ``poll`` is called in C, with
     the GIL released, when it is this module's :func:`spin_readable`
     (tests set another callable: it is then called as Python).
+
+    Thread safety does not rest on the GIL: :meth:`read` changes the
+    policy's members only while it holds the queue's receive lock, which it
+    takes without blocking (a reader that finds it taken leaves at once),
+    as the pure reader does; the one other write, ``ahead = 0`` by a
+    thread whose read timed out (``Queue._wait_item``), races at worst with
+    a read's count, which only decides whether that read polls.
     """
 
     cdef public object queue, poll
