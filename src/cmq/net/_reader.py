@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any, Final
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from collections.abc import Callable
 
-    from cmq.net.queue import Queue
     from cmq.wire.receiver import Meta
 
 __all__ = ["DirectReader"]
@@ -72,13 +71,15 @@ _FOREVER: Final = float("inf")
 class DirectReader:
     """A queue's blocking read when nothing it waits for is queued: see :meth:`read`.
 
-    ``poll(fd, seconds)`` polls the socket (``spin_readable``: 1 readable, 0
+    ``queue`` is the :class:`cmq.Queue` it reads for (typed loosely: this
+    module sits below the queue's, and reads the queue's private state as
+    the queue's own methods did). ``poll(fd, seconds)`` polls the socket (``spin_readable``: 1 readable, 0
     nothing within the time, -1 the CPU was found crowded); ``spin_max`` is
     the polling budget (0: never poll). The policy's state is public: the
     queue resets ``ahead`` when a read times out, and tests script it.
     """
 
-    def __init__(self, queue: Queue, spin_max: float, poll: Callable[[int, float], int]) -> None:
+    def __init__(self, queue: Any, spin_max: float, poll: Callable[[int, float], int]) -> None:
         self.queue = queue
         self.poll = poll
         self.spin_max = spin_max
