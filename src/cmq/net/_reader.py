@@ -73,10 +73,11 @@ class DirectReader:
 
     ``queue`` is the :class:`cmq.Queue` it reads for (typed loosely: this
     module sits below the queue's, and reads the queue's private state as
-    the queue's own methods did). ``poll(fd, seconds)`` polls the socket (``spin_readable``: 1 readable, 0
-    nothing within the time, -1 the CPU was found crowded); ``spin_max`` is
-    the polling budget (0: never poll). The policy's state is public: the
-    queue resets ``ahead`` when a read times out, and tests script it.
+    the queue's own methods did). ``poll(fd, seconds)`` polls the socket
+    (``spin_readable``: 1 readable, 0 nothing within the time, -1 the CPU
+    was found crowded); ``spin_max`` is the polling budget (0: never
+    poll). The policy's state is public: the queue resets ``ahead`` when a
+    read times out, and tests script it.
     """
 
     def __init__(self, queue: Any, spin_max: float, poll: Callable[[int, float], int]) -> None:
