@@ -117,7 +117,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         help="microseconds to keep polling for the next message after one before "
-        "sleeping (default 100; 0 sleeps at once: less CPU, slower round trips)",
+        "sleeping, on the cmq and the AMQP port (default 100; 0 sleeps at once: "
+        "less CPU, slower round trips)",
     )
     parser.add_argument(
         "--amqp-port",

@@ -316,9 +316,10 @@ class BrokerConfig:
 
     spin: float = DEFAULT_SPIN
     """Seconds the broker keeps polling for the next message after one, before
-    it sleeps (0: sleep at once). Trades up to this much CPU per message for
-    a wake-up saved on each hop of a request/response. Not used by a broker
-    that may run on one CPU only."""
+    it sleeps (0: sleep at once): its cmq port after each message, its AMQP
+    port after each read of its sockets. Trades up to this much CPU per
+    message for a wake-up saved on each hop of a request/response. Not used
+    by a broker that may run on one CPU only."""
 
     memory_budget: int = DEFAULT_MEMORY_BUDGET
     """Body bytes the broker may hold (ready or unacknowledged, over all
