@@ -772,11 +772,9 @@ class _Consumer:
         return shared if own is None or shared < own else own
 
     def has_credit(self) -> bool:
-        if self.no_ack:
-            return True
-        if self.prefetch and len(self.unacked) >= self.prefetch:
-            return False
-        return self.group is None or self.group.room() > 0
+        """Whether it may be sent one more delivery (see :meth:`room`)."""
+        room = self.room()
+        return room is None or room > 0
 
 
 def _binding_key(ex: Exchange, key: str, arguments: dict[str, Any]) -> str:
