@@ -3,6 +3,7 @@
 Serve:   cmq broker --port 5700                        (durable state in ./cmq-data/)
          cmq broker --port 5700 --data-dir /var/lib/cmq  (or --in-memory: nothing kept)
          cmq broker --port 5700 --amqp-port 5673 --users users.txt   (also AMQP 0-9-1 over TCP)
+         cmq broker --port 5700 --amqp-port 5673 --users definitions.json   (RabbitMQ's users and permissions)
          cmq broker --port 5700 --amqp-port 5673 --amqps-port 5671 --tls-cert cert.pem --tls-key key.pem
          cmq broker --port 5700 --http-port 15700      (the web console at /console/, /metrics)
 Client:  cmq broker declare-exchange prices --type topic
@@ -162,7 +163,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--users",
         default=None,
         metavar="FILE",
-        help="who may log in over AMQP: one 'name:password' a line ('#' comments); "
+        help="who may log in over AMQP and what each may do: one 'name:password' a line ('#' "
+        "comments; each may do everything), or RabbitMQ's definitions JSON (rabbitmqctl "
+        "export_definitions: hashed passwords, tags, configure/write/read permissions on '/'); "
         "without it, only guest/guest from a loopback address (RabbitMQ's default)",
     )
     parser.add_argument(
@@ -346,9 +349,11 @@ def _serve(args: argparse.Namespace) -> int:
         if args.amqp_port is None and args.http_port is None:
             raise ConfigError("--users is for the AMQP listener and the console: "
                               "give --amqp-port or --http-port too")  # fmt: skip
-        from cmq.routing._amqp import Users
+        from cmq.routing._users import Users
 
         users = Users.load(args.users)
+        for note in users.notes:
+            print(f"cmq broker: {args.users}: {note}", file=sys.stderr)
     tls = None
     if args.amqps_port is not None or args.tls_cert is not None or args.tls_key is not None:
         if args.amqps_port is None or args.tls_cert is None:

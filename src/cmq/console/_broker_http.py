@@ -28,7 +28,7 @@ from cmq.service.edge import EdgePolicy, is_loopback
 
 if TYPE_CHECKING:
     from cmq.routing import Broker, BrokerCore, BrokerStats
-    from cmq.routing._amqp import Users
+    from cmq.routing._users import Users
 
 __all__ = ["MAX_METRIC_QUEUES", "BrokerHttp", "render_metrics"]
 
@@ -139,7 +139,7 @@ class BrokerHttp:
         with optional_imports("the console"):
             import uvicorn
 
-        from cmq.routing._amqp import Users
+        from cmq.routing._users import Users
         from cmq.service.server import _bind
 
         self._sock = _bind(host, port)
@@ -148,7 +148,7 @@ class BrokerHttp:
         self.console = ConsoleApp(
             BrokerBackend(broker, store_name),
             policy=EdgePolicy(listen_host=host, allowed_hosts=allow_hosts),
-            access=Access.users(who.check),
+            access=Access.users(who.check_console),
         )
         app = _BrokerHttpApp(broker, self.console, open_metrics=users is not None)
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",

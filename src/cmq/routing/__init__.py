@@ -8,6 +8,8 @@
   :mod:`cmq.routing._amqp_server` the listener thread), and with ``data_dir``
   keeping durable exchanges, queues, bindings and persistent messages in
   SQLite (:mod:`cmq.routing._store`; ``cmq broker`` uses ``./cmq-data/``).
+- :class:`Users`: who may log in over AMQP and, from RabbitMQ's definitions,
+  what each may do (:class:`Permissions`, RabbitMQ's configure/write/read).
 - :class:`BrokerClient` (threads) and :class:`AsyncBrokerClient` (asyncio):
   ``declare_exchange``, ``declare_queue``, ``bind``, ``unbind``, ``publish``,
   ``consume`` (a :class:`Consumer` iterator / :class:`AsyncConsumer` async
@@ -30,6 +32,7 @@ from cmq.routing._client import (
 from cmq.routing._core import BrokerConfig, BrokerCore, BrokerStats, Outgoing, Overflow, QueueStats
 from cmq.routing._protocol import Delivery, ErrorCode
 from cmq.routing._server import Broker, tls_context
+from cmq.routing._users import Permissions, Users
 from cmq.routing.exchanges import (
     Binding,
     DirectExchange,
@@ -61,8 +64,10 @@ __all__ = [
     "FanoutExchange",
     "Outgoing",
     "Overflow",
+    "Permissions",
     "QueueStats",
     "TopicExchange",
+    "Users",
     "make_exchange",
     "tls_context",
     "topic_matches",

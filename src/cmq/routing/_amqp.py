@@ -45,19 +45,14 @@ as they are, text as UTF-8, anything else MessagePack-packed.
 from __future__ import annotations
 
 import datetime
-import hmac
-import ipaddress
-import os
 import secrets
 import struct
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Final
 
 import msgpack
 
-from cmq._errors import ConfigError
 from cmq._extras import optional_imports
 from cmq.routing._core import (
     MAX_NAME,
@@ -68,6 +63,7 @@ from cmq.routing._core import (
     ExclusiveConsume,
     PriorityConsume,
     Refused,
+    server_queue_name,
 )
 from cmq.routing._protocol import (
     BODY_EXT,
@@ -86,6 +82,7 @@ from cmq.routing._protocol import (
     PurgeQueue,
     Unbind,
 )
+from cmq.routing._users import Permissions, Users
 
 with optional_imports("the AMQP listener"):
     from pamqp import commands as spec
@@ -193,68 +190,7 @@ class _ChannelError(Exception):
         self.code, self.text, self.method = code, text, method
 
 
-# -- users ----------------------------------------------------------------------
-
-
-class Users:
-    """Who may connect over AMQP: user name -> password.
-
-    ``Users.default()`` is RabbitMQ's out-of-the-box rule: ``guest`` /
-    ``guest``, accepted from a loopback address only. ``Users.load(path)``
-    reads a users file: one ``name:password`` a line (the password is what
-    follows the first colon, so it may hold colons; no spaces are trimmed
-    from it); blank lines and lines starting with ``#`` are skipped. Users
-    from a file may connect from any address.
-    """
-
-    def __init__(self, passwords: Mapping[str, str], *, loopback_only: frozenset[str] = frozenset()) -> None:
-        self._passwords = dict(passwords)
-        self._loopback_only = loopback_only
-
-    @classmethod
-    def default(cls) -> Users:
-        return cls({"guest": "guest"}, loopback_only=frozenset({"guest"}))
-
-    @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> Users:
-        """Read a users file.
-
-        Raises:
-            ConfigError: the file cannot be read or a line is not ``name:password``.
-        """
-        try:
-            with open(path, encoding="utf-8") as f:
-                lines = f.read().splitlines()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"cannot read users file {os.fspath(path)!r}: {exc}") from exc
-        out: dict[str, str] = {}
-        for n, line in enumerate(lines, 1):
-            if not line.strip() or line.lstrip().startswith("#"):
-                continue
-            name, sep, password = line.partition(":")
-            name = name.strip()
-            if not sep or not name:
-                raise ConfigError(f"users file {os.fspath(path)!r} line {n}: expected name:password")
-            out[name] = password
-        if not out:
-            raise ConfigError(f"users file {os.fspath(path)!r} has no users")
-        return cls(out)
-
-    def check(self, user: str, password: str, peer_host: str) -> str | None:
-        """None when ``user`` may log in with ``password`` from ``peer_host``, else why not."""
-        want = self._passwords.get(user)
-        if want is None or not hmac.compare_digest(want.encode(), password.encode()):
-            return "bad credentials"
-        if user in self._loopback_only and not _is_loopback(peer_host):
-            return f"user {user!r} can only log in via localhost"
-        return None
-
-
-def _is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host.split("%")[0]).is_loopback
-    except ValueError:
-        return False
+# -- login ----------------------------------------------------------------------
 
 
 def _credentials(mechanism: str, response: Any) -> tuple[str, str] | None:
@@ -468,6 +404,11 @@ class AmqpConnection:
         self.peer_host = peer_host
         self.users = users
         self.user: str | None = None
+        # What the user may do in the vhost (see cmq.routing._users): None
+        # while every name is allowed (nothing to check), and whether it may
+        # open the vhost at all.
+        self._perms: Permissions | None = None
+        self._vhost_ok = False
         self.state = _WAIT_HEADER
         self.finished = False  # the driver closes the socket once what is queued is written
         self.close_reason = ""
@@ -817,6 +758,9 @@ class AmqpConnection:
                 self._finish(now, f"login refused ({why})")
                 return
             self.user = creds[0]
+            perms = self.users.permissions(self.user)
+            self._vhost_ok = perms is not None
+            self._perms = None if perms is None or perms.everything else perms
             caps = (m.client_properties or {}).get("capabilities")
             self._wants_blocked = type(caps) is dict and caps.get("connection.blocked") is True
             self.state = _WAIT_TUNE_OK
@@ -832,6 +776,8 @@ class AmqpConnection:
         elif isinstance(m, spec.Connection.Open):
             if m.virtual_host not in ("/", ""):
                 raise _ConnectionError(NOT_ALLOWED, f"vhost {m.virtual_host!s:.60} not found", m)
+            if not self._vhost_ok:
+                raise _ConnectionError(NOT_ALLOWED, f"access to vhost '/' refused for user '{self.user}'", m)
             self.state = _OPEN
             self._send_method(0, spec.Connection.OpenOk())
 
@@ -949,6 +895,21 @@ class AmqpConnection:
 
     # -- channel-level methods (rows of _METHODS) -------------------------------------
 
+    def _allow(self, permission: str, kind: str, name: str) -> None:
+        """Refuse with 403, as RabbitMQ does, unless the user's ``permission``
+        (configure, write or read) covers the ``kind`` ("queue" or
+        "exchange") called ``name``. Which method needs which: RabbitMQ's
+        access-control table, at each method below.
+
+        Raises:
+            _ChannelError: ACCESS_REFUSED.
+        """
+        if kind == "exchange" and name == "":
+            name = "amq.default"  # the default exchange's name for permissions (RabbitMQ's)
+        if self._perms is not None and not self._perms.allows(permission, name):
+            raise _ChannelError(ACCESS_REFUSED, f"access to {kind} '{name}' in vhost '/' refused for user "
+                                f"'{self.user}'")  # fmt: skip
+
     def _channel_close(self, ch: _Channel, m: Any, now: float) -> None:
         self._release_channel(ch, now)
         del self._channels[ch.number]
@@ -971,6 +932,7 @@ class AmqpConnection:
         else:
             if kind not in _EXCHANGE_TYPES:
                 raise _ConnectionError(COMMAND_INVALID, f"invalid exchange type '{kind!s:.40}'", m)
+            self._allow("configure", "exchange", name)
             if have is not None and have != kind:
                 raise _ChannelError(PRECONDITION_FAILED, f"inequivalent arg 'type' for exchange '{name}' in "
                                     f"vhost '/': received '{kind}' but current is '{have}'")  # fmt: skip
@@ -983,6 +945,10 @@ class AmqpConnection:
             self._send_method(ch.number, spec.Exchange.DeclareOk())
 
     def _exchange_delete(self, ch: _Channel, m: Any, now: float) -> None:
+        if m.exchange != "" and not m.exchange.startswith("amq."):
+            # RabbitMQ refuses deleting the default and system exchanges
+            # before it looks at permissions (the core refuses those below).
+            self._allow("configure", "exchange", m.exchange)
         if m.if_unused and self.core.exchange_in_use(m.exchange):
             raise _ChannelError(PRECONDITION_FAILED, f"exchange '{m.exchange}' in vhost '/' in use")
         self.core.call(DeleteExchange(rid=0, name=m.exchange), (self.key, ch.number), now)
@@ -998,6 +964,13 @@ class AmqpConnection:
             messages, consumers = self.core.queue_info(name, addr, now)
         else:
             args = dict(m.arguments or {})
+            generated = None
+            if self._perms is not None:
+                self._allow_declare(name, args)
+                if name == "":
+                    # Checked under the name it will have, as RabbitMQ does.
+                    generated = server_queue_name()
+                    self._allow("configure", "queue", generated)
             _check_queue_type(name, args.get("x-queue-type"), m)
             max_length = args.pop("x-max-length", None)
             overflow = args.pop("x-overflow", None)
@@ -1016,17 +989,34 @@ class AmqpConnection:
             if max_length == 0:
                 # RabbitMQ keeps nothing ready in a queue of length 0; the core's least is 1.
                 max_length = 1
-            res = self.core.call(DeclareQueue(rid=0, name=name, max_length=max_length, overflow=overflow,
-                                              arguments=known, exclusive=bool(m.exclusive),
-                                              auto_delete=bool(m.auto_delete), durable=bool(m.durable)),
-                               addr, now)  # fmt: skip
+            event = DeclareQueue(rid=0, name=name, max_length=max_length, overflow=overflow, arguments=known,
+                                 exclusive=bool(m.exclusive), auto_delete=bool(m.auto_delete),
+                                 durable=bool(m.durable))  # fmt: skip
+            res = (self.core.call(event, addr, now) if generated is None
+                   else self.core.declare_server_named(event, generated, addr, now))  # fmt: skip
             name, messages, consumers = res["queue"], res["messages"], res["consumers"]
         ch.last_queue = name
         if not m.nowait:
             self._send_method(ch.number, _DeclareOk(queue=name, message_count=messages, consumer_count=consumers))
 
+    def _allow_declare(self, name: str, args: dict[str, Any]) -> None:
+        # queue.declare: configure on the queue; a new queue with a
+        # dead-letter exchange also needs read on itself and write on that
+        # exchange (RabbitMQ's order). A server-named queue is checked by the caller.
+        if name == "":
+            return
+        self._allow("configure", "queue", name)
+        dlx = args.get("x-dead-letter-exchange")
+        if isinstance(dlx, bytes):
+            dlx = dlx.decode("utf-8", "replace")
+        if isinstance(dlx, str) and self.core.queue_options(name) is None:
+            self._allow("read", "queue", name)
+            self._allow("write", "exchange", dlx)
+
     def _exchange_bind(self, ch: _Channel, m: Any, now: float) -> None:
         event = ExchangeBind if isinstance(m, spec.Exchange.Bind) else ExchangeUnbind
+        self._allow("write", "exchange", m.destination)
+        self._allow("read", "exchange", m.source)
         args = {str(k): _plain(v) for k, v in (m.arguments or {}).items()}
         self.core.call(event(rid=0, destination=m.destination, source=m.source, key=m.routing_key, arguments=args),
                        (self.key, ch.number), now)  # fmt: skip
@@ -1036,6 +1026,8 @@ class AmqpConnection:
     def _queue_bind(self, ch: _Channel, m: Any, now: float) -> None:
         queue = m.queue or ch.last_queue
         event = Bind if isinstance(m, spec.Queue.Bind) else Unbind
+        self._allow("write", "queue", queue)
+        self._allow("read", "exchange", m.exchange)
         args = {str(k): _plain(v) for k, v in (m.arguments or {}).items()}
         self.core.call(event(rid=0, queue=queue, exchange=m.exchange, key=m.routing_key, arguments=args),
                        (self.key, ch.number), now)  # fmt: skip
@@ -1045,12 +1037,15 @@ class AmqpConnection:
             self._send_method(ch.number, spec.Queue.BindOk())
 
     def _queue_purge(self, ch: _Channel, m: Any, now: float) -> None:
-        res = self.core.call(PurgeQueue(rid=0, name=m.queue or ch.last_queue), (self.key, ch.number), now)
+        name = m.queue or ch.last_queue
+        self._allow("read", "queue", name)
+        res = self.core.call(PurgeQueue(rid=0, name=name), (self.key, ch.number), now)
         if not m.nowait:
             self._send_method(ch.number, spec.Queue.PurgeOk(message_count=res["messages"]))
 
     def _queue_delete(self, ch: _Channel, m: Any, now: float) -> None:
         name, addr = m.queue or ch.last_queue, (self.key, ch.number)
+        self._allow("configure", "queue", name)
         if m.if_unused or m.if_empty:
             try:
                 messages, consumers = self.core.queue_info(name, addr)
@@ -1090,6 +1085,7 @@ class AmqpConnection:
         if len(tag.encode()) > MAX_NAME:
             raise _ConnectionError(SYNTAX_ERROR, "consumer tag too long", m)
         queue = m.queue or ch.last_queue
+        self._allow("read", "queue", queue)
         ch.consumers[tag] = bool(m.no_ack)
         try:
             # ConsumeOk leaves first: the core's deliveries come out after this call.
@@ -1129,12 +1125,15 @@ class AmqpConnection:
         if m.immediate:
             # AMQP 0-9-1's "deliver now or return": RabbitMQ dropped it (3.0) and answers so.
             raise _ConnectionError(NOT_IMPLEMENTED, "immediate=true", m)
+        if self._perms is not None:
+            self._allow("write", "exchange", m.exchange)
         self.published = True
         ch.publishing = _Publishing(m)
 
     def _basic_get(self, ch: _Channel, m: Any, now: float) -> None:
-        res = self.core.call(Get(rid=0, queue=m.queue or ch.last_queue, no_ack=bool(m.no_ack)),
-                             (self.key, ch.number), now)  # fmt: skip
+        queue = m.queue or ch.last_queue
+        self._allow("read", "queue", queue)
+        res = self.core.call(Get(rid=0, queue=queue, no_ack=bool(m.no_ack)), (self.key, ch.number), now)
         if res is None:
             self._send_method(ch.number, spec.Basic.GetEmpty())
             return

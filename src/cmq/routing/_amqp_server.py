@@ -55,8 +55,9 @@ from typing import Any, Final
 
 from cmq._errors import ConfigError, TransportError
 from cmq.net._sock import yield_cpu
-from cmq.routing._amqp import AmqpConnection, Users
+from cmq.routing._amqp import AmqpConnection
 from cmq.routing._core import AMQP_PREFIX, MEMORY_RESUME_FRACTION, BrokerCore, Outgoing
+from cmq.routing._users import Users
 
 __all__ = ["AMQP_PREFIX", "AmqpListener", "is_amqp"]
 

@@ -171,6 +171,7 @@ __all__ = [
     "Overflow",
     "QueueStats",
     "Refused",
+    "server_queue_name",
 ]
 
 Address = tuple[str, int]
@@ -1134,6 +1135,11 @@ def _target_name(target: str) -> str:
     return "exchange:" + target[len(_TO_EXCHANGE) :] if target.startswith(_TO_EXCHANGE) else target
 
 
+def server_queue_name() -> str:
+    """A name for a server-named queue, made as RabbitMQ makes them."""
+    return "amq.gen-" + secrets.token_urlsafe(16)
+
+
 def _reserved(name: str) -> bool:
     return name == "" or name.startswith(("amq.", _TO_EXCHANGE))
 
@@ -1247,6 +1253,17 @@ class BrokerCore:
             KeyError: ``event`` is not a request.
         """
         return _HANDLERS[type(event)](self, event, sender, now)
+
+    def declare_server_named(self, event: DeclareQueue, name: str, sender: Address, now: float) -> Any:
+        """:meth:`call` with a :class:`DeclareQueue` of a server-named queue
+        (``event.name`` empty) that is to be called ``name``, a name
+        :func:`server_queue_name` made: for a front end that checks a user's
+        permissions on the name before the queue exists, as RabbitMQ does.
+
+        Raises:
+            Refused: as :meth:`call`.
+        """
+        return self._declare_queue(event, sender, now, generated=name)
 
     def hold(self, conn: str) -> None:
         """Mark connection ``conn`` (the first part of its senders' addresses)
@@ -2264,11 +2281,11 @@ class BrokerCore:
             del self._into[dest]
         return {"deleted": True}
 
-    def _declare_queue(self, ev: DeclareQueue, sender: Address, now: float) -> Any:
+    def _declare_queue(self, ev: DeclareQueue, sender: Address, now: float, generated: str | None = None) -> Any:
         name = ev.name
         if name == "":
             # A server-named queue (AMQP 0-9-1), named as RabbitMQ names them.
-            name = "amq.gen-" + secrets.token_urlsafe(16)
+            name = generated or server_queue_name()
         else:
             _check_name("queue name", name)
             if _reserved(name):

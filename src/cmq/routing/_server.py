@@ -73,9 +73,9 @@ from cmq.routing._core import Address, BrokerConfig, BrokerCore, BrokerStats, No
 from cmq.routing._protocol import BROKER_MAILBOX, DELIVERY_MAILBOX, REPLY_MAILBOX
 
 if TYPE_CHECKING:
-    from cmq.routing._amqp import Users
     from cmq.routing._amqp_server import AmqpListener
     from cmq.routing._store import Store
+    from cmq.routing._users import Users
 
 __all__ = ["Broker", "tls_context"]
 
@@ -172,8 +172,9 @@ class Broker:
 
     With ``amqp_port`` (0: an ephemeral port) it also serves AMQP 0-9-1 over
     TCP on ``host:amqp_port``, in a thread of its own, in front of the same
-    exchanges and queues; ``users`` says who may log in there (default:
-    RabbitMQ's ``guest``/``guest`` from loopback only). Needs pamqp (the
+    exchanges and queues; ``users`` (:class:`~cmq.routing.Users`) says who
+    may log in there and what each may do (default: RabbitMQ's
+    ``guest``/``guest`` from loopback only, with every permission). Needs pamqp (the
     ``broker`` extra). With ``amqps_port`` and ``tls`` (an
     ``ssl.SSLContext`` for the server side, such as :func:`tls_context`
     makes) it serves AMQP over TLS there too (amqps, RabbitMQ's 5671), in
@@ -269,8 +270,8 @@ class Broker:
         if amqp_port is not None:
             try:
                 with optional_imports("the AMQP listener"):
-                    from cmq.routing._amqp import Users
                     from cmq.routing._amqp_server import AmqpListener
+                    from cmq.routing._users import Users
             except MissingExtra:
                 if self._owns_endpoint:
                     endpoint.close()
