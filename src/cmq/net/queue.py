@@ -70,6 +70,12 @@ _APP_READING: Final = 0.01
 _YIELD_MAX: Final = 0.05
 #: Datagrams read in one go before the reader lets others run.
 _DRAIN_BATCH: Final = 256
+#: Least time between two reads of acknowledgements by a pushing thread
+#: (_poll_acks). A stream at full rate sends a datagram every 15-30 us and
+#: gets a STATUS every twenty or so; reading for one at every batch was an
+#: eighth of a 512 B sender's time. A STATUS read this much later delays a
+#: repair far less than a probe timeout (at least 1 ms).
+_ACK_POLL_GAP: Final = 100e-6
 _RECV_SIZE: Final = 65536
 #: glibc's malloc settings the compiled core leaves alone when the environment sets them.
 _MALLOC_ENV: Final = frozenset({"MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_"})
@@ -121,6 +127,8 @@ class Queue(Endpoint):
         self._rcv_lo, self._rcv_hi = float("inf"), float("-inf")
         # When the application last read the socket (blocking or not).
         self._app_read_at = float("-inf")
+        # When a pushing thread last read acknowledgements (see _poll_acks).
+        self._acks_polled_at = float("-inf")
         # Whether the I/O thread queued messages since a get took one.
         self._io_delivered = False
         self._big_reads = False
@@ -225,14 +233,15 @@ class Queue(Endpoint):
             self._count_send_failure(exc)
 
     def _poll_acks(self) -> None:
-        # The pushing thread reads the socket (once a batch) while it streams:
+        # The pushing thread reads the socket (at most every _ACK_POLL_GAP) while it streams:
         # the I/O thread stays off it meanwhile, as for any reading
         # application, rather than take the interpreter and the batch lock
         # from the pusher for each STATUS.
-        if self._closed or not self._rx_lock.acquire(False):
+        now = _monotonic()
+        if now - self._acks_polled_at < _ACK_POLL_GAP or self._closed or not self._rx_lock.acquire(False):
             return
         try:
-            now = self._app_read_at = _monotonic()
+            self._acks_polled_at = self._app_read_at = now
             if self._mmsg is not None and not self._mmsg.ready():
                 # Nothing to read (the common case, once a batch): what a
                 # drain that reads nothing does, without its system calls.
