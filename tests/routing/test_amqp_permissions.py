@@ -338,3 +338,36 @@ def test_cmq_broker_reads_definitions_and_says_what_it_does_not_apply(tmp_path: 
     assert done.returncode != 0
     assert "bad.json" in done.stderr and "4-byte salt" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_broker_console_lets_in_administrators_only(tmp_path: Path) -> None:
+    pytest.importorskip("uvicorn", reason="the console needs the console extra: pip install 'pycmq[console]'")
+    import base64 as b64
+    import urllib.error
+    import urllib.request
+
+    from cmq.console import BrokerHttp
+
+    users = Users.load(write_definitions(tmp_path / "d.json", [
+        {"name": "admin", "password_hash": rabbit_hash("a"), "tags": ["administrator"]},
+        {"name": "app", "password_hash": rabbit_hash("b"), "tags": ["management"]},
+    ], []))  # fmt: skip
+
+    def status(http: Any, user: str, password: str) -> int:
+        auth = b64.b64encode(f"{user}:{password}".encode()).decode()
+        url = f"http://127.0.0.1:{http.address[1]}/console/api/overview"
+        req = urllib.request.Request(url, headers={"Authorization": f"Basic {auth}"})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return int(resp.status)
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    with Broker(port=0).start() as b:
+        http = BrokerHttp(b, users=users).start()
+        try:
+            assert status(http, "admin", "a") == 200
+            assert status(http, "app", "b") == 401
+            assert status(http, "admin", "b") == 401
+        finally:
+            http.close()
