@@ -15,7 +15,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,10 +28,9 @@ pytest.importorskip("pamqp", reason="pamqp is not installed: pip install 'pycmq[
 from cmq import ConfigError  # noqa: E402
 from cmq.routing import Broker, BrokerConfig  # noqa: E402
 from cmq.routing._users import EVERYTHING, Permissions, Users  # noqa: E402
+from tests.routing.test_amqp_rabbitmq_parity import RABBITMQ, _rabbitmq_up  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
-
-RABBITMQ = ("127.0.0.1", 5672)
 
 #: What `rabbitmqctl export_definitions` wrote for guest/guest on RabbitMQ 3.10.8
 #: (rabbit_password_hashing_sha256): a vector from outside cmq.
@@ -153,14 +151,6 @@ def test_permissions_match_anywhere_and_empty_matches_only_the_empty_name() -> N
 
 
 # -- on the wire, against RabbitMQ's answers ------------------------------------------
-
-
-def _rabbitmq_up() -> bool:
-    try:
-        with socket.create_connection(RABBITMQ, timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 def _rabbitmqctl(*args: str) -> None:
