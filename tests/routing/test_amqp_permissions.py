@@ -27,7 +27,7 @@ pytest.importorskip("pamqp", reason="pamqp is not installed: pip install 'pycmq[
 
 from cmq import ConfigError  # noqa: E402
 from cmq.routing import Broker, BrokerConfig  # noqa: E402
-from cmq.routing._users import EVERYTHING, Permissions, Users  # noqa: E402
+from cmq.routing._users import EVERYTHING, HASHING_ALGORITHMS, Permissions, Users, hash_password  # noqa: E402
 from tests.routing.test_amqp_rabbitmq_parity import RABBITMQ, _rabbitmq_up  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
@@ -361,3 +361,67 @@ def test_the_broker_console_lets_in_administrators_only(tmp_path: Path) -> None:
             assert status(http, "admin", "b") == 401
         finally:
             http.close()
+
+
+# -- hash-password ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("algorithm", HASHING_ALGORITHMS)
+def test_hash_password_writes_what_users_accepts(tmp_path: Path, algorithm: str) -> None:
+    one, two = hash_password("pa:ss wörd", algorithm), hash_password("pa:ss wörd", algorithm)
+    assert one != two  # salted
+    users = Users.load(write_definitions(tmp_path / "d.json", [
+        {"name": "a", "password_hash": one, "hashing_algorithm": algorithm},
+        {"name": "b", "password_hash": two, "hashing_algorithm": algorithm},
+    ], []))  # fmt: skip
+    assert users.check("a", "pa:ss wörd", "192.0.2.7") is None and users.check("b", "pa:ss wörd", "::1") is None
+    assert users.check("a", "pa:ss word", "127.0.0.1") == "bad credentials"
+    # RabbitMQ's own export of guest/guest, rebuilt from its salt.
+    assert hash_password("guest", salt=base64.b64decode(GUEST_SHA256)[:4]) == GUEST_SHA256
+
+
+def test_hash_password_refuses_what_it_cannot_hash() -> None:
+    with pytest.raises(ConfigError, match="empty password"):
+        hash_password("")
+    with pytest.raises(ConfigError, match="unknown hashing algorithm"):
+        hash_password("x", "bcrypt")
+    with pytest.raises(ConfigError, match="4 bytes"):
+        hash_password("x", salt=b"12345")
+
+
+def test_cmq_broker_hash_password_reads_stdin_and_rabbitmq_takes_its_hash() -> None:
+    import sys
+    import time
+
+    done = subprocess.run([sys.executable, "-m", "cmq", "broker", "hash-password", "--algorithm", "sha512"],
+                          input="s3cret-pw\n", capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    digest = done.stdout.strip()
+    assert len(base64.b64decode(digest)) == 4 + 64
+    empty = subprocess.run([sys.executable, "-m", "cmq", "broker", "hash-password"], input="\n",
+                           capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert empty.returncode != 0 and "empty password" in empty.stderr and "Traceback" not in empty.stderr
+    if not _rabbitmq_up() or shutil.which("rabbitmqctl") is None or os.geteuid() != 0:
+        pytest.skip("checking the hash against RabbitMQ needs it on 5672 and rabbitmqctl, as root")
+    user = f"cmq-hash-{secrets.token_hex(4)}"
+    path = Path(f"/tmp/{user}.json")
+    path.write_text(json.dumps({
+        "users": [{"name": user, "password_hash": digest, "tags": [], "hashing_algorithm": "rabbit_password_hashing_sha512"}],
+        "permissions": [{"user": user, "vhost": "/", "configure": "", "write": "", "read": ""}],
+    }))  # fmt: skip
+    try:
+        _rabbitmqctl("import_definitions", str(path))
+        deadline = time.monotonic() + 30
+        while True:  # the import finishes in the background
+            try:
+                _connect(RABBITMQ, user, "s3cret-pw").close()
+                break
+            except pika.exceptions.ProbableAuthenticationError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        with pytest.raises(pika.exceptions.ProbableAuthenticationError):
+            _connect(RABBITMQ, user, "s3cret-px")
+    finally:
+        path.unlink()
+        subprocess.run(["rabbitmqctl", "delete_user", user], capture_output=True, timeout=60)

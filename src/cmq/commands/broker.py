@@ -12,6 +12,7 @@ Client:  cmq broker declare-exchange prices --type topic
          cmq broker publish prices stock.ibm.nyse 'IBM 101.5'
          cmq broker consume ibm --count 1
          cmq broker stats
+Users:   cmq broker hash-password  (a password_hash for a RabbitMQ definitions file, --users)
 Bench:   cmq broker bench        (TE-SPSC 1 vs 1024 bindings; DE-SPSC vs RabbitMQ)
          cmq broker bench-durable  (confirmed persistent 1 KB publishes/s, vs RabbitMQ)
 
@@ -319,6 +320,35 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the results as JSON")
 
 
+    p = verbs.add_parser(
+        "hash-password",
+        help="print a password as RabbitMQ's definitions keep it (password_hash), for a --users file",
+        description="Read a password (asked twice on a terminal, else the first line of standard "
+        "input) and print it salted and hashed as RabbitMQ keeps it, for the \"password_hash\" of a "
+        "user in a definitions file (--users): "
+        '{"name": "app", "password_hash": "<printed>", "hashing_algorithm": '
+        '"rabbit_password_hashing_sha256", "tags": []}. Talks to no broker.',
+    )
+    p.add_argument("--algorithm", choices=["sha256", "sha512", "md5"], default="sha256",
+                   help="the digest (default: %(default)s, RabbitMQ's; the file's hashing_algorithm is "
+                   "rabbit_password_hashing_ALGORITHM)")  # fmt: skip
+
+
+def _hash_password(args: argparse.Namespace) -> int:
+    import getpass
+
+    from cmq.routing._users import hash_password
+
+    if sys.stdin.isatty():
+        password = getpass.getpass("password: ")
+        if getpass.getpass("again: ") != password:
+            raise ConfigError("the two passwords differ")
+    else:
+        password = sys.stdin.readline().rstrip("\r\n")
+    print(hash_password(password, f"rabbit_password_hashing_{args.algorithm}"))
+    return 0
+
+
 def _show(value: Any) -> str:
     if isinstance(value, bytes):
         return value.decode("utf-8", "backslashreplace")
@@ -512,4 +542,6 @@ def run(args: argparse.Namespace) -> int:
         from cmq.lab.bench.broker_durable import main as bench_durable
 
         return bench_durable(args)
+    if args.verb == "hash-password":
+        return _hash_password(args)
     return _client_verb(args)

@@ -50,7 +50,7 @@ from typing import Any, Final
 
 from cmq._errors import ConfigError
 
-__all__ = ["EVERYTHING", "Permissions", "Users"]
+__all__ = ["EVERYTHING", "HASHING_ALGORITHMS", "Permissions", "Users", "hash_password"]
 
 #: The one virtual host the broker serves.
 VHOST: Final = "/"
@@ -62,6 +62,8 @@ _HASHES: Final[dict[str, Callable[..., Any]]] = {
 }
 #: RabbitMQ's default when a definitions file names no hashing algorithm.
 _DEFAULT_HASH: Final = "rabbit_password_hashing_sha256"
+#: The hashing algorithms a definitions file may name, as it names them.
+HASHING_ALGORITHMS: Final = tuple(_HASHES)
 #: The users RabbitMQ lets in from loopback only (its ``loopback_users`` default).
 _LOOPBACK_USERS: Final = frozenset({"guest"})
 #: Tags that let a user of a definitions file into the console.
@@ -252,6 +254,27 @@ class Users:
         """What ``user`` may do in ``/``; None: it may not open ``/`` (or is unknown)."""
         u = self._users.get(user)
         return None if u is None else u.permissions
+
+
+def hash_password(password: str, algorithm: str = _DEFAULT_HASH, *, salt: bytes | None = None) -> str:
+    """``password`` as a definitions file's ``password_hash``: RabbitMQ's scheme
+    (a random 4-byte salt, then the digest of salt and password, base64-coded),
+    which :meth:`Users.check` and RabbitMQ's import both accept.
+
+    Raises:
+        ConfigError: an unknown ``algorithm``, a ``salt`` not of 4 bytes, or
+            an empty password (a passwordless user has ``password_hash`` "").
+    """
+    hashing = _HASHES.get(algorithm)
+    if hashing is None:
+        raise ConfigError(f"unknown hashing algorithm {algorithm!r} (known: {', '.join(_HASHES)})")
+    if not password:
+        raise ConfigError('an empty password: a user who may not log in with one has "password_hash": ""')
+    salt = os.urandom(4) if salt is None else salt
+    if len(salt) != 4:
+        raise ConfigError(f"the salt must be 4 bytes, not {len(salt)}")
+    digest = hashing(salt + password.encode("utf-8", "surrogatepass")).digest()
+    return base64.b64encode(salt + digest).decode("ascii")
 
 
 def _secret(u: Mapping[str, Any], what: str) -> tuple[bytes, Callable[..., Any] | None]:
