@@ -425,3 +425,42 @@ def test_cmq_broker_hash_password_reads_stdin_and_rabbitmq_takes_its_hash() -> N
     finally:
         path.unlink()
         subprocess.run(["rabbitmqctl", "delete_user", user], capture_output=True, timeout=60)
+
+
+def test_sighup_reloads_the_users_file_for_new_logins_and_keeps_it_when_bad(tmp_path: Path) -> None:
+    import signal
+    import sys
+
+    path = write_definitions(tmp_path / "definitions.json", [{"name": "ann", "password": "pw"}],
+                             [{"user": "ann", "vhost": "/", "configure": ".*", "write": ".*", "read": ".*"}])  # fmt: skip
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "cmq", "broker", "--port", "0", "--in-memory", "--amqp-port", "0",
+                             "--users", str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)  # fmt: skip
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        address = ("127.0.0.1", int(proc.stdout.readline().rsplit(":", 1)[-1]))
+        ann = _connect(address, "ann")
+        ann_channel = ann.channel()
+        write_definitions(path, [{"name": "bob", "password": "pw2"}],
+                          [{"user": "bob", "vhost": "/", "configure": ".*", "write": ".*", "read": ".*"}])  # fmt: skip
+        proc.send_signal(signal.SIGHUP)
+        assert "reloaded, 1 user(s)" in proc.stderr.readline()
+        _connect(address, "bob", "pw2").close()
+        with pytest.raises(pika.exceptions.ProbableAuthenticationError):
+            _connect(address, "ann")
+        ann_channel.queue_declare("still-open", auto_delete=True)  # logged in before: kept
+        ann.close()
+        path.write_text("{broken")
+        proc.send_signal(signal.SIGHUP)
+        line = proc.stderr.readline()
+        assert "not reloaded" in line and "not valid JSON" in line
+        _connect(address, "bob", "pw2").close()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_reload_needs_a_file() -> None:
+    with pytest.raises(ConfigError, match="not read from a file"):
+        Users.default().reload()

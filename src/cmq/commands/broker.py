@@ -167,6 +167,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="who may log in over AMQP and what each may do: one 'name:password' a line ('#' "
         "comments; each may do everything), or RabbitMQ's definitions JSON (rabbitmqctl "
         "export_definitions: hashed passwords, tags, configure/write/read permissions on '/'); "
+        "read again on SIGHUP, for logins from then on; "
         "without it, only guest/guest from a loopback address (RabbitMQ's default)",
     )
     parser.add_argument(
@@ -349,6 +350,18 @@ def _hash_password(args: argparse.Namespace) -> int:
     return 0
 
 
+def _reload_users(users: Any, path: str) -> None:
+    """SIGHUP: read the users file again (new logins see it); a bad file keeps the users there were."""
+    try:
+        notes = users.reload()
+    except ConfigError as exc:
+        print(f"cmq broker: {path}: not reloaded, the users before stay: {exc}", file=sys.stderr, flush=True)
+        return
+    print(f"cmq broker: {path}: reloaded, {len(users)} user(s)", file=sys.stderr, flush=True)
+    for note in notes:
+        print(f"cmq broker: {path}: {note}", file=sys.stderr, flush=True)
+
+
 def _show(value: Any) -> str:
     if isinstance(value, bytes):
         return value.decode("utf-8", "backslashreplace")
@@ -401,6 +414,8 @@ def _serve(args: argparse.Namespace) -> int:
     # Only set a flag here: closing from a signal handler could interrupt the
     # endpoint while it holds its own locks.
     signal.signal(signal.SIGTERM, lambda *_: broker.stop())
+    if users is not None:
+        signal.signal(signal.SIGHUP, lambda *_: _reload_users(users, args.users))
     http = None
     if args.http_port is not None:
         try:

@@ -142,7 +142,9 @@ class Users:
     reads a users file or a RabbitMQ definitions file, and
     ``Users.from_definitions(data)`` takes definitions already parsed.
     ``notes`` says what a definitions file held that cmq does not apply
-    (permissions on other virtual hosts).
+    (permissions on other virtual hosts). Users read from a file can be read
+    again in place (:meth:`reload`): whoever holds this object (the AMQP
+    listener, the console) sees the new users at the next login.
     """
 
     def __init__(self, passwords: Mapping[str, str], *, loopback_only: frozenset[str] = frozenset()) -> None:
@@ -152,6 +154,7 @@ class Users:
             for name, password in passwords.items()
         }
         self.notes: list[str] = []
+        self.path: str | None = None  # the file these users were read from
 
     @classmethod
     def default(cls) -> Users:
@@ -176,7 +179,9 @@ class Users:
                 data = json.loads(text)
             except json.JSONDecodeError as exc:
                 raise ConfigError(f"users file {where!r}: not valid JSON ({exc})") from None
-            return cls.from_definitions(data, where=where)
+            made = cls.from_definitions(data, where=where)
+            made.path = where
+            return made
         out: dict[str, str] = {}
         for n, line in enumerate(text.splitlines(), 1):
             if not line.strip() or line.lstrip().startswith("#"):
@@ -188,7 +193,27 @@ class Users:
             out[name] = password
         if not out:
             raise ConfigError(f"users file {where!r} has no users")
-        return cls(out)
+        made = cls(out)
+        made.path = where
+        return made
+
+    def reload(self) -> list[str]:
+        """Read the file these users came from again and take its users in
+        place of these, for every login from now on (a connection already
+        open keeps what it logged in with); return the new :attr:`notes`.
+
+        Raises:
+            ConfigError: they were not read from a file, or the file is now
+                unreadable or malformed (these users are kept).
+        """
+        if self.path is None:
+            raise ConfigError("these users were not read from a file")
+        fresh = Users.load(self.path)
+        self._users, self.notes = fresh._users, fresh.notes  # one assignment each: a login sees old or new
+        return self.notes
+
+    def __len__(self) -> int:
+        return len(self._users)
 
     @classmethod
     def from_definitions(cls, data: Any, *, where: str = "definitions") -> Users:
