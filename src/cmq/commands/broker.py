@@ -320,7 +320,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
                    "(default: %(default)s)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the results as JSON")
 
-
     p = verbs.add_parser(
         "hash-password",
         help="print a password as RabbitMQ's definitions keep it (password_hash), for a --users file",

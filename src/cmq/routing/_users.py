@@ -2,7 +2,8 @@
 
 Theory of operation
 -------------------
-:class:`Users` answers two questions, with no I/O after it is made:
+:class:`Users` answers two questions, with no I/O after it is made (but
+for :meth:`Users.reload`, which reads its file again):
 
 - *login* (``check``): may this name and password connect from this
   address? Passwords are kept as given (cmq's users file) or as RabbitMQ
