@@ -10,12 +10,15 @@ not root) and deleted afterwards.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import os
 import secrets
 import shutil
+import signal
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -298,29 +301,39 @@ def test_a_user_without_permissions_on_the_vhost_is_refused_at_open(server: tupl
 # -- the command line -------------------------------------------------------------------
 
 
-def test_cmq_broker_reads_definitions_and_says_what_it_does_not_apply(tmp_path: Path) -> None:
-    import sys
+@contextlib.contextmanager
+def cmq_broker(users: Path) -> Iterator[subprocess.Popen[str]]:
+    """``cmq broker --amqp-port 0 --users USERS`` in a process of its own, killed on leaving."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "cmq", "broker", "--port", "0", "--in-memory", "--amqp-port", "0",
+                             "--users", str(users)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)  # fmt: skip
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
 
+
+def amqp_address(proc: subprocess.Popen[str]) -> tuple[str, int]:
+    """The AMQP address from the broker's first line ("... AMQP 0-9-1 on HOST:PORT")."""
+    assert proc.stdout is not None
+    return "127.0.0.1", int(proc.stdout.readline().rsplit(":", 1)[-1])
+
+
+def test_cmq_broker_reads_definitions_and_says_what_it_does_not_apply(tmp_path: Path) -> None:
     path = write_definitions(tmp_path / "definitions.json", [{"name": "ann", "password": "pw"}], [
         {"user": "ann", "vhost": "/", "configure": ".*", "write": ".*", "read": ".*"},
         {"user": "ann", "vhost": "staging", "configure": ".*", "write": ".*", "read": ".*"},
     ])  # fmt: skip
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "cmq", "broker", "--port", "0", "--in-memory", "--amqp-port", "0",
-                             "--users", str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env)  # fmt: skip
-    try:
-        assert proc.stdout is not None and proc.stderr is not None
+    with cmq_broker(path) as proc:
+        assert proc.stderr is not None
         first = proc.stderr.readline()
         assert "definitions.json" in first and "'staging'" in first and "not applied" in first
-        line = proc.stdout.readline()
-        port = int(line.rsplit(":", 1)[-1])
-        conn = _connect(("127.0.0.1", port), "ann")
+        conn = _connect(amqp_address(proc), "ann")
         conn.channel().queue_declare("anything", auto_delete=True)
         conn.close()
-    finally:
-        proc.kill()
-        proc.wait()
     bad = tmp_path / "bad.json"
     bad.write_text('{"users": [{"name": "ann", "password_hash": "AAAA"}]}')
     done = subprocess.run([sys.executable, "-m", "cmq", "broker", "--port", "0", "--in-memory", "--amqp-port", "0",
@@ -390,7 +403,6 @@ def test_hash_password_refuses_what_it_cannot_hash() -> None:
 
 
 def test_cmq_broker_hash_password_reads_stdin_and_rabbitmq_takes_its_hash() -> None:
-    import sys
     import time
 
     done = subprocess.run([sys.executable, "-m", "cmq", "broker", "hash-password", "--algorithm", "sha512"],
@@ -428,18 +440,11 @@ def test_cmq_broker_hash_password_reads_stdin_and_rabbitmq_takes_its_hash() -> N
 
 
 def test_sighup_reloads_the_users_file_for_new_logins_and_keeps_it_when_bad(tmp_path: Path) -> None:
-    import signal
-    import sys
-
     path = write_definitions(tmp_path / "definitions.json", [{"name": "ann", "password": "pw"}],
                              [{"user": "ann", "vhost": "/", "configure": ".*", "write": ".*", "read": ".*"}])  # fmt: skip
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "cmq", "broker", "--port", "0", "--in-memory", "--amqp-port", "0",
-                             "--users", str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env)  # fmt: skip
-    try:
-        assert proc.stdout is not None and proc.stderr is not None
-        address = ("127.0.0.1", int(proc.stdout.readline().rsplit(":", 1)[-1]))
+    with cmq_broker(path) as proc:
+        assert proc.stderr is not None
+        address = amqp_address(proc)
         ann = _connect(address, "ann")
         ann_channel = ann.channel()
         write_definitions(path, [{"name": "bob", "password": "pw2"}],
@@ -456,9 +461,6 @@ def test_sighup_reloads_the_users_file_for_new_logins_and_keeps_it_when_bad(tmp_
         line = proc.stderr.readline()
         assert "not reloaded" in line and "not valid JSON" in line
         _connect(address, "bob", "pw2").close()
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 def test_reload_needs_a_file() -> None:
