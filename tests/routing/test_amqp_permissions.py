@@ -32,6 +32,7 @@ from cmq import ConfigError  # noqa: E402
 from cmq.routing import Broker, BrokerConfig  # noqa: E402
 from cmq.routing._users import EVERYTHING, HASHING_ALGORITHMS, Permissions, Users, hash_password  # noqa: E402
 from tests.routing.test_amqp_rabbitmq_parity import RABBITMQ, _rabbitmq_up  # noqa: E402
+from tests.waiting import wait_until  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -402,9 +403,15 @@ def test_hash_password_refuses_what_it_cannot_hash() -> None:
         hash_password("x", salt=b"12345")
 
 
-def test_cmq_broker_hash_password_reads_stdin_and_rabbitmq_takes_its_hash() -> None:
-    import time
+def _logs_in(user: str, password: str) -> bool:
+    try:
+        _connect(RABBITMQ, user, password).close()
+    except pika.exceptions.ProbableAuthenticationError:
+        return False
+    return True
 
+
+def test_cmq_broker_hash_password_reads_stdin_and_rabbitmq_takes_its_hash() -> None:
     done = subprocess.run([sys.executable, "-m", "cmq", "broker", "hash-password", "--algorithm", "sha512"],
                           input="s3cret-pw\n", capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -423,15 +430,8 @@ def test_cmq_broker_hash_password_reads_stdin_and_rabbitmq_takes_its_hash() -> N
     }))  # fmt: skip
     try:
         _rabbitmqctl("import_definitions", str(path))
-        deadline = time.monotonic() + 30
-        while True:  # the import finishes in the background
-            try:
-                _connect(RABBITMQ, user, "s3cret-pw").close()
-                break
-            except pika.exceptions.ProbableAuthenticationError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+        # RabbitMQ finishes the import in the background: wait for the login to work.
+        assert wait_until(lambda: _logs_in(user, "s3cret-pw"), 30), "RabbitMQ never took the cmq-made hash"
         with pytest.raises(pika.exceptions.ProbableAuthenticationError):
             _connect(RABBITMQ, user, "s3cret-px")
     finally:

@@ -34,7 +34,7 @@ from cmq._errors import ConfigError, MissingExtra, RemoteError, Timeout
 from cmq._extras import require
 
 if TYPE_CHECKING:
-    from cmq.routing import BrokerClient
+    from cmq.routing import BrokerClient, Users
 
 __all__ = ["DEFAULT_PORT", "configure", "run"]
 
@@ -349,7 +349,7 @@ def _hash_password(args: argparse.Namespace) -> int:
     return 0
 
 
-def _reload_users(users: Any, path: str) -> None:
+def _reload_users(users: Users, path: str) -> None:
     """SIGHUP: read the users file again (new logins see it); a bad file keeps the users there were."""
     try:
         notes = users.reload()

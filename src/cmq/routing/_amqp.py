@@ -904,9 +904,11 @@ class AmqpConnection:
         Raises:
             _ChannelError: ACCESS_REFUSED.
         """
+        if self._perms is None:
+            return  # every name allowed
         if kind == "exchange" and name == "":
             name = "amq.default"  # the default exchange's name for permissions (RabbitMQ's)
-        if self._perms is not None and not self._perms.allows(permission, name):
+        if not self._perms.allows(permission, name):
             raise _ChannelError(ACCESS_REFUSED, f"access to {kind} '{name}' in vhost '/' refused for user "
                                 f"'{self.user}'")  # fmt: skip
 
@@ -1125,7 +1127,7 @@ class AmqpConnection:
         if m.immediate:
             # AMQP 0-9-1's "deliver now or return": RabbitMQ dropped it (3.0) and answers so.
             raise _ConnectionError(NOT_IMPLEMENTED, "immediate=true", m)
-        if self._perms is not None:
+        if self._perms is not None:  # the publish path: no call when nothing is restricted
             self._allow("write", "exchange", m.exchange)
         self.published = True
         ch.publishing = _Publishing(m)

@@ -181,20 +181,8 @@ class Users:
             except json.JSONDecodeError as exc:
                 raise ConfigError(f"users file {where!r}: not valid JSON ({exc})") from None
             made = cls.from_definitions(data, where=where)
-            made.path = where
-            return made
-        out: dict[str, str] = {}
-        for n, line in enumerate(text.splitlines(), 1):
-            if not line.strip() or line.lstrip().startswith("#"):
-                continue
-            name, sep, password = line.partition(":")
-            name = name.strip()
-            if not sep or not name:
-                raise ConfigError(f"users file {where!r} line {n}: expected name:password")
-            out[name] = password
-        if not out:
-            raise ConfigError(f"users file {where!r} has no users")
-        made = cls(out)
+        else:
+            made = cls(_passwords(text, where))
         made.path = where
         return made
 
@@ -280,6 +268,22 @@ class Users:
         """What ``user`` may do in ``/``; None: it may not open ``/`` (or is unknown)."""
         u = self._users.get(user)
         return None if u is None else u.permissions
+
+
+def _passwords(text: str, where: str) -> dict[str, str]:
+    """cmq's users file: ``name:password`` a line (the password is all after the first colon)."""
+    out: dict[str, str] = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        name, sep, password = line.partition(":")
+        name = name.strip()
+        if not sep or not name:
+            raise ConfigError(f"users file {where!r} line {n}: expected name:password")
+        out[name] = password
+    if not out:
+        raise ConfigError(f"users file {where!r} has no users")
+    return out
 
 
 def hash_password(password: str, algorithm: str = _DEFAULT_HASH, *, salt: bytes | None = None) -> str:
