@@ -131,6 +131,32 @@ cdef extern from "<arpa/inet.h>" nogil:
     const char *inet_ntop(int af, const void *src, char *dst, socklen_t size)
     int inet_pton(int af, const char *src, void *dst)
 
+cdef extern from "<time.h>" nogil:
+    struct timespec:
+        long tv_sec
+        long tv_nsec
+    int clock_gettime(int clk_id, timespec *tp)
+    enum: CLOCK_MONOTONIC
+
+cdef extern from "<poll.h>" nogil:
+    struct pollfd:
+        int fd
+        short events
+        short revents
+    int poll(pollfd *fds, unsigned long nfds, int timeout)
+    int ppoll(pollfd *fds, unsigned long nfds, const timespec *tmo_p, const void *sigmask)
+    enum: POLLIN
+
+cdef extern from "<sched.h>" nogil:
+    int sched_yield()
+
+
+cdef inline double _mono() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return <double>ts.tv_sec + <double>ts.tv_nsec * 1e-9
+
+
 # The batcher's answers (cmq.wire.batcher).
 cdef object QUEUED = 0
 cdef object LARGE = 3
@@ -1270,6 +1296,8 @@ cdef class DatagramIO:
     cdef public bint gro
     #: Reads the kernel coalesced (GRO) and this object cut again, and segmented sends (GSO), so far.
     cdef public unsigned long long coalesced
+    # Reads that waited in recv1_within (a ppoll bounded by a timer).
+    cdef readonly unsigned long long bounded_waits
     cdef public unsigned long long segmented
     # The last source address read and its tuple: a peer's datagrams share one object.
     cdef _AddrMemo source
@@ -1355,6 +1383,9 @@ cdef class DatagramIO:
             OSError: the system call failed (BlockingIOError when nothing
                 came: at once without ``wait``, after SO_RCVTIMEO with it).
         """
+        return self._recv1(wait)
+
+    cdef object _recv1(self, bint wait):
         cdef sockaddr_storage sa
         cdef socklen_t salen
         cdef ssize_t n
@@ -1384,6 +1415,53 @@ cdef class DatagramIO:
         if salen == 0 or sa.ss_family == 0:
             return (PyBytes_FromStringAndSize(buf, n), None)
         return (PyBytes_FromStringAndSize(buf, n), self.source1.of(&sa, salen))
+
+    def recv1_within(self, double seconds):
+        """:meth:`recv1` of one datagram that comes within ``seconds``: a
+        ``ppoll`` bounded to the nanosecond, then a read that cannot block,
+        both with the GIL released once (the short wait of a reader whose
+        next timer is due soon, which SO_RCVTIMEO would round up to a
+        whole timer tick). ``seconds`` <= 0 reads without waiting.
+
+        Raises:
+            OSError: BlockingIOError when nothing came in time, or the
+                system call failed.
+        """
+        return self._recv1_within(seconds)
+
+    cdef object _recv1_within(self, double seconds):
+        cdef pollfd p
+        cdef timespec ts
+        cdef double end, left
+        cdef int r = 0, err = 0
+        cdef int fd = self.fd
+        if fd < 0:
+            raise _os_error(EBADF)
+        if seconds > 0.0:
+            self.bounded_waits += 1
+            end = _mono() + seconds
+            left = seconds
+            while True:
+                p.fd = fd
+                p.events = POLLIN
+                p.revents = 0
+                ts.tv_sec = <long>left
+                ts.tv_nsec = <long>((left - <double>ts.tv_sec) * 1e9)
+                with nogil:
+                    r = ppoll(&p, 1, &ts, NULL)
+                    if r < 0:
+                        err = errno
+                if r >= 0:
+                    break
+                if err != EINTR:
+                    raise _os_error(err)
+                PyErr_CheckSignals()  # as the socket module: a handler may raise
+                left = end - _mono()
+                if left <= 0.0:
+                    break
+            if r <= 0:
+                raise _os_error(EAGAIN)
+        return self._recv1(False)
 
     def recv(self, unsigned int limit=0, bint wait=False):
         """Up to ``limit`` (at most ``slots``) reads as ``[(bytes, addr), ...]``, one item per datagram sent.
@@ -1635,30 +1713,6 @@ cdef size_t _gro_size(msghdr *msg) noexcept nogil:
 
 # -- polling before a blocking read -------------------------------------------
 
-cdef extern from "<poll.h>" nogil:
-    struct pollfd:
-        int fd
-        short events
-        short revents
-    int poll(pollfd *fds, unsigned long nfds, int timeout)
-    enum: POLLIN
-
-cdef extern from "<sched.h>" nogil:
-    int sched_yield()
-
-cdef extern from "<time.h>" nogil:
-    struct timespec:
-        long tv_sec
-        long tv_nsec
-    int clock_gettime(int clk_id, timespec *tp)
-    enum: CLOCK_MONOTONIC
-
-
-cdef inline double _mono() noexcept nogil:
-    cdef timespec ts
-    clock_gettime(CLOCK_MONOTONIC, &ts)
-    return <double>ts.tv_sec + <double>ts.tv_nsec * 1e-9
-
 
 #: A yield that took longer than this gave the CPU to another process.
 cdef double _CROWDED = 3e-6
@@ -1733,6 +1787,13 @@ cdef class DirectReader:
     cdef object heap, rx_lock, state_lock, batcher, receiver, sock
     cdef dict mailboxes
     cdef object c_poll
+    # The queue's compiled reads (None: the socket module's, IPv6).
+    cdef DatagramIO io
+    # The receiver's compiled receive_one for v2 datagrams, when it has one
+    # and no key (None: Receiver.receive_one decides).
+    cdef object one_v2
+    # cmq.wire.receiver.EMPTY and cmq.net._base.message_of.
+    cdef object empty, message_of
     # The policy's constants (cmq.net._reader).
     cdef double short_wait, timer_slack, spin_floor
     cdef Py_ssize_t big_datagram
@@ -1752,6 +1813,14 @@ cdef class DirectReader:
         self.batcher = queue._batcher
         self.receiver = queue._receiver
         self.sock = queue._sock
+        self.io = getattr(queue, "_mmsg", None)
+        rx = queue._receiver
+        from cmq.net._base import message_of
+        from cmq.wire.receiver import EMPTY
+
+        self.empty = EMPTY
+        self.message_of = message_of
+        self.one_v2 = getattr(rx, "_one_v2", None) if getattr(rx, "_key", None) is None else None
         self.short_wait = R.SHORT_WAIT
         self.timer_slack = R.TIMER_SLACK
         self.spin_floor = R.SPIN_FLOOR
@@ -1784,9 +1853,58 @@ cdef class DirectReader:
             return r
         return self.poll(fd, seconds)
 
+    def get(self, timeout=None, mailbox=0):
+        """:meth:`cmq.Queue.get` of the compiled core, which a queue takes as
+        its own ``get``: the next message of ``mailbox``, waiting up to
+        ``timeout`` seconds (None: forever). The same steps as the pure
+        method, without its Python frame.
+
+        Raises:
+            Timeout: nothing arrived in time.
+            Closed: the queue was closed.
+        """
+        cdef object q = self.queue
+        mb = self.mailboxes.get(mailbox)
+        if mb is not None and mb.chunks:
+            payload = mb.pop()
+            if payload is not self.empty:
+                if q._io_delivered:
+                    # As Queue.get: the application reads again (see _io_loop).
+                    q._io_delivered = False
+                    q._app_read_at = _mono()
+                return payload
+        item, left = self._read(timeout, mailbox)
+        if item is not None:
+            return item[0]
+        return q._wait_item(mailbox, left, None, timeout)[0]
+
+    def get_message(self, timeout=None, mailbox=0):
+        """:meth:`cmq.Queue.get_message` of the compiled core (see :meth:`get`).
+
+        Raises:
+            Timeout: nothing arrived in time.
+            Closed: the queue was closed.
+        """
+        cdef object q = self.queue
+        mb = self.mailboxes.get(mailbox)
+        if mb is not None and mb.chunks:
+            item = mb.pop_item()
+            if item is not None:
+                if q._io_delivered:  # as in get
+                    q._io_delivered = False
+                    q._app_read_at = _mono()
+                return self.message_of(item)
+        item, left = self._read(timeout, mailbox)
+        if item is None:
+            item = q._wait_item(mailbox, left, None, timeout)
+        return self.message_of(item)
+
     def read(self, timeout, mailbox):
         """The latency path of a blocking read: ``(item or None, the timeout left)``
         (see :meth:`cmq.net._reader.DirectReader.read`)."""
+        return self._read(timeout, mailbox)
+
+    cdef tuple _read(self, object timeout, object mailbox):
         cdef object q = self.queue
         cdef double start, now, deadline = 0.0, left = 0.0, wait = 0.0, rel_at, rleft
         cdef bint bounded = timeout is not None
@@ -1835,7 +1953,13 @@ cdef class DirectReader:
                         and wait < self.short_wait
                         and not (awaits and self.crowded_rest > self.crowded_rest_n)
                     ):
-                        data, addr = q._recv_within(wait if has_wait else None)
+                        if self.io is not None and has_wait and not q._big_reads:
+                            # Queue._recv_within's short wait, in one call (see DatagramIO.recv1_within).
+                            data, addr = self.io._recv1_within(wait)
+                            if PyBytes_GET_SIZE(data) >= self.big_datagram:
+                                q._big_reads = True
+                        else:
+                            data, addr = q._recv_within(wait if has_wait else None)
                     else:
                         if not has_wait:
                             if q._rcvtimeo:
@@ -1852,7 +1976,17 @@ cdef class DirectReader:
                     q._app_read_at = now
                     self.batcher.waited_at = now
                     with self.state_lock:
-                        item = self.receiver.receive_one(data, addr, now, mailbox)
+                        if (
+                            self.one_v2 is not None
+                            and PyBytes_GET_SIZE(data) > V2_HEAD + 1
+                            and (<const unsigned char *>PyBytes_AS_STRING(data))[2] == 2
+                        ):
+                            # Receiver.receive_one's first case, without its Python frame.
+                            item = self.one_v2(self.receiver, data, addr, now, mailbox)
+                            if item is None:
+                                self.receiver.datagram_received(data, addr, now)
+                        else:
+                            item = self.receiver.receive_one(data, addr, now, mailbox)
                     if item is not None:
                         # The timers due wait for this thread's next read.
                         # Endpoint._after_read(now, fire=False) has nothing

@@ -14,6 +14,7 @@ import shutil
 import socket
 import struct
 import sys
+import threading
 
 import msgpack
 import pytest
@@ -492,6 +493,36 @@ def test_datagram_io_reads_one_as_recvfrom_does() -> None:
             rx.close()
         with pytest.raises(OSError):
             rx.recv1()
+
+
+def test_datagram_io_reads_one_within_a_bound() -> None:
+    a, b = _pair()
+    with a, b:
+        rx = _speedups.DatagramIO(socket.dup(b.fileno()), 2, 2048)
+        try:
+            # Nothing comes: BlockingIOError once the bound is over (no bound: at once).
+            with pytest.raises(BlockingIOError):
+                rx.recv1_within(0.0)
+            assert rx.bounded_waits == 0
+            with pytest.raises(BlockingIOError):
+                rx.recv1_within(0.002)
+            assert rx.bounded_waits == 1
+            # What is there, or comes within the bound, is read as recv1 reads it.
+            a.sendto(b"here", b.getsockname())
+            assert rx.recv1_within(0.0) == (b"here", a.getsockname())
+            a.sendto(b"x" * 3000, b.getsockname())
+            assert rx.recv1_within(5.0) == (b"x" * 2048, a.getsockname())
+            sender = threading.Timer(0.01, a.sendto, (b"later", b.getsockname()))
+            sender.start()
+            try:
+                assert rx.recv1_within(10.0) == (b"later", a.getsockname())
+            finally:
+                sender.join()
+            assert rx.bounded_waits == 3
+        finally:
+            rx.close()
+        with pytest.raises(OSError):
+            rx.recv1_within(0.01)
 
 
 def test_datagram_io_refuses_a_name_that_is_not_an_address() -> None:

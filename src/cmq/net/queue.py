@@ -171,6 +171,10 @@ class Queue(Endpoint):
             else sp.DirectReader(self, spin_max, sp.spin_readable)
         )
         self._read_direct = self._reader.read
+        if sp is not None:
+            # get and get_message without their Python frames (the same steps).
+            self.get = self._reader.get  # type: ignore[method-assign]
+            self.get_message = self._reader.get_message  # type: ignore[method-assign]
         if sp is not None and not _MALLOC_ENV.intersection(os.environ):
             # Freed datagrams stay in the process for the next ones rather
             # than go back to the kernel and fault in again (_speedups).
