@@ -1853,6 +1853,15 @@ cdef class DirectReader:
             return r
         return self.poll(fd, seconds)
 
+    cdef int _reads_again(self, object q) except -1:
+        # As Queue.get: a message the I/O thread read was taken, so the
+        # application reads again and the I/O thread leaves the socket to
+        # it (see Queue._io_loop); the next read takes the latency path.
+        if q._io_delivered:
+            q._io_delivered = False
+            q._app_read_at = _mono()
+        return 0
+
     def get(self, timeout=None, mailbox=0):
         """:meth:`cmq.Queue.get` of the compiled core, which a queue takes as
         its own ``get``: the next message of ``mailbox``, waiting up to
@@ -1868,10 +1877,7 @@ cdef class DirectReader:
         if mb is not None and mb.chunks:
             payload = mb.pop()
             if payload is not self.empty:
-                if q._io_delivered:
-                    # As Queue.get: the application reads again (see _io_loop).
-                    q._io_delivered = False
-                    q._app_read_at = _mono()
+                self._reads_again(q)
                 return payload
         item, left = self._read(timeout, mailbox)
         if item is not None:
@@ -1879,20 +1885,14 @@ cdef class DirectReader:
         return q._wait_item(mailbox, left, None, timeout)[0]
 
     def get_message(self, timeout=None, mailbox=0):
-        """:meth:`cmq.Queue.get_message` of the compiled core (see :meth:`get`).
-
-        Raises:
-            Timeout: nothing arrived in time.
-            Closed: the queue was closed.
-        """
+        """:meth:`cmq.Queue.get_message` of the compiled core: :meth:`get`'s
+        steps, giving the :class:`cmq.Message` (and raising as it does)."""
         cdef object q = self.queue
         mb = self.mailboxes.get(mailbox)
         if mb is not None and mb.chunks:
             item = mb.pop_item()
             if item is not None:
-                if q._io_delivered:  # as in get
-                    q._io_delivered = False
-                    q._app_read_at = _mono()
+                self._reads_again(q)
                 return self.message_of(item)
         item, left = self._read(timeout, mailbox)
         if item is None:
