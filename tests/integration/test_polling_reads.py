@@ -578,4 +578,8 @@ def test_a_one_way_message_does_not_stop_a_request_loop_polling_for_good() -> No
             seen.append(a._reader.ahead)
         assert seen[:2] == [reader_mod.AHEAD_CAP] * 2  # the notice counted as unanswered
         assert seen[-1] == reader_mod.AHEAD_POLL
-        assert polls.calls > 4 * reader_mod.LOCKSTEP
+        # Polling for good again: more polls than the trials alone make (one
+        # in LOCKSTEP reads, 8 here). Not one a read: on a loaded machine the
+        # I/O thread takes some answers first, and a read that finds its
+        # answer queued does not poll (seen in CI: 141 polls in 512 reads).
+        assert polls.calls > reader_mod.LOCKSTEP
