@@ -1036,7 +1036,8 @@ def make_reliable_sent(rel):
 
 
 def make_idle_after(ep, after, batcher, sendto, reliable_sent, lock, rel_timer, send_error, rel,
-                    Py_ssize_t ack_poll_at, Py_ssize_t send_buffer, Py_ssize_t send_total):
+                    Py_ssize_t ack_poll_at, Py_ssize_t send_buffer, Py_ssize_t send_total,
+                    double ack_poll_gap):
     """The slow half of a push (``Endpoint._after_append``, given as
     ``after``) for its commonest case, in C: a push that opens a batch to an
     idle destination sends its one message's datagram at once.
@@ -1045,8 +1046,12 @@ def make_idle_after(ep, after, batcher, sendto, reliable_sent, lock, rel_timer, 
     ``Batcher.advance``, ``take_idle``, ``Endpoint._emit`` and
     ``Queue._transmit``, when ``r`` is CHECK, ``s`` is a compiled
     :class:`Stream`, the endpoint ``ep`` is open, a reliable stream's send
-    buffers are below the point where a push reads acknowledgements first,
-    the batch is being opened with one message and the destination is
+    buffers are not full and, past the point where a push reads
+    acknowledgements first (``ack_poll_at`` bytes of the stream's), the
+    endpoint read them, or the application read the socket, less than
+    ``ack_poll_gap`` seconds ago (``ep._acks_polled_at``, ``ep._app_read_at``:
+    ``Queue._poll_acks`` would return at once), the
+    batch is being opened with one message and the destination is
     idle (the rule of ``batcher``'s ``is_idle``, checked before the lock is
     taken: a stream that streams opens its batches busy, and takes the pure
     path without taking the lock twice). Under ``lock`` (the batch lock):
@@ -1080,8 +1085,12 @@ def make_idle_after(ep, after, batcher, sendto, reliable_sent, lock, rel_timer, 
         s = <Stream>s_obj
         if s._rel is not None:
             st = <SendState?>s._rel
-            if st.nbytes >= ack_poll_at or rel.total >= send_total:
-                return after(s_obj, payload, r)
+            if st.nbytes >= send_buffer or rel.total >= send_total:
+                return after(s_obj, payload, r)  # full: the slow half waits or raises
+            if st.nbytes >= ack_poll_at:
+                now = _mono()
+                if now - <double>ep._acks_polled_at >= ack_poll_gap and now - <double>ep._app_read_at >= ack_poll_gap:
+                    return after(s_obj, payload, r)  # the slow half reads the acknowledgements
         if s.armed == s.gen or PyList_GET_SIZE(s.frames) != 1 or never_idle:
             return after(s_obj, payload, r)
         # Not idle now (the rule again, under the lock, in take_idle): the

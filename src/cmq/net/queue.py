@@ -154,7 +154,7 @@ class Queue(Endpoint):
             self._after = sp.make_idle_after(
                 self, self._after_append, self._batcher, self._sendto, self._rel.sent,
                 self._timer_lock, self._rel_timer, send_error, self._rel,
-                self._ack_poll_at, self._send_buffer, self._send_total,
+                self._ack_poll_at, self._send_buffer, self._send_total, _ACK_POLL_GAP,
             )  # fmt: skip
             self.push = self._make_push()  # type: ignore[method-assign]
         # Polling before a blocking read (QueueConfig.spin): pointless with
@@ -240,9 +240,16 @@ class Queue(Endpoint):
         # The pushing thread reads the socket (at most every _ACK_POLL_GAP) while it streams:
         # the I/O thread stays off it meanwhile, as for any reading
         # application, rather than take the interpreter and the batch lock
-        # from the pusher for each STATUS.
+        # from the pusher for each STATUS. Not within _ACK_POLL_GAP of the
+        # application's own last read either (a request loop's gets read
+        # the acknowledgements that come with the answers).
         now = _monotonic()
-        if now - self._acks_polled_at < _ACK_POLL_GAP or self._closed or not self._rx_lock.acquire(False):
+        if (
+            now - self._acks_polled_at < _ACK_POLL_GAP
+            or now - self._app_read_at < _ACK_POLL_GAP
+            or self._closed
+            or not self._rx_lock.acquire(False)
+        ):
             return
         try:
             self._acks_polled_at = self._app_read_at = now
