@@ -1048,9 +1048,9 @@ def make_idle_after(ep, after, batcher, sendto, reliable_sent, lock, rel_timer, 
     :class:`Stream`, the endpoint ``ep`` is open, a reliable stream's send
     buffers are not full and, past the point where a push reads
     acknowledgements first (``ack_poll_at`` bytes of the stream's), the
-    endpoint read them, or the application read the socket, less than
-    ``ack_poll_gap`` seconds ago (``ep._acks_polled_at``, ``ep._app_read_at``:
-    ``Queue._poll_acks`` would return at once), the
+    application read the socket (for them or for itself) less than
+    ``ack_poll_gap`` seconds ago (``ep._app_read_at``: ``Queue._poll_acks``
+    would return at once), the
     batch is being opened with one message and the destination is
     idle (the rule of ``batcher``'s ``is_idle``, checked before the lock is
     taken: a stream that streams opens its batches busy, and takes the pure
@@ -1083,20 +1083,18 @@ def make_idle_after(ep, after, batcher, sendto, reliable_sent, lock, rel_timer, 
         if r is not CHECK or type(s_obj) is not Stream or ep._closed:
             return after(s_obj, payload, r)
         s = <Stream>s_obj
+        if s.armed == s.gen or PyList_GET_SIZE(s.frames) != 1 or never_idle:
+            return after(s_obj, payload, r)
+        now = _mono()
         if s._rel is not None:
             st = <SendState?>s._rel
             if st.nbytes >= send_buffer or rel.total >= send_total:
                 return after(s_obj, payload, r)  # full: the slow half waits or raises
-            if st.nbytes >= ack_poll_at:
-                now = _mono()
-                if now - <double>ep._acks_polled_at >= ack_poll_gap and now - <double>ep._app_read_at >= ack_poll_gap:
-                    return after(s_obj, payload, r)  # the slow half reads the acknowledgements
-        if s.armed == s.gen or PyList_GET_SIZE(s.frames) != 1 or never_idle:
-            return after(s_obj, payload, r)
+            if st.nbytes >= ack_poll_at and now - <double>ep._app_read_at >= ack_poll_gap:
+                return after(s_obj, payload, r)  # the slow half reads the acknowledgements
         # Not idle now (the rule again, under the lock, in take_idle): the
         # pure path, without taking the lock twice (a stream that streams
         # opens each batch here, not idle).
-        now = _mono()
         if not _idle(s, now, <double>batcher.waited_at, idle_gap, busy_gap):
             return after(s_obj, payload, r)
         acquire()
@@ -1823,7 +1821,7 @@ cdef class DirectReader:
         self.receiver = queue._receiver
         self.sock = queue._sock
         self.io = getattr(queue, "_mmsg", None)
-        rx = queue._receiver
+        rx = self.receiver
         from cmq.net._base import message_of
         from cmq.wire.receiver import EMPTY
 

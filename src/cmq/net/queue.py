@@ -127,8 +127,6 @@ class Queue(Endpoint):
         self._rcv_lo, self._rcv_hi = float("inf"), float("-inf")
         # When the application last read the socket (blocking or not).
         self._app_read_at = float("-inf")
-        # When a pushing thread last read acknowledgements (see _poll_acks).
-        self._acks_polled_at = float("-inf")
         # Whether the I/O thread queued messages since a get took one.
         self._io_delivered = False
         self._big_reads = False
@@ -241,18 +239,13 @@ class Queue(Endpoint):
         # the I/O thread stays off it meanwhile, as for any reading
         # application, rather than take the interpreter and the batch lock
         # from the pusher for each STATUS. Not within _ACK_POLL_GAP of the
-        # application's own last read either (a request loop's gets read
-        # the acknowledgements that come with the answers).
+        # application's last read, this one's or its own (a request loop's
+        # gets read the acknowledgements that come with the answers).
         now = _monotonic()
-        if (
-            now - self._acks_polled_at < _ACK_POLL_GAP
-            or now - self._app_read_at < _ACK_POLL_GAP
-            or self._closed
-            or not self._rx_lock.acquire(False)
-        ):
+        if now - self._app_read_at < _ACK_POLL_GAP or self._closed or not self._rx_lock.acquire(False):
             return
         try:
-            self._acks_polled_at = self._app_read_at = now
+            self._app_read_at = now
             if self._mmsg is not None and not self._mmsg.ready():
                 # Nothing to read (the common case, once a batch): what a
                 # drain that reads nothing does, without its system calls.
