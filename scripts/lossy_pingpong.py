@@ -24,7 +24,7 @@ and 390-3,070 at 1.4 %, the I/O threads idle (0-30).
 beside the runs: it takes no time from the two processes but keeps the
 CPUs from going idle between their turns.
 
-Run: python scripts/lossy_pingpong.py [--count 5000] [--loss 0.014] [--pairs 2] [--delivery reliable] [--burn]
+Run: python scripts/lossy_pingpong.py [--count 5000] [--loss 0.014] [--pairs 2] [--delivery reliable] [--pin none] [--burn]
 """
 
 from __future__ import annotations
@@ -163,6 +163,8 @@ def main() -> int:
     )
     p.add_argument("--delivery", default="reliable", choices=["reliable", "unordered", "best-effort"],
                    help="cmq's delivery mode (default %(default)s)")  # fmt: skip
+    p.add_argument("--pin", choices=["none", "same", "spread"], default="none",
+                   help="where the two processes run (default: unpinned)")  # fmt: skip
     p.add_argument(
         "--burn",
         action="store_true",
@@ -184,7 +186,7 @@ def main() -> int:
                 hosts.set_loss(loss)
                 with _Watch() as watch:
                     results = runner.run_pingpong(
-                        ["cmq"], [512], count=args.count, timeout=RT_TIMEOUT[args.delivery],
+                        ["cmq"], [512], count=args.count, pin=args.pin, timeout=RT_TIMEOUT[args.delivery],
                         server_prefix=hosts.command("b"), client_prefix=hosts.command("a"),
                         bind=hosts.addr_b, options={"cmq": queue_options(args.delivery, True)},
                     )  # fmt: skip
