@@ -52,6 +52,8 @@ rule is applied again under the lock before anything changes.
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.tuple cimport PyTuple_GET_SIZE
+from cpython.object cimport PyTypeObject
 from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF
 from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcmp, memcpy, memset, strerror
@@ -1761,6 +1763,67 @@ def spin_readable(int fd, double seconds):
     return r
 
 
+# -- a delivered message -------------------------------------------------------
+
+
+cdef extern from "Python.h":
+    object PyType_GenericAlloc(PyTypeObject *type, Py_ssize_t nitems)
+    ctypedef struct PyMemberDef:
+        Py_ssize_t offset
+    ctypedef struct PyMemberDescrObject:
+        PyMemberDef *d_member
+
+
+#: The fields of cmq.Message, in the order message_of fills them.
+_MESSAGE_FIELDS = ("payload", "sender", "sender_id", "mailbox", "seq", "correlation")
+
+
+cdef class MessageOf:
+    """:func:`cmq.net._base.message_of`, compiled: the :class:`cmq.Message`
+    of a delivered ``(payload, (addr, sender, mailbox, seq, correlation))``
+    item, made without a Python frame.
+
+    ``Message`` is a frozen dataclass with slots. The pure function fills a
+    new object's slots through their descriptors; this one writes the same
+    references into the same slots, at the offsets the descriptors give
+    (read once, here), into an object the type's own allocator made (zeroed,
+    tracked by the cycle collector, as ``object.__new__`` makes it).
+
+    Raises:
+        TypeError: (when made) ``cls`` is not a class with those slots.
+    """
+
+    cdef object cls
+    cdef Py_ssize_t offsets[6]
+
+    def __init__(self, cls):
+        from types import MemberDescriptorType
+
+        for i, name in enumerate(_MESSAGE_FIELDS):
+            descr = cls.__dict__.get(name)
+            if type(descr) is not MemberDescriptorType:
+                raise TypeError(f"{cls!r} has no slot {name!r}")
+            self.offsets[i] = (<PyMemberDescrObject *><PyObject *>descr).d_member.offset
+        self.cls = cls
+
+    cdef object make(self, tuple item):
+        cdef tuple meta = <tuple?>item[1]
+        cdef object m = PyType_GenericAlloc(<PyTypeObject *>self.cls, 0)
+        cdef char *base = <char *><PyObject *>m
+        cdef object v
+        cdef Py_ssize_t i
+        if PyTuple_GET_SIZE(meta) != 5:
+            raise ValueError("a delivered item's meta has five fields")
+        for i in range(6):
+            v = item[0] if i == 0 else meta[i - 1]
+            Py_INCREF(v)
+            (<PyObject **>(base + self.offsets[i]))[0] = <PyObject *>v
+        return m
+
+    def __call__(self, tuple item):
+        return self.make(item)
+
+
 # -- the latency path of a blocking read ---------------------------------------
 
 
@@ -1799,8 +1862,9 @@ cdef class DirectReader:
     # The receiver's compiled receive_one for v2 datagrams, when it has one
     # and no key (None: Receiver.receive_one decides).
     cdef object one_v2
-    # cmq.wire.receiver.EMPTY and cmq.net._base.message_of.
-    cdef object empty, message_of
+    # cmq.wire.receiver.EMPTY, and cmq.net._base.message_of compiled.
+    cdef object empty
+    cdef MessageOf message_of
     # The policy's constants (cmq.net._reader).
     cdef double short_wait, timer_slack, spin_floor
     cdef Py_ssize_t big_datagram
@@ -1822,11 +1886,11 @@ cdef class DirectReader:
         self.sock = queue._sock
         self.io = getattr(queue, "_mmsg", None)
         rx = self.receiver
-        from cmq.net._base import message_of
+        from cmq._types import Message
         from cmq.wire.receiver import EMPTY
 
         self.empty = EMPTY
-        self.message_of = message_of
+        self.message_of = MessageOf(Message)
         self.one_v2 = getattr(rx, "_one_v2", None) if getattr(rx, "_key", None) is None else None
         self.short_wait = R.SHORT_WAIT
         self.timer_slack = R.TIMER_SLACK
@@ -1900,11 +1964,11 @@ cdef class DirectReader:
             item = mb.pop_item()
             if item is not None:
                 self._reads_again(q)
-                return self.message_of(item)
+                return self.message_of.make(item)
         item, left = self._read(timeout, mailbox)
         if item is None:
             item = q._wait_item(mailbox, left, None, timeout)
-        return self.message_of(item)
+        return self.message_of.make(item)
 
     def read(self, timeout, mailbox):
         """The latency path of a blocking read: ``(item or None, the timeout left)``

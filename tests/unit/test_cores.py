@@ -9,6 +9,7 @@ errors included. The rest of the sans-IO suite runs on both cores too (the
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import shutil
 import socket
@@ -753,3 +754,73 @@ def test_the_reads_polling_policy_is_the_same_on_both_cores(steps: list[tuple[in
             found = r.trial_poll(wait) if trial else r.poll_first(wait)
             seen.append((looks, found, asked[-2:], [getattr(r, name) for name in _POLICY]))
         assert seen[0] == seen[1]
+
+
+_values = st.one_of(st.none(), st.integers(), st.binary(max_size=20), st.text(max_size=10), st.lists(st.integers(), max_size=3))
+
+
+@given(
+    payload=_values,
+    addr=st.tuples(st.text(max_size=15), st.integers(0, 65535)),
+    sender=st.integers(0, 2**64 - 1),
+    mailbox=st.integers(0, 65535),
+    seq=st.integers(0, 2**32),
+    correlation=st.one_of(st.none(), st.integers(0, 2**63)),
+)
+@settings(max_examples=200, deadline=None)
+def test_a_delivered_message_is_the_same_on_both_cores(
+    payload: object, addr: tuple[str, int], sender: int, mailbox: int, seq: int, correlation: int | None
+) -> None:
+    from cmq.net._base import message_of
+
+    item = (payload, (addr, sender, mailbox, seq, correlation))
+    compiled = _speedups.MessageOf(cmq.Message)(item)
+    pure = message_of(item)
+    assert type(compiled) is cmq.Message
+    assert compiled == pure
+    assert compiled.payload is payload and compiled.sender is addr and compiled.correlation is correlation
+    assert gc.is_tracked(compiled) == gc.is_tracked(pure)
+
+
+def test_a_compiled_message_holds_its_references_and_lets_them_go() -> None:
+    make = _speedups.MessageOf(cmq.Message)
+    payload, addr = object(), ("127.0.0.1", 9)
+    before = sys.getrefcount(payload), sys.getrefcount(addr)
+    messages = [make((payload, (addr, 1, 2, 3, None))) for _ in range(100)]
+    assert sys.getrefcount(payload) == before[0] + 100
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        messages[0].payload = 1  # type: ignore[misc]
+    del messages
+    assert (sys.getrefcount(payload), sys.getrefcount(addr)) == before
+
+
+def test_the_compiled_message_maker_refuses_what_it_cannot_fill() -> None:
+    with pytest.raises(TypeError, match="no slot 'payload'"):
+        _speedups.MessageOf(int)
+    make = _speedups.MessageOf(cmq.Message)
+    with pytest.raises(ValueError, match="five fields"):
+        make((b"x", (("h", 1), 1, 2)))
+    with pytest.raises(TypeError):
+        make([b"x", (("h", 1), 1, 2, 3, None)])
+
+
+def test_a_queue_of_each_core_gives_messages_through_every_getter() -> None:
+    import time
+
+    for name in ("python", "compiled"):
+        with _impl.using(name):
+            a, b = cmq.Queue(0, "127.0.0.1"), cmq.Queue(0, "127.0.0.1")
+        try:
+            for i in range(4):
+                a.push(b.address, b"m%d" % i)
+            a.flush()
+            got = [b.get_message(timeout=5)]
+            deadline = time.monotonic() + 5
+            while len(got) < 4 and time.monotonic() < deadline:
+                one = b.pop_message()
+                got += ([one] if one is not None else []) + b.pop_many_messages(limit=1)
+            assert [m.payload for m in got] == [b"m0", b"m1", b"m2", b"m3"]
+            assert all(type(m) is cmq.Message and m.sender == a.address and m.mailbox == 0 for m in got)
+        finally:
+            a.close()
+            b.close()

@@ -170,6 +170,11 @@ class Endpoint(ABC):
         self._mailboxes = self._receiver.mailboxes
         self._raw = cfg.codec == "raw"
         self._packb = msgpack.Packer(use_bin_type=True).pack
+        # The Message of a delivered item: message_of, or its compiled twin.
+        sp = _impl.speedups
+        self._message_of: Callable[[tuple[Any, Meta]], Message] = (
+            message_of if sp is None else sp.MessageOf(Message)
+        )
         self._max_message = cfg.max_message
         # mailbox -> dest as the caller spelled it -> stream. Cleared on
         # close, so the hot path needs no closed check. Nested rather than
@@ -671,7 +676,7 @@ class Endpoint(ABC):
                 if self._closed:
                     raise Closed("queue is closed")
                 return None
-        return message_of(item)
+        return self._message_of(item)
 
     def pop_many(self, limit: int = 1 << 30, mailbox: int = 0) -> list[Any]:
         """Up to ``limit`` waiting messages of ``mailbox`` (possibly none). Never blocks.
@@ -685,7 +690,10 @@ class Endpoint(ABC):
     def pop_many_messages(self, limit: int = 1 << 30, mailbox: int = 0) -> list[Message]:
         """Like :meth:`pop_many`, but :class:`Message` objects with their senders."""
         mb = self._filled_mailbox(mailbox)
-        return [] if mb is None else [message_of(item) for item in mb.take_items(limit)]
+        if mb is None:
+            return []
+        make = self._message_of
+        return [make(item) for item in mb.take_items(limit)]
 
     def _filled_mailbox(self, mailbox: int) -> Mailbox | None:
         """``mailbox`` after reading what the kernel holds if it was empty; None if still empty.

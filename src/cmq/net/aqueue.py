@@ -26,7 +26,7 @@ from typing import Any, ClassVar, Final
 from cmq._config import QueueConfig
 from cmq._errors import Closed, Timeout, TransportError, WouldBlock
 from cmq._types import Address, Message
-from cmq.net._base import Endpoint, message_of, send_error
+from cmq.net._base import Endpoint, send_error
 from cmq.wire.batcher import Stream
 from cmq.wire.receiver import EMPTY, Meta
 
@@ -349,7 +349,7 @@ class AsyncQueue(Endpoint):
             Timeout: nothing arrived in time.
             Closed: the queue was closed.
         """
-        return message_of(await self._wait_item(mailbox, timeout, None))
+        return self._message_of(await self._wait_item(mailbox, timeout, None))
 
     async def receive(
         self, predicate: Callable[[Any], bool], timeout: float | None = None, mailbox: int = 0
