@@ -16,6 +16,7 @@ import socket
 import struct
 import sys
 import threading
+import time
 
 import msgpack
 import pytest
@@ -805,8 +806,6 @@ def test_the_compiled_message_maker_refuses_what_it_cannot_fill() -> None:
 
 
 def test_a_queue_of_each_core_gives_messages_through_every_getter() -> None:
-    import time
-
     for name in ("python", "compiled"):
         with _impl.using(name):
             a, b = cmq.Queue(0, "127.0.0.1"), cmq.Queue(0, "127.0.0.1")
