@@ -10,7 +10,10 @@ rest after it. ``--how`` says how the pinger pauses: ``sleep`` (one sleep),
 (no pause: the baseline).
 
 What it showed on 2026-11-28 (6 ms every 33 round trips; two runs a
-mode): the first round trip after a pause 152-225 µs whatever the pinger
+mode, beside two idle-priority processes that slept 50 µs in a loop, one
+on each CPU, left running by mistake; a first run without them, by the
+same code, gave 170-209 µs for the first round trip after a pause and
+45-52 µs for the next three): the first round trip after a pause 152-225 µs whatever the pinger
 did while it paused (the echo had slept), the 1st-3rd after it 31-58 µs,
 and from the 4th on the pace of the same mode's other round trips (21-51
 µs; without pauses 32 and 45 µs): raw sockets come back within four round
