@@ -1807,6 +1807,7 @@ cdef class MessageOf:
         self.cls = cls
 
     cdef object make(self, tuple item):
+        cdef object payload = item[0]
         cdef tuple meta = <tuple?>item[1]
         cdef object m = PyType_GenericAlloc(<PyTypeObject *>self.cls, 0)
         cdef char *base = <char *><PyObject *>m
@@ -1814,10 +1815,12 @@ cdef class MessageOf:
         cdef Py_ssize_t i
         if PyTuple_GET_SIZE(meta) != 5:
             raise ValueError("a delivered item's meta has five fields")
-        for i in range(6):
-            v = item[0] if i == 0 else meta[i - 1]
+        Py_INCREF(payload)
+        (<PyObject **>(base + self.offsets[0]))[0] = <PyObject *>payload
+        for i in range(5):
+            v = meta[i]
             Py_INCREF(v)
-            (<PyObject **>(base + self.offsets[i]))[0] = <PyObject *>v
+            (<PyObject **>(base + self.offsets[i + 1]))[0] = <PyObject *>v
         return m
 
     def __call__(self, tuple item):
@@ -1862,7 +1865,7 @@ cdef class DirectReader:
     # The receiver's compiled receive_one for v2 datagrams, when it has one
     # and no key (None: Receiver.receive_one decides).
     cdef object one_v2
-    # cmq.wire.receiver.EMPTY, and cmq.net._base.message_of compiled.
+    # cmq.wire.receiver.EMPTY, and the queue's compiled message_of.
     cdef object empty
     cdef MessageOf message_of
     # The policy's constants (cmq.net._reader).
@@ -1886,11 +1889,16 @@ cdef class DirectReader:
         self.sock = queue._sock
         self.io = getattr(queue, "_mmsg", None)
         rx = self.receiver
-        from cmq._types import Message
         from cmq.wire.receiver import EMPTY
 
         self.empty = EMPTY
-        self.message_of = MessageOf(Message)
+        shared = getattr(queue, "_message_of", None)  # the endpoint's own, on the compiled core
+        if isinstance(shared, MessageOf):
+            self.message_of = shared
+        else:
+            from cmq._types import Message
+
+            self.message_of = MessageOf(Message)
         self.one_v2 = getattr(rx, "_one_v2", None) if getattr(rx, "_key", None) is None else None
         self.short_wait = R.SHORT_WAIT
         self.timer_slack = R.TIMER_SLACK
