@@ -13,17 +13,27 @@ timers, and under valgrind a round trip lasts some fifty times longer, so
 their share would be that of a much slower program. For the same reason a
 reliable queue's acknowledgement delay is raised to 0.5 s for the run (a
 STATUS every 2 ms would otherwise come with most round trips under
-valgrind; with it, 28 in 2,300). ``--top N`` prints the N functions that
-cost the most per round trip (self cost).
+valgrind; with it, 28 in 2,300), and so is the gap within which a push
+counts the application's last read as recent (``_ACK_POLL_GAP``, 100 us):
+with acknowledgements that rare, more than 64 KB stays unacknowledged, and
+past that a push whose application read longer than the gap ago reads the
+acknowledgements itself, through the pure ``_after_append``. In real time
+the read before a push is a microsecond old; under valgrind it was older
+than 100 us in most round trips of the slower code and in few of the
+faster, so the counts depended on the code's own speed (before 2026-11-28,
+21:10 UTC, the script did not raise the gap: its counts then include that
+path for many pushes: 2,405 of the 4,000 of 2,000 round trips on the code
+of 030f049). ``--top N`` prints the N functions that cost the most per
+round trip (self cost).
 
-What it showed on 2026-11-28 (512 B, 3,000 round trips, four runs a mode):
-reliable 71,357-77,570 instructions a round trip, best-effort 63,449-64,165
-(the reliable count moves with its timers, which fire by the clock). Of a
-reliable round trip, a push is about 10,000 (a datagram sent at once: the
-link is idle), a read about 20,000 (the compiled receive of a v2 datagram
-about 7,100 of it), and some 15,000 are dictionary lookups and attribute
-reads of the queue's and the receiver's Python objects. Raw ``send`` and
-``recv`` on two sockets cost 8,257 a round trip in the same kind of count.
+What it showed on 2026-11-28 at 21:10 UTC (512 B, 3,000 round trips):
+reliable 57,128 and 59,643 instructions a round trip on the code of
+030f049, 35,961-36,512 once the endpoint's, the receiver's and the
+batcher's hot fields were C members; best-effort 57,308 before and 49,590
+after (its receive path is still Python). Raw ``send`` and ``recv`` on two sockets
+cost 8,257 a round trip in the same kind of count. (Earlier figures,
+reliable 71,357-77,570 and best-effort 63,449-64,165, were counted without
+the gap raised.)
 
 Larger messages fill a reliable stream's window sooner, and what that
 sets off comes by the clock too: at 4 KB the count was 101,719 (65,186 at
@@ -47,8 +57,9 @@ import tempfile
 
 _CHILD = """
 import sys
-import cmq.wire.reliable as R, cmq.wire.receiver as RX
+import cmq.wire.reliable as R, cmq.wire.receiver as RX, cmq.net.queue as Q
 R.MAX_ACK_DELAY = RX.MAX_ACK_DELAY = 0.5
+Q._ACK_POLL_GAP = 0.5
 import cmq
 n, mode, size = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 a = cmq.Queue(0, "127.0.0.1", spin=0, delivery=mode)

@@ -96,6 +96,8 @@ DEFAULT_SPIN: Final = 100e-6
 
 _MIN_DATAGRAM: Final = HEADER_SIZE + EXT_SIZE + TAG_SIZE + FRAGMENT_HEADER_SIZE + 64
 _MAX_UDP_PAYLOAD: Final = 65507
+#: The most a count or byte budget may be (the compiled core keeps them in 64-bit fields).
+_MAX_COUNT: Final = 1 << 62
 
 
 def _doc(text: str) -> dict[str, Any]:
@@ -262,8 +264,8 @@ class QueueConfig:
         most = self.max_fragment_payload * MAX_FRAGMENTS
         if self.max_message > most:
             raise bad("max_message", f"cannot exceed {most} bytes with max_datagram={self.max_datagram}")
-        if self.max_queued < 1:
-            raise bad("max_queued", "must be at least 1")
+        if not 1 <= self.max_queued <= _MAX_COUNT:
+            raise bad("max_queued", f"must be 1 to {_MAX_COUNT}")
         if self.max_reassembly < 0:
             raise bad("max_reassembly", "must not be negative")
         if self.rcvbuf < 0 or self.sndbuf < 0:
@@ -280,6 +282,8 @@ class QueueConfig:
             raise bad("max_send_buffered", f"must hold at least one datagram ({self.max_datagram} bytes)")
         if self.max_buffered_bytes < self.max_datagram:
             raise bad("max_buffered_bytes", f"must hold at least one datagram ({self.max_datagram} bytes)")
+        if self.max_buffered_bytes > _MAX_COUNT:
+            raise bad("max_buffered_bytes", f"must be at most {_MAX_COUNT} bytes")
         if not 4 <= self.window <= 1 << 20:
             raise bad("window", "must be 4 to 1048576 datagrams")
         if self.max_probes < 1:

@@ -10,7 +10,8 @@ compiler and the Python headers are present) unless the environment variable
 
 Objects take their core when they are made: :func:`use` switches it for the
 endpoints, batchers and receivers made afterwards (the tests run the sans-IO
-suite under both this way).
+suite under both this way). A class whose hot fields the compiled core keeps
+in C makes its objects with :func:`new_object`.
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import ModuleType
-from typing import Final
+from typing import Any, Final, TypeVar
 
-__all__ = ["ENV", "available", "implementation", "speedups", "use", "using"]
+__all__ = ["ENV", "available", "implementation", "new_object", "speedups", "use", "using"]
+
+_T = TypeVar("_T")
 
 #: Set to anything but "" or "0" to run the pure-Python core.
 ENV: Final = "CMQ_PURE_PYTHON"
@@ -79,3 +82,34 @@ def using(name: str) -> Iterator[None]:
         yield
     finally:
         speedups = saved
+
+
+# (class, state class) -> the class's twin on that state.
+_TWINS: dict[tuple[type, type], type] = {}
+
+
+def new_object(cls: type[_T], state: str) -> _T:
+    """A new object of ``cls``, not yet initialised (``cls.__new__``'s work).
+
+    With the compiled core selected, it is an object of ``cls``'s twin: a
+    subclass of ``_speedups.<state>`` and of ``cls``, so that the fields
+    ``state`` declares are C members, which the compiled paths read and
+    write without attribute lookups, while ``cls``'s methods, ``isinstance``
+    and every other field (in the object's ``__dict__``) are unchanged. A
+    class the twin cannot be made of (one with ``__slots__`` of its own)
+    gets a plain object. With the pure core, a plain object of ``cls``.
+    """
+    sp = speedups
+    if sp is not None:
+        base: type = getattr(sp, state)
+        twin = _TWINS.get((cls, base))
+        if twin is None:
+            try:
+                twin = type(cls)(cls.__name__, (base, cls), {"__module__": cls.__module__, "__qualname__": cls.__qualname__})
+            except TypeError:  # an instance lay-out that cannot be combined
+                twin = cls
+            _TWINS[(cls, base)] = twin
+        if twin is not cls:
+            obj: Any = base.__new__(twin)
+            return obj  # type: ignore[no-any-return]
+    return object.__new__(cls)

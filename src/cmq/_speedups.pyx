@@ -12,6 +12,11 @@ the sans-IO tests against both and checks byte-for-byte equal output):
   ``cmq.net._base.Endpoint``);
 - :func:`make_take_idle`: the idle rule's short path, one message to an
   idle destination leaving at once (as ``Batcher.take_idle``);
+- :class:`EndpointState`, :class:`ReceiverState`, :class:`BatcherState`
+  and :class:`SenderState`: the fields of an endpoint, a receiver, a
+  batcher and a reliable sender that every datagram or blocking read
+  touches, as C members (the objects of those classes on
+  the compiled core are twins on them: :func:`cmq._impl.new_object`);
 - :func:`frame` and :func:`split_frames`: framing and parsing of a
   datagram (as :mod:`cmq.wire.frames`);
 - :class:`RecvState`, the fields of a receiver's reliable stream (as
@@ -598,6 +603,67 @@ cdef class Deadlines:
         return list(seen.values())
 
 
+# -- the endpoint's, the receiver's and the batcher's hot state -----------------
+
+
+cdef class EndpointState:
+    """The fields of a :class:`cmq.Queue` (and of any endpoint) that a push
+    to an idle destination and a blocking read touch, as C members: as
+    :class:`ReceiverState`, for the endpoint's twin on the compiled core.
+    An object whose ``__init__`` has not run yet reads as closed."""
+
+    cdef public bint _closed, _big_reads, _io_delivered
+    cdef public double _app_read_at, _rel_at, _rcvtimeo, _rcv_lo, _rcv_hi
+
+    def __cinit__(self):
+        self._closed = True
+        self._app_read_at = -INFINITY
+        self._rel_at = INFINITY
+        self._rcv_lo = INFINITY
+        self._rcv_hi = -INFINITY
+
+
+cdef class ReceiverState:
+    """The fields of :class:`cmq.wire.receiver.Receiver` that every datagram
+    reads or writes, as C members.
+
+    On the compiled core a receiver is an object of Receiver's twin on this
+    class (:func:`cmq._impl.new_object`): the receive paths below and the
+    :class:`DirectReader` reach these fields directly, not through an
+    attribute lookup and a new int object for each count. Python code reads
+    and writes them as the ints, bools, dicts and deques the pure class
+    holds. Every other field of the receiver stays in its ``__dict__``.
+    """
+
+    cdef public dict mailboxes, dropped, _rstreams, _owed
+    cdef public object replies, controls
+    cdef public Py_ssize_t _unchecked, _free, _max_queued
+    cdef public long long messages_received, datagrams_received, bytes_received
+    cdef public bint status_urgent, new_due
+
+
+cdef class BatcherState:
+    """The fields of :class:`cmq.wire.batcher.Batcher` that every datagram it
+    sends and every blocking read touch (``waited_at`` and the three
+    counters ``stats()`` reports), as C members: as :class:`ReceiverState`,
+    for the batcher's twin on the compiled core."""
+
+    cdef public double waited_at
+    cdef public long long messages_sent, datagrams_sent, bytes_sent
+
+    def __cinit__(self):
+        self.waited_at = -INFINITY
+
+
+cdef class SenderState:
+    """The one field of :class:`cmq.wire.reliable.ReliableSender` that every
+    reliable datagram sent reads and writes (``total``, the bytes all its
+    streams hold), as a C member: as :class:`ReceiverState`, for the
+    reliable sender's twin on the compiled core."""
+
+    cdef public Py_ssize_t total
+
+
 # -- framing -------------------------------------------------------------------
 
 
@@ -701,6 +767,7 @@ def make_take_idle(batcher, fallback):
     ``fallback`` (the pure method). The batcher's settings are read once,
     here; ``waited_at`` and the counters on every datagram, as the pure
     method does. Same serialisation rule as ``Batcher.take``."""
+    cdef BatcherState bs = batcher
     cdef bint never_idle = batcher._never_idle
     cdef double idle_gap = batcher._idle_gap
     cdef double busy_gap = batcher._busy_gap
@@ -714,7 +781,7 @@ def make_take_idle(batcher, fallback):
         payload = <object>PyList_GET_ITEM(frames, 0)
         if type(payload) is not bytes:
             return fallback(s, now)
-        if not _idle(s, now, <double>batcher.waited_at, idle_gap, busy_gap):
+        if not _idle(s, now, bs.waited_at, idle_gap, busy_gap):
             return None
         if now - s.last_send >= timeout:
             s.limit = qthresh
@@ -729,9 +796,9 @@ def make_take_idle(batcher, fallback):
         seq = s.seq
         s.seq = (seq + 1) & 0xFFFFFFFF
         data = _frame_one(s.head, <unsigned long>seq, s.ext, <bytes>payload)
-        batcher.messages_sent += 1
-        batcher.datagrams_sent += 1
-        batcher.bytes_sent += PyBytes_GET_SIZE(data)
+        bs.messages_sent += 1
+        bs.datagrams_sent += 1
+        bs.bytes_sent += PyBytes_GET_SIZE(data)
         return data
 
     return take_idle
@@ -808,7 +875,7 @@ cdef class RecvState:
     cdef public bint ordered, granted, urgent
 
 
-cdef inline void _next_arrived(rx, RecvState rs, unsigned long seq, Py_ssize_t size, double now,
+cdef inline void _next_arrived(ReceiverState rx, RecvState rs, unsigned long seq, Py_ssize_t size, double now,
                                Py_ssize_t status_bytes, double max_ack_delay) except *:
     # Receiver._next_arrived: rs's next datagram (seq, size bytes, nothing
     # held) was delivered; note the STATUS owed.
@@ -829,7 +896,7 @@ cdef inline void _next_arrived(rx, RecvState rs, unsigned long seq, Py_ssize_t s
     elif rs.due is None:
         rs.due = now + max_ack_delay
         rx.new_due = True
-    (<dict?>rx._owed)[rs] = None  # keyed by the stream: an identity hash, no tuple to hash
+    rx._owed[rs] = None  # keyed by the stream: an identity hash, no tuple to hash
 
 
 def make_receive_v2(chunk, Py_ssize_t status_bytes, double max_ack_delay):
@@ -847,7 +914,7 @@ def make_receive_v2(chunk, Py_ssize_t status_bytes, double max_ack_delay):
     and ``max_ack_delay`` are :mod:`cmq.wire.reliable`'s constants.
     """
 
-    def receive(rx, bytes data, addr, double now):
+    def receive(ReceiverState rx, bytes data, addr, double now):
         cdef RecvState rs
         cdef Py_ssize_t size = PyBytes_GET_SIZE(data)
         cdef const unsigned char *b = <const unsigned char *>PyBytes_AS_STRING(data)
@@ -862,7 +929,7 @@ def make_receive_v2(chunk, Py_ssize_t status_bytes, double max_ack_delay):
         if mailbox & 0x80000000UL:
             return -1
         key = (addr, sender, mailbox)
-        found = (<dict?>rx._rstreams).get(key)  # typed: a dict lookup, not a method call
+        found = rx._rstreams.get(key)
         if found is None:
             return -1
         rs = <RecvState?>found
@@ -918,7 +985,7 @@ def make_receive_one_v2(unpack, Py_ssize_t status_bytes, double max_ack_delay,
     raises), it changes nothing and returns None: the general path decides.
     """
 
-    def receive_one(rx, bytes data, addr, double now, unsigned long mailbox):
+    def receive_one(ReceiverState rx, bytes data, addr, double now, unsigned long mailbox):
         cdef RecvState rs
         cdef Py_ssize_t size = PyBytes_GET_SIZE(data)
         cdef const unsigned char *b = <const unsigned char *>PyBytes_AS_STRING(data)
@@ -950,7 +1017,7 @@ def make_receive_one_v2(unpack, Py_ssize_t status_bytes, double max_ack_delay,
         if start == 0 or mb != mailbox:
             return None
         key = (addr, sender, mb)
-        found = (<dict?>rx._rstreams).get(key)  # typed: a dict lookup, not a method call
+        found = rx._rstreams.get(key)
         if found is None:
             return None
         rs = <RecvState?>found
@@ -1010,7 +1077,7 @@ def reliable_clear(SendState st, Py_ssize_t n):
     return _clear(st, n)
 
 
-def make_reliable_sent(rel):
+def make_reliable_sent(SenderState rel):
     """``ReliableSender.sent`` of ``rel``: ``sent(st, datagrams, now)``
     buffers the stream's new datagrams, which :func:`reliable_clear` let go,
     as sent once at ``now``, and arms the probe timeout (``rel._arm``) when
@@ -1073,6 +1140,9 @@ def make_idle_after(ep, after, batcher, sendto, reliable_sent, lock, rel_timer, 
     acquire = lock.acquire
     release = lock.release
     take_idle = batcher.take_idle
+    cdef EndpointState es = ep
+    cdef SenderState rs = rel
+    cdef BatcherState bs = batcher
     cdef bint never_idle = batcher._never_idle
     cdef double idle_gap = batcher._idle_gap
     cdef double busy_gap = batcher._busy_gap
@@ -1082,7 +1152,7 @@ def make_idle_after(ep, after, batcher, sendto, reliable_sent, lock, rel_timer, 
         cdef SendState st = None
         cdef double now, stamp
         cdef object d, armed
-        if r is not CHECK or type(s_obj) is not Stream or ep._closed:
+        if r is not CHECK or type(s_obj) is not Stream or es._closed:
             return after(s_obj, payload, r)
         s = <Stream>s_obj
         if s.armed == s.gen or PyList_GET_SIZE(s.frames) != 1 or never_idle:
@@ -1090,14 +1160,14 @@ def make_idle_after(ep, after, batcher, sendto, reliable_sent, lock, rel_timer, 
         now = _mono()
         if s._rel is not None:
             st = <SendState?>s._rel
-            if st.nbytes >= send_buffer or rel.total >= send_total:
+            if st.nbytes >= send_buffer or rs.total >= send_total:
                 return after(s_obj, payload, r)  # full: the slow half waits or raises
-            if st.nbytes >= ack_poll_at and now - <double>ep._app_read_at >= ack_poll_gap:
+            if st.nbytes >= ack_poll_at and now - es._app_read_at >= ack_poll_gap:
                 return after(s_obj, payload, r)  # the slow half reads the acknowledgements
         # Not idle now (the rule again, under the lock, in take_idle): the
         # pure path, without taking the lock twice (a stream that streams
         # opens each batch here, not idle).
-        if not _idle(s, now, <double>batcher.waited_at, idle_gap, busy_gap):
+        if not _idle(s, now, bs.waited_at, idle_gap, busy_gap):
             return after(s_obj, payload, r)
         acquire()
         try:
@@ -1119,7 +1189,7 @@ def make_idle_after(ep, after, batcher, sendto, reliable_sent, lock, rel_timer, 
                     s.last_send = _mono()
                     if st is not None:
                         reliable_sent(st, [d], stamp)
-                        if st.nbytes >= send_buffer or rel.total >= send_total:
+                        if st.nbytes >= send_buffer or rs.total >= send_total:
                             s.check_at = 0  # Batcher.hold: the next push takes the slow half
                         if armed is None and st.pto_at is not None:
                             rel_timer(st.pto_at)
@@ -1851,13 +1921,18 @@ cdef class DirectReader:
     a read's count, which only decides whether that read polls.
     """
 
-    cdef public object queue, poll
+    cdef public EndpointState queue
+    cdef public object poll
     cdef public double spin_max, spin
     cdef public long spin_rest, crowded, crowded_rest, ahead, lockstep
     cdef public bint trial
     cdef public long long sent_seen, got_seen
     # What the queue holds for its lifetime.
-    cdef object heap, rx_lock, state_lock, batcher, receiver, sock
+    cdef object heap, sock
+    # The queue's receive lock's and state lock's acquire and release, bound once.
+    cdef object rx_acquire, rx_release, state_acquire, state_release
+    cdef BatcherState batcher
+    cdef ReceiverState receiver
     cdef dict mailboxes
     cdef object c_poll
     # The queue's compiled reads (None: the socket module's, IPv6).
@@ -1881,8 +1956,10 @@ cdef class DirectReader:
         self.poll = poll
         self.c_poll = spin_readable
         self.heap = queue._heap
-        self.rx_lock = queue._rx_lock
-        self.state_lock = queue._state_lock
+        self.rx_acquire = getattr(queue._rx_lock, "acquire", None)
+        self.rx_release = getattr(queue._rx_lock, "release", None)
+        self.state_acquire = getattr(queue._state_lock, "acquire", None)
+        self.state_release = getattr(queue._state_lock, "release", None)
         self.mailboxes = queue._mailboxes
         self.batcher = queue._batcher
         self.receiver = queue._receiver
@@ -1932,7 +2009,7 @@ cdef class DirectReader:
             return r
         return self.poll(fd, seconds)
 
-    cdef int _reads_again(self, object q) except -1:
+    cdef int _reads_again(self, EndpointState q) except -1:
         # As Queue.get: a message the I/O thread read was taken, so the
         # application reads again and the I/O thread leaves the socket to
         # it (see Queue._io_loop); the next read takes the latency path.
@@ -1951,7 +2028,7 @@ cdef class DirectReader:
             Timeout: nothing arrived in time.
             Closed: the queue was closed.
         """
-        cdef object q = self.queue
+        cdef EndpointState q = self.queue
         mb = self.mailboxes.get(mailbox)
         if mb is not None and mb.chunks:
             payload = mb.pop()
@@ -1966,7 +2043,7 @@ cdef class DirectReader:
     def get_message(self, timeout=None, mailbox=0):
         """:meth:`cmq.Queue.get_message` of the compiled core: :meth:`get`'s
         steps, giving the :class:`cmq.Message` (and raising as it does)."""
-        cdef object q = self.queue
+        cdef EndpointState q = self.queue
         mb = self.mailboxes.get(mailbox)
         if mb is not None and mb.chunks:
             item = mb.pop_item()
@@ -1984,12 +2061,13 @@ cdef class DirectReader:
         return self._read(timeout, mailbox)
 
     cdef tuple _read(self, object timeout, object mailbox):
-        cdef object q = self.queue
+        cdef EndpointState q = self.queue
+        cdef ReceiverState rx
         cdef double start, now, deadline = 0.0, left = 0.0, wait = 0.0, rel_at, rleft
         cdef bint bounded = timeout is not None
         cdef bint has_wait, awaits, polls, found
         cdef long i
-        if self.heap or not self.rx_lock.acquire(False):
+        if self.heap or not self.rx_acquire(False):
             return None, timeout
         # The application reads: the I/O thread leaves the socket to it.
         start = now = _mono()
@@ -2043,7 +2121,7 @@ cdef class DirectReader:
                         if not has_wait:
                             if q._rcvtimeo:
                                 q._set_rcvtimeo(None)
-                        elif not (<double>q._rcv_lo <= wait <= <double>q._rcv_hi):
+                        elif not (q._rcv_lo <= wait <= q._rcv_hi):
                             q._set_rcvtimeo(wait)
                         data, addr = q._recv_small(True)
                         if PyBytes_GET_SIZE(data) >= self.big_datagram:
@@ -2054,7 +2132,8 @@ cdef class DirectReader:
                     now = _mono()
                     q._app_read_at = now
                     self.batcher.waited_at = now
-                    with self.state_lock:
+                    self.state_acquire()
+                    try:
                         if (
                             self.one_v2 is not None
                             and PyBytes_GET_SIZE(data) > V2_HEAD + 1
@@ -2066,23 +2145,25 @@ cdef class DirectReader:
                                 self.receiver.datagram_received(data, addr, now)
                         else:
                             item = self.receiver.receive_one(data, addr, now, mailbox)
+                    finally:
+                        self.state_release()
                     if item is not None:
                         # The timers due wait for this thread's next read.
                         # Endpoint._after_read(now, fire=False) has nothing
                         # to do unless one of these is set: its call is
                         # skipped (most reads of a request/response).
                         rx = self.receiver
-                        if rx.replies or rx.controls or rx.status_urgent or rx.new_due:
+                        if rx.status_urgent or rx.new_due or rx.replies or rx.controls:
                             q._after_read(now, False)
                         return item, timeout
                     q._after_read(now)
                     continue
                 now = _mono()
-                if now < <double>q._rel_at:
+                if now < q._rel_at:
                     break  # timed out, closed, or an ICMP error: the general path decides
                 # A timer cut the wait: the next turn fires it and reads on.
         finally:
-            self.rx_lock.release()
+            self.rx_release()
         if bounded:
             left = <double>timeout - (_mono() - start)
             return None, (left if left > 0.0 else 0.0)

@@ -24,6 +24,8 @@ from cmq import ConfigError, QueueConfig
         ({"key": "text"}, "bytes"),
         ({"key": b""}, "1 to 64"),
         ({"max_queued": 0}, "max_queued"),
+        ({"max_queued": 1 << 63}, "max_queued.*1 to"),
+        ({"max_buffered_bytes": 1 << 63}, "max_buffered_bytes.*at most"),
         ({"max_message": 10**10}, "max_message"),
         ({"multicast_ttl": 300}, "multicast_ttl"),
         ({"spin": -1e-6}, "spin.*negative"),

@@ -17,6 +17,7 @@ import struct
 import sys
 import threading
 import time
+from typing import Any
 
 import msgpack
 import pytest
@@ -702,16 +703,22 @@ def test_the_compiled_idle_rule_hands_a_message_that_is_not_bytes_to_the_pure_on
 
 class _PolicyQueue:
     """What a DirectReader takes from its queue, for the policy alone: the
-    message counts it reads, and a socket whose polls a script answers."""
+    message counts it reads (for the compiled reader, in the C state that
+    a compiled batcher and receiver keep them in), and a socket whose polls
+    a script answers."""
 
-    def __init__(self) -> None:
+    def __init__(self, compiled: bool) -> None:
         self._heap: list[object] = []
         self._rx_lock = self._state_lock = None
         self._mailboxes: dict[int, object] = {}
-        self._batcher = type("Counts", (), {"messages_sent": 0})()
-        self._receiver = type("Counts", (), {"messages_received": 0})()
+        self._batcher: Any = _speedups.BatcherState() if compiled else type("Counts", (), {"messages_sent": 0})()
+        self._receiver: Any = (
+            _speedups.ReceiverState() if compiled else type("Counts", (), {"messages_received": 0})()
+        )
         self._sock = type("Sock", (), {"fileno": lambda self: 7})()
 
+
+_CompiledPolicyQueue = type("_CompiledPolicyQueue", (_speedups.EndpointState, _PolicyQueue), {})
 
 _POLICY = ("spin", "spin_rest", "crowded", "crowded_rest", "ahead", "lockstep", "trial", "sent_seen", "got_seen")
 
@@ -736,7 +743,9 @@ def test_the_reads_polling_policy_is_the_same_on_both_cores(steps: list[tuple[in
 
     readers = []
     for make in (_reader.DirectReader, _speedups.DirectReader):
-        q = _PolicyQueue()
+        compiled = make is _speedups.DirectReader
+        # The compiled reader's queue keeps its hot fields in C, as a compiled Queue does.
+        q = (_CompiledPolicyQueue if compiled else _PolicyQueue)(compiled)
         asked: list[float] = []
 
         def poll(fd: int, seconds: float, asked: list[float] = asked) -> int:
@@ -820,6 +829,89 @@ def test_a_queue_of_each_core_gives_messages_through_every_getter() -> None:
                 got += ([one] if one is not None else []) + b.pop_many_messages(limit=1)
             assert [m.payload for m in got] == [b"m0", b"m1", b"m2", b"m3"]
             assert all(type(m) is cmq.Message and m.sender == a.address and m.mailbox == 0 for m in got)
+        finally:
+            a.close()
+            b.close()
+
+
+# -- the hot state in C ------------------------------------------------------------
+
+
+def test_the_compiled_cores_objects_keep_their_hot_fields_in_c_and_stay_what_they_were() -> None:
+    with _impl.using("compiled"):
+        q = cmq.Queue(0, "127.0.0.1")
+        b, r = Batcher(QueueConfig(), 7), Receiver(QueueConfig(), 7)
+    with _impl.using("python"):
+        pure_q = cmq.Queue(0, "127.0.0.1")
+        pure_b, pure_r = Batcher(QueueConfig(), 7), Receiver(QueueConfig(), 7)
+    try:
+        assert isinstance(q, cmq.Queue) and isinstance(q, _speedups.EndpointState)
+        assert isinstance(b, Batcher) and isinstance(b, _speedups.BatcherState)
+        assert isinstance(r, Receiver) and isinstance(r, _speedups.ReceiverState)
+        assert isinstance(q._rel, ReliableSender) and isinstance(q._rel, _speedups.SenderState)
+        assert q._rel.total == pure_q._rel.total == 0
+        assert type(q).__name__ == "Queue" and type(q)._kind == "Queue"
+        assert type(pure_q) is cmq.Queue and type(pure_b) is Batcher and type(pure_r) is Receiver
+        # One twin per class, and the same values in the fields whichever core made the object.
+        with _impl.using("compiled"):
+            assert type(Receiver(QueueConfig(), 8)) is type(r)
+        for name in ("waited_at", "messages_sent", "datagrams_sent", "bytes_sent"):
+            assert getattr(b, name) == getattr(pure_b, name), name
+        for name in ("_unchecked", "_free", "_max_queued", "messages_received", "status_urgent", "new_due",
+                     "mailboxes", "dropped", "_rstreams", "_owed"):  # fmt: skip
+            assert getattr(r, name) == getattr(pure_r, name), name
+        for name in ("_closed", "_big_reads", "_io_delivered", "_app_read_at", "_rel_at", "_rcvtimeo"):
+            assert getattr(q, name) == getattr(pure_q, name), name
+        b.messages_sent += 3  # Python code reads and writes them as before
+        assert b.messages_sent == 3 and type(b.messages_sent) is int
+        with pytest.raises(TypeError):
+            r.mailboxes = []  # type: ignore[assignment]
+    finally:
+        q.close()
+        pure_q.close()
+    assert q.closed
+
+
+def test_counts_kept_in_c_are_the_ones_stats_reports_on_both_cores() -> None:
+    for name in ("compiled", "python"):
+        with _impl.using(name):
+            a, b = cmq.Queue(0, "127.0.0.1"), cmq.Queue(0, "127.0.0.1")
+        try:
+            for _ in range(20):
+                a.push(b.address, b"x" * 100)
+                assert b.get(timeout=5) == b"x" * 100
+                b.push(a.address, b"y")
+                assert a.get(timeout=5) == b"y"
+            sa, sb = a.stats(), b.stats()
+            assert (sa.messages_sent, sa.messages_received) == (20, 20), name
+            assert (sb.messages_sent, sb.messages_received) == (20, 20), name
+            assert sb.bytes_received >= 20 * 100 and sa.bytes_sent >= 20 * 100, name
+            assert type(sa.messages_sent) is int and type(sb.datagrams_received) is int, name
+        finally:
+            a.close()
+            b.close()
+
+
+class _SlottedQueue(cmq.Queue):
+    """A subclass with ``__slots__`` of its own: its objects cannot be twins."""
+
+    __slots__ = ("note",)
+
+
+def test_a_queue_subclass_with_slots_of_its_own_works_on_both_cores() -> None:
+    for name in ("compiled", "python"):
+        with _impl.using(name):
+            a, b = _SlottedQueue(0, "127.0.0.1"), cmq.Queue(0, "127.0.0.1")
+        try:
+            assert type(a) is _SlottedQueue  # a plain object: the pure reader, the compiled receiver
+            a.note = "mine"
+            for i in range(5):
+                a.push(b.address, b"%d" % i)
+                assert b.get(timeout=5) == b"%d" % i
+                b.push(a.address, b"ok")
+                assert a.get(timeout=5) == b"ok"
+            b.push(a.address, b"m")
+            assert a.get_message(timeout=5).payload == b"m"
         finally:
             a.close()
             b.close()

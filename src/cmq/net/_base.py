@@ -115,9 +115,17 @@ class _NoLock:
 
 
 class Endpoint(ABC):
-    """Shared state and non-waiting operations of a cmq endpoint (see module doc)."""
+    """Shared state and non-waiting operations of a cmq endpoint (see module doc).
+
+    On the compiled core, the fields that a push and a blocking read touch
+    (``_closed``, ``_app_read_at``, ``_rel_at`` and the read's settings) are
+    C members (``_speedups.EndpointState``: see :func:`cmq._impl.new_object`).
+    """
 
     _kind: ClassVar[str] = "Endpoint"
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Endpoint:
+        return _impl.new_object(cls, "EndpointState")
 
     def __init__(
         self,

@@ -138,6 +138,10 @@ class Queue(Endpoint):
         # One datagram as (bytes, addr), copied out of a reused buffer (the read
         # while datagrams are under _BIG_DATAGRAM); the argument: wait for it.
         self._recv_small: Callable[[bool], tuple[bytes, Any]] = self._recv_into_buffer
+        # The compiled paths below keep this queue's hot fields in C: not for
+        # an object of a subclass with __slots__ of its own, which cannot
+        # have them (cmq._impl.new_object); it takes the pure reader.
+        own_state = sp is not None and isinstance(self, sp.EndpointState)
         if sp is not None and self._sock.family == socket.AF_INET:
             # GSO on sends; GRO off: a blocking read of one datagram through
             # recvmmsg made the ping-pong's p50 11 us slower (72 against 61 us
@@ -147,6 +151,7 @@ class Queue(Endpoint):
             # One datagram: without blocking and the GIL hand-off first (see DatagramIO.send1).
             self._sendto = self._mmsg.send1
             self._recv_small = self._mmsg.recv1
+        if own_state and self._mmsg is not None:
             # A push that opens a batch to an idle destination sends its
             # datagram in one compiled call (_after_append's commonest case).
             self._after = sp.make_idle_after(
@@ -164,12 +169,12 @@ class Queue(Endpoint):
         # The latency path of a blocking read and its polling policy: the
         # compiled core's reader runs its loop in C.
         self._reader: DirectReader = (
-            DirectReader(self, spin_max, spin_readable)
-            if sp is None
-            else sp.DirectReader(self, spin_max, sp.spin_readable)
+            sp.DirectReader(self, spin_max, sp.spin_readable)
+            if own_state
+            else DirectReader(self, spin_max, spin_readable)
         )
         self._read_direct = self._reader.read
-        if sp is not None:
+        if own_state:
             # get and get_message without their Python frames (the same steps).
             self.get = self._reader.get  # type: ignore[method-assign]
             self.get_message = self._reader.get_message  # type: ignore[method-assign]

@@ -250,8 +250,13 @@ class Deadlines:
 class Batcher:
     """Batches payloads per stream and cuts them into datagrams.
 
-    ``sender`` is this endpoint's id, written in every header.
+    ``sender`` is this endpoint's id, written in every header. On the
+    compiled core, ``waited_at`` and the three counters are C members
+    (``_speedups.BatcherState``: see :func:`cmq._impl.new_object`).
     """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Batcher:
+        return _impl.new_object(cls, "BatcherState")
 
     def __init__(self, config: QueueConfig, sender: int) -> None:
         self.config = config

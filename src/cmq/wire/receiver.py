@@ -364,7 +364,15 @@ class _Partial:
 
 
 class Receiver:
-    """Decodes datagrams and delivers their messages to mailboxes."""
+    """Decodes datagrams and delivers their messages to mailboxes.
+
+    On the compiled core, the fields every datagram touches (the mailboxes,
+    the counters, the memory budget's, the reliable streams' tables) are C
+    members (``_speedups.ReceiverState``: see :func:`cmq._impl.new_object`).
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Receiver:
+        return _impl.new_object(cls, "ReceiverState")
 
     def __init__(self, config: QueueConfig, sender_id: int = 0) -> None:
         self.config = config

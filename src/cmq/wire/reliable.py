@@ -373,7 +373,14 @@ class SendStream:
 
 
 class ReliableSender:
-    """The sending half of reliable delivery for one endpoint (see the module doc)."""
+    """The sending half of reliable delivery for one endpoint (see the module doc).
+
+    On the compiled core, ``total`` is a C member
+    (``_speedups.SenderState``: see :func:`cmq._impl.new_object`).
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> ReliableSender:
+        return _impl.new_object(cls, "SenderState")
 
     def __init__(
         self,
