@@ -23,6 +23,8 @@ the sans-IO tests against both and checks byte-for-byte equal output):
   :class:`cmq.wire.reliable.RecvStream`, whose methods it gets from
   :func:`cmq.wire.reliable.recv_stream_type`), as C members that the
   receive paths below reach without attribute lookups;
+- :func:`make_receive_one_v1`: the latency path of a best-effort stream's
+  datagram (as ``Receiver.receive_one``'s v1 case);
 - :func:`make_receive_v2`: the receiver's fast path of reliable streams,
   the next datagram of a stream split into its mailbox with the
   acknowledgement bookkeeping (as the one in
@@ -172,6 +174,8 @@ cdef object CHECK = 4
 # A frame's long length prefix: 0xFF and 8 bytes (cmq.wire.frames).
 cdef enum:
     LONG_PREFIX = 9
+    # A v1 datagram's header (frames.HEADER_SIZE).
+    V1_HEAD = 16
     # A v2 data datagram's header and extension (frames.HEADER_SIZE + EXT_SIZE).
     V2_HEAD = 24
     # The reliable flags a plain datagram may carry (frames.R_SYN, R_ORDERED).
@@ -635,7 +639,7 @@ cdef class ReceiverState:
     holds. Every other field of the receiver stays in its ``__dict__``.
     """
 
-    cdef public dict mailboxes, dropped, _rstreams, _owed
+    cdef public dict mailboxes, dropped, _rstreams, _owed, _expected
     cdef public object replies, controls
     cdef public Py_ssize_t _unchecked, _free, _max_queued
     cdef public long long messages_received, datagrams_received, bytes_received
@@ -1038,6 +1042,67 @@ def make_receive_one_v2(unpack, Py_ssize_t status_bytes, double max_ack_delay,
         rx.bytes_received += size
         rx.messages_received += 1
         _next_arrived(rx, rs, seq, size, now, status_bytes, max_ack_delay)
+        return payload, (addr, sender, mb, seq, None)
+
+    return receive_one
+
+
+def make_receive_one_v1(unpack, unsigned int flag_msgpack):
+    """The latency path of :meth:`cmq.wire.receiver.Receiver.receive_one` for
+    a v1 datagram (a best-effort stream's): ``receive_one(rx, data, addr,
+    now, mailbox)``.
+
+    The twin of receive_one's pure v1 case: when ``data`` is a plain v1
+    datagram (no flag but ``flag_msgpack``) of one frame for ``mailbox``
+    whose sequence number is the one its stream expects next, it counts
+    it, expects the next and returns ``(payload, meta)``. Otherwise, or
+    when the payload does not decode (``unpack`` raises), it changes
+    nothing and returns None: the general path decides.
+    """
+
+    def receive_one(ReceiverState rx, bytes data, addr, double now, unsigned long mailbox):
+        cdef Py_ssize_t size = PyBytes_GET_SIZE(data)
+        cdef const unsigned char *b = <const unsigned char *>PyBytes_AS_STRING(data)
+        # receive_one takes v1 datagrams of at least the header and a prefix.
+        if size < V1_HEAD + 1 or b[0] != 0xC3 or b[1] != 0x51 or b[2] != 1:
+            return None
+        cdef unsigned int flags = b[3]
+        if flags != 0 and flags != flag_msgpack:
+            return None
+        cdef unsigned long sender = _be32(b + 4)
+        cdef unsigned long mb = _be32(b + 8)
+        cdef unsigned long seq = _be32(b + 12)
+        # receiver._lone_frame: one frame filling the datagram.
+        cdef Py_ssize_t body = size - (V1_HEAD + 1)
+        cdef unsigned int n = b[V1_HEAD]
+        cdef Py_ssize_t start = 0
+        cdef unsigned long long long_n = 0
+        cdef int k
+        if n < 255:
+            if n == <unsigned long long>body:
+                start = V1_HEAD + 1
+        elif body >= 8:
+            for k in range(8):
+                long_n = (long_n << 8) | b[V1_HEAD + 1 + k]
+            if long_n == <unsigned long long>(body - 8):
+                start = V1_HEAD + 1 + 8
+        if start == 0 or mb != mailbox:
+            return None
+        key = (addr, sender, mb)
+        cdef dict table = rx._expected
+        expected = table.get(key)
+        if expected is None or <unsigned long>expected != seq:
+            return None
+        payload = PyBytes_FromStringAndSize(<const char *>b + start, size - start)
+        if flags:
+            try:
+                payload = unpack(payload)
+            except Exception:
+                return None
+        table[key] = (seq + 1) & 0xFFFFFFFFUL
+        rx.datagrams_received += 1
+        rx.bytes_received += size
+        rx.messages_received += 1
         return payload, (addr, sender, mb, seq, None)
 
     return receive_one
@@ -1937,9 +2002,9 @@ cdef class DirectReader:
     cdef object c_poll
     # The queue's compiled reads (None: the socket module's, IPv6).
     cdef DatagramIO io
-    # The receiver's compiled receive_one for v2 datagrams, when it has one
-    # and no key (None: Receiver.receive_one decides).
-    cdef object one_v2
+    # The receiver's compiled receive_one for v2 and v1 datagrams, when it
+    # has them and no key (None: Receiver.receive_one decides).
+    cdef object one_v2, one_v1
     # cmq.wire.receiver.EMPTY, and the queue's compiled message_of.
     cdef object empty
     cdef MessageOf message_of
@@ -1977,6 +2042,7 @@ cdef class DirectReader:
 
             self.message_of = MessageOf(Message)
         self.one_v2 = getattr(rx, "_one_v2", None) if getattr(rx, "_key", None) is None else None
+        self.one_v1 = getattr(rx, "_one_v1", None) if getattr(rx, "_key", None) is None else None
         self.short_wait = R.SHORT_WAIT
         self.timer_slack = R.TIMER_SLACK
         self.spin_floor = R.SPIN_FLOOR
@@ -2141,6 +2207,15 @@ cdef class DirectReader:
                         ):
                             # Receiver.receive_one's first case, without its Python frame.
                             item = self.one_v2(self.receiver, data, addr, now, mailbox)
+                            if item is None:
+                                self.receiver.datagram_received(data, addr, now)
+                        elif (
+                            self.one_v1 is not None
+                            and PyBytes_GET_SIZE(data) > V1_HEAD
+                            and (<const unsigned char *>PyBytes_AS_STRING(data))[2] == 1
+                        ):
+                            # Its best-effort case, the same way.
+                            item = self.one_v1(self.receiver, data, addr, now, mailbox)
                             if item is None:
                                 self.receiver.datagram_received(data, addr, now)
                         else:

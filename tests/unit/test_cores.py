@@ -872,10 +872,12 @@ def test_the_compiled_cores_objects_keep_their_hot_fields_in_c_and_stay_what_the
     assert q.closed
 
 
-def test_counts_kept_in_c_are_the_ones_stats_reports_on_both_cores() -> None:
+@pytest.mark.parametrize("delivery", ["reliable", "best-effort"])
+def test_counts_kept_in_c_are_the_ones_stats_reports_on_both_cores(delivery: str) -> None:
+    # Each delivery mode's blocking read takes its own compiled receive path.
     for name in ("compiled", "python"):
         with _impl.using(name):
-            a, b = cmq.Queue(0, "127.0.0.1"), cmq.Queue(0, "127.0.0.1")
+            a, b = cmq.Queue(0, "127.0.0.1", delivery=delivery), cmq.Queue(0, "127.0.0.1", delivery=delivery)
         try:
             for _ in range(20):
                 a.push(b.address, b"x" * 100)
