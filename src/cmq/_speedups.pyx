@@ -975,6 +975,23 @@ def make_receive_v2(chunk, Py_ssize_t status_bytes, double max_ack_delay):
     return receive
 
 
+cdef inline Py_ssize_t _lone_frame(const unsigned char *b, Py_ssize_t head, Py_ssize_t size) noexcept nogil:
+    # cmq.wire.receiver._lone_frame: where the payload of b[:size] starts
+    # when it is one frame filling the datagram after a head of ``head``
+    # bytes (the frame's length prefix at b[head]); 0 if it is not.
+    cdef Py_ssize_t body = size - (head + 1)
+    cdef unsigned long long n = b[head]
+    cdef unsigned long long long_n = 0
+    cdef int k
+    if n < 255:
+        return head + 1 if n == <unsigned long long>body else 0
+    if body < 8:
+        return 0
+    for k in range(8):
+        long_n = (long_n << 8) | b[head + 1 + k]
+    return head + 1 + 8 if long_n == <unsigned long long>(body - 8) else 0
+
+
 def make_receive_one_v2(unpack, Py_ssize_t status_bytes, double max_ack_delay,
                         unsigned int version, unsigned int flag_msgpack):
     """The latency path of :meth:`cmq.wire.receiver.Receiver.receive_one` for
@@ -1005,19 +1022,7 @@ def make_receive_one_v2(unpack, Py_ssize_t status_bytes, double max_ack_delay,
         cdef unsigned long epoch = _be32(b + 16)
         cdef unsigned int rflags = b[20]
         # receiver._lone_frame: one frame filling the datagram.
-        cdef Py_ssize_t body = size - (V2_HEAD + 1)
-        cdef unsigned int n = b[V2_HEAD]
-        cdef Py_ssize_t start = 0
-        cdef unsigned long long long_n = 0
-        cdef int k
-        if n < 255:
-            if n == <unsigned long long>body:
-                start = V2_HEAD + 1
-        elif body >= 8:
-            for k in range(8):
-                long_n = (long_n << 8) | b[V2_HEAD + 1 + k]
-            if long_n == <unsigned long long>(body - 8):
-                start = V2_HEAD + 1 + 8
+        cdef Py_ssize_t start = _lone_frame(b, V2_HEAD, size)
         if start == 0 or mb != mailbox:
             return None
         key = (addr, sender, mb)
@@ -1073,19 +1078,7 @@ def make_receive_one_v1(unpack, unsigned int flag_msgpack):
         cdef unsigned long mb = _be32(b + 8)
         cdef unsigned long seq = _be32(b + 12)
         # receiver._lone_frame: one frame filling the datagram.
-        cdef Py_ssize_t body = size - (V1_HEAD + 1)
-        cdef unsigned int n = b[V1_HEAD]
-        cdef Py_ssize_t start = 0
-        cdef unsigned long long long_n = 0
-        cdef int k
-        if n < 255:
-            if n == <unsigned long long>body:
-                start = V1_HEAD + 1
-        elif body >= 8:
-            for k in range(8):
-                long_n = (long_n << 8) | b[V1_HEAD + 1 + k]
-            if long_n == <unsigned long long>(body - 8):
-                start = V1_HEAD + 1 + 8
+        cdef Py_ssize_t start = _lone_frame(b, V1_HEAD, size)
         if start == 0 or mb != mailbox:
             return None
         key = (addr, sender, mb)
