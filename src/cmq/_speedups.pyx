@@ -23,8 +23,9 @@ the sans-IO tests against both and checks byte-for-byte equal output):
   :class:`cmq.wire.reliable.RecvStream`, whose methods it gets from
   :func:`cmq.wire.reliable.recv_stream_type`), as C members that the
   receive paths below reach without attribute lookups;
-- :func:`make_receive_one_v1`: the latency path of a best-effort stream's
-  datagram (as ``Receiver.receive_one``'s v1 case);
+- :func:`make_receive_one`: the latency path of a blocking read, one
+  datagram of a best-effort or a reliable stream straight to the reader
+  (as ``Receiver.receive_one``);
 - :func:`make_receive_v2`: the receiver's fast path of reliable streams,
   the next datagram of a stream split into its mailbox with the
   acknowledgement bookkeeping (as the one in
@@ -992,26 +993,38 @@ cdef inline Py_ssize_t _lone_frame(const unsigned char *b, Py_ssize_t head, Py_s
     return head + 1 + 8 if long_n == <unsigned long long>(body - 8) else 0
 
 
-def make_receive_one_v2(unpack, Py_ssize_t status_bytes, double max_ack_delay,
-                        unsigned int version, unsigned int flag_msgpack):
-    """The latency path of :meth:`cmq.wire.receiver.Receiver.receive_one` for
-    a v2 datagram: ``receive_one(rx, data, addr, now, mailbox)``.
+def make_receive_one(unpack, Py_ssize_t status_bytes, double max_ack_delay, unsigned int flag_msgpack):
+    """The latency path of :meth:`cmq.wire.receiver.Receiver.receive_one`:
+    ``receive_one(rx, data, addr, now, mailbox)``.
 
-    The twin of the pure ``Receiver._receive_one_v2``: when ``data`` is a
-    plain v2 datagram (no flag but ``flag_msgpack``) of one frame for
-    ``mailbox``, the next of a known, credited stream with nothing held,
-    within credit and the budget, it counts it, does the stream's
-    acknowledgement bookkeeping (``_next_arrived``) and returns ``(payload,
-    meta)``. Otherwise, or when the payload does not decode (``unpack``
-    raises), it changes nothing and returns None: the general path decides.
+    The twin of its pure cases, for a plain datagram (no flag but
+    ``flag_msgpack``) of one frame for ``mailbox``: a v1 datagram (a
+    best-effort stream's) whose sequence number is the one its stream
+    expects next, or a v2 datagram (``Receiver._receive_one_v2``) that is the
+    next of a known, credited stream with nothing held, within credit and
+    the budget. It counts it, expects the next (v1) or does the stream's
+    acknowledgement bookkeeping (v2, ``_next_arrived``) and returns
+    ``(payload, meta)``. Otherwise, or when the payload does not decode
+    (``unpack`` raises), it changes nothing and returns None: the general
+    path decides.
     """
 
     def receive_one(ReceiverState rx, bytes data, addr, double now, unsigned long mailbox):
-        cdef RecvState rs
+        cdef RecvState rs = None
         cdef Py_ssize_t size = PyBytes_GET_SIZE(data)
         cdef const unsigned char *b = <const unsigned char *>PyBytes_AS_STRING(data)
-        # receive_one takes v2 datagrams longer than the header, extension and prefix.
-        if size <= V2_HEAD + 1 or b[0] != 0xC3 or b[1] != 0x51 or b[2] != version:
+        cdef Py_ssize_t head
+        if size <= V1_HEAD or b[0] != 0xC3 or b[1] != 0x51:
+            return None
+        cdef unsigned int version = b[2]
+        if version == 2:
+            # v2 datagrams longer than the header, extension and prefix.
+            if size <= V2_HEAD + 1:
+                return None
+            head = V2_HEAD
+        elif version == 1:
+            head = V1_HEAD
+        else:
             return None
         cdef unsigned int flags = b[3]
         if flags != 0 and flags != flag_msgpack:
@@ -1019,24 +1032,27 @@ def make_receive_one_v2(unpack, Py_ssize_t status_bytes, double max_ack_delay,
         cdef unsigned long sender = _be32(b + 4)
         cdef unsigned long mb = _be32(b + 8)
         cdef unsigned long seq = _be32(b + 12)
-        cdef unsigned long epoch = _be32(b + 16)
-        cdef unsigned int rflags = b[20]
         # receiver._lone_frame: one frame filling the datagram.
-        cdef Py_ssize_t start = _lone_frame(b, V2_HEAD, size)
+        cdef Py_ssize_t start = _lone_frame(b, head, size)
         if start == 0 or mb != mailbox:
             return None
         key = (addr, sender, mb)
-        found = rx._rstreams.get(key)
-        if found is None:
-            return None
-        rs = <RecvState?>found
-        # Receiver._next_plain
-        if rs.epoch != epoch or rs.next != seq or not rs.granted or rs.held or rs.seen:
-            return None
-        if rx._unchecked + size > rx._free or rflags & ~(R_SYN_ | R_ORDERED_):
-            return None
-        if _seq_diff(rs.credit, seq) <= 0:
-            return None
+        if version == 2:
+            found = rx._rstreams.get(key)
+            if found is None:
+                return None
+            rs = <RecvState?>found
+            # Receiver._next_plain
+            if rs.epoch != _be32(b + 16) or rs.next != seq or not rs.granted or rs.held or rs.seen:
+                return None
+            if rx._unchecked + size > rx._free or b[20] & ~(R_SYN_ | R_ORDERED_):
+                return None
+            if _seq_diff(rs.credit, seq) <= 0:
+                return None
+        else:
+            expected = rx._expected.get(key)
+            if expected is None or <unsigned long>expected != seq:
+                return None
         payload = PyBytes_FromStringAndSize(<const char *>b + start, size - start)
         if flags:
             try:
@@ -1046,56 +1062,10 @@ def make_receive_one_v2(unpack, Py_ssize_t status_bytes, double max_ack_delay,
         rx.datagrams_received += 1
         rx.bytes_received += size
         rx.messages_received += 1
-        _next_arrived(rx, rs, seq, size, now, status_bytes, max_ack_delay)
-        return payload, (addr, sender, mb, seq, None)
-
-    return receive_one
-
-
-def make_receive_one_v1(unpack, unsigned int flag_msgpack):
-    """The latency path of :meth:`cmq.wire.receiver.Receiver.receive_one` for
-    a v1 datagram (a best-effort stream's): ``receive_one(rx, data, addr,
-    now, mailbox)``.
-
-    The twin of receive_one's pure v1 case: when ``data`` is a plain v1
-    datagram (no flag but ``flag_msgpack``) of one frame for ``mailbox``
-    whose sequence number is the one its stream expects next, it counts
-    it, expects the next and returns ``(payload, meta)``. Otherwise, or
-    when the payload does not decode (``unpack`` raises), it changes
-    nothing and returns None: the general path decides.
-    """
-
-    def receive_one(ReceiverState rx, bytes data, addr, double now, unsigned long mailbox):
-        cdef Py_ssize_t size = PyBytes_GET_SIZE(data)
-        cdef const unsigned char *b = <const unsigned char *>PyBytes_AS_STRING(data)
-        # receive_one takes v1 datagrams of at least the header and a prefix.
-        if size < V1_HEAD + 1 or b[0] != 0xC3 or b[1] != 0x51 or b[2] != 1:
-            return None
-        cdef unsigned int flags = b[3]
-        if flags != 0 and flags != flag_msgpack:
-            return None
-        cdef unsigned long sender = _be32(b + 4)
-        cdef unsigned long mb = _be32(b + 8)
-        cdef unsigned long seq = _be32(b + 12)
-        # receiver._lone_frame: one frame filling the datagram.
-        cdef Py_ssize_t start = _lone_frame(b, V1_HEAD, size)
-        if start == 0 or mb != mailbox:
-            return None
-        key = (addr, sender, mb)
-        cdef dict table = rx._expected
-        expected = table.get(key)
-        if expected is None or <unsigned long>expected != seq:
-            return None
-        payload = PyBytes_FromStringAndSize(<const char *>b + start, size - start)
-        if flags:
-            try:
-                payload = unpack(payload)
-            except Exception:
-                return None
-        table[key] = (seq + 1) & 0xFFFFFFFFUL
-        rx.datagrams_received += 1
-        rx.bytes_received += size
-        rx.messages_received += 1
+        if rs is not None:
+            _next_arrived(rx, rs, seq, size, now, status_bytes, max_ack_delay)
+        else:
+            rx._expected[key] = (seq + 1) & 0xFFFFFFFFUL
         return payload, (addr, sender, mb, seq, None)
 
     return receive_one
@@ -1995,9 +1965,9 @@ cdef class DirectReader:
     cdef object c_poll
     # The queue's compiled reads (None: the socket module's, IPv6).
     cdef DatagramIO io
-    # The receiver's compiled receive_one for v2 and v1 datagrams, when it
-    # has them and no key (None: Receiver.receive_one decides).
-    cdef object one_v2, one_v1
+    # The receiver's compiled receive_one, when it has one and no key
+    # (None: Receiver.receive_one decides).
+    cdef object fast_one
     # cmq.wire.receiver.EMPTY, and the queue's compiled message_of.
     cdef object empty
     cdef MessageOf message_of
@@ -2034,8 +2004,7 @@ cdef class DirectReader:
             from cmq._types import Message
 
             self.message_of = MessageOf(Message)
-        self.one_v2 = getattr(rx, "_one_v2", None) if getattr(rx, "_key", None) is None else None
-        self.one_v1 = getattr(rx, "_one_v1", None) if getattr(rx, "_key", None) is None else None
+        self.fast_one = getattr(rx, "_fast_one", None) if getattr(rx, "_key", None) is None else None
         self.short_wait = R.SHORT_WAIT
         self.timer_slack = R.TIMER_SLACK
         self.spin_floor = R.SPIN_FLOOR
@@ -2193,22 +2162,9 @@ cdef class DirectReader:
                     self.batcher.waited_at = now
                     self.state_acquire()
                     try:
-                        if (
-                            self.one_v2 is not None
-                            and PyBytes_GET_SIZE(data) > V2_HEAD + 1
-                            and (<const unsigned char *>PyBytes_AS_STRING(data))[2] == 2
-                        ):
+                        if self.fast_one is not None:
                             # Receiver.receive_one's first case, without its Python frame.
-                            item = self.one_v2(self.receiver, data, addr, now, mailbox)
-                            if item is None:
-                                self.receiver.datagram_received(data, addr, now)
-                        elif (
-                            self.one_v1 is not None
-                            and PyBytes_GET_SIZE(data) > V1_HEAD
-                            and (<const unsigned char *>PyBytes_AS_STRING(data))[2] == 1
-                        ):
-                            # Its best-effort case, the same way.
-                            item = self.one_v1(self.receiver, data, addr, now, mailbox)
+                            item = self.fast_one(self.receiver, data, addr, now, mailbox)
                             if item is None:
                                 self.receiver.datagram_received(data, addr, now)
                         else:

@@ -707,7 +707,8 @@ class _PolicyQueue:
     a compiled batcher and receiver keep them in), and a socket whose polls
     a script answers."""
 
-    def __init__(self, compiled: bool) -> None:
+    def __init__(self) -> None:
+        compiled = isinstance(self, _speedups.EndpointState)
         self._heap: list[object] = []
         self._rx_lock = self._state_lock = None
         self._mailboxes: dict[int, object] = {}
@@ -743,9 +744,8 @@ def test_the_reads_polling_policy_is_the_same_on_both_cores(steps: list[tuple[in
 
     readers = []
     for make in (_reader.DirectReader, _speedups.DirectReader):
-        compiled = make is _speedups.DirectReader
         # The compiled reader's queue keeps its hot fields in C, as a compiled Queue does.
-        q = (_CompiledPolicyQueue if compiled else _PolicyQueue)(compiled)
+        q = _CompiledPolicyQueue() if make is _speedups.DirectReader else _PolicyQueue()
         asked: list[float] = []
 
         def poll(fd: int, seconds: float, asked: list[float] = asked) -> int:

@@ -387,15 +387,9 @@ class Receiver:
         self._fast_v2: Callable[[Receiver, bytes, Any, float], int] | None = (
             None if sp is None else sp.make_receive_v2(Chunk, STATUS_BYTES, MAX_ACK_DELAY)
         )
-        # receive_one's path for reliable streams in C (the twin of _receive_one_v2), or None.
-        self._one_v2: Callable[[Receiver, bytes, Any, float, int], tuple[Any, Meta] | None] | None = (
-            None
-            if sp is None
-            else sp.make_receive_one_v2(_unpack, STATUS_BYTES, MAX_ACK_DELAY, VERSION_2, FLAG_MSGPACK)
-        )
-        # receive_one's path for best-effort (v1) streams in C (the twin of its pure v1 case), or None.
-        self._one_v1: Callable[[Receiver, bytes, Any, float, int], tuple[Any, Meta] | None] | None = (
-            None if sp is None else sp.make_receive_one_v1(_unpack, FLAG_MSGPACK)
+        # receive_one's cases in C (the twin of its v1 case and of _receive_one_v2), or None.
+        self._fast_one: Callable[[Receiver, bytes, Any, float, int], tuple[Any, Meta] | None] | None = (
+            None if sp is None else sp.make_receive_one(_unpack, STATUS_BYTES, MAX_ACK_DELAY, FLAG_MSGPACK)
         )
         # The class of reliable streams: with the compiled core, fields the
         # C paths above reach without attribute lookups.
@@ -958,16 +952,9 @@ class Receiver:
         mailbox). Anything else is handled by :meth:`datagram_received` and
         None is returned. Never raises.
         """
-        one = self._one_v2
-        if one is not None and self._key is None and len(data) > _ONE2_SIZE and data[2] == VERSION_2:
-            # A reliable stream's datagram (the default), straight to the compiled twin.
-            got = one(self, data, addr, now, mailbox)
-            if got is None:
-                self.datagram_received(data, addr, now)
-            return got
-        one = self._one_v1
-        if one is not None and self._key is None and len(data) >= _ONE_SIZE and data[2] == VERSION:
-            # A best-effort stream's datagram, straight to the compiled twin of the case below.
+        one = self._fast_one
+        if one is not None and self._key is None:
+            # Straight to the compiled twin of the cases below.
             got = one(self, data, addr, now, mailbox)
             if got is None:
                 self.datagram_received(data, addr, now)
