@@ -335,6 +335,8 @@ def make_push(dict cache, stream_for, after, encode, bint raw, packb, Py_ssize_t
     closure does; ``forget()`` drops that memo.
     """
     cdef Stream s = Stream(("0.0.0.0", 0), 0, 1)  # a placeholder: last_dest matches no destination
+    # The compiled slow half is called in C (an IdleAfter), any other through Python.
+    cdef IdleAfter idle_after = after if type(after) is IdleAfter else None
     last_dest = object()
     last_mailbox = -1
 
@@ -359,7 +361,10 @@ def make_push(dict cache, stream_for, after, encode, bint raw, packb, Py_ssize_t
                 payload = encode(msg)  # raises the documented TypeError
         r = _append(s, payload, large)
         if r is not QUEUED:
-            after(s, payload, r)
+            if idle_after is not None:
+                idle_after.run(s, payload, r)
+            else:
+                after(s, payload, r)
 
     def forget():
         nonlocal last_dest, last_mailbox
@@ -669,6 +674,138 @@ cdef class SenderState:
     cdef public Py_ssize_t total
 
 
+# -- the driver's locks ----------------------------------------------------------
+
+
+cdef extern from "pythread.h":
+    ctypedef void *PyThread_type_lock
+    PyThread_type_lock PyThread_allocate_lock()
+    void PyThread_free_lock(PyThread_type_lock)
+    int PyThread_acquire_lock(PyThread_type_lock, int mode) nogil
+    void PyThread_release_lock(PyThread_type_lock) nogil
+    ctypedef enum PyLockStatus:
+        PY_LOCK_FAILURE = 0
+        PY_LOCK_ACQUIRED = 1
+        PY_LOCK_INTR
+    PyLockStatus PyThread_acquire_lock_timed(PyThread_type_lock, long long microseconds, int intr_flag) nogil
+    long long PY_TIMEOUT_MAX
+
+
+cdef class Lock:
+    """A lock with :class:`threading.Lock`'s interface (``acquire(blocking=True,
+    timeout=-1)``, ``release()``, ``locked()``, ``with``) over the
+    interpreter's own lock type, the one ``threading.Lock`` wraps.
+
+    A compiled-core queue's receive, batch and state locks are these: the
+    compiled paths take and release them with a C call each
+    (:meth:`try_acquire`, :meth:`acquire_wait`, :meth:`release_held`), not
+    through ``acquire``'s argument parsing (six such calls a round trip
+    were a twelfth of its instructions). A wait for the lock releases the
+    GIL and runs the signal handlers when a signal interrupts it, as
+    ``threading.Lock`` does; the lock itself does not rely on the GIL.
+    """
+
+    cdef PyThread_type_lock lock
+    # Whether it is held: written by its holder only (after acquiring,
+    # before releasing); read by locked() and release()'s check.
+    cdef bint held
+
+    def __cinit__(self):
+        self.lock = PyThread_allocate_lock()
+        if self.lock == NULL:
+            raise MemoryError("cannot allocate a lock")
+
+    def __dealloc__(self):
+        if self.lock != NULL:
+            if self.held:
+                PyThread_release_lock(self.lock)
+            PyThread_free_lock(self.lock)
+
+    cdef inline bint try_acquire(self) noexcept:
+        if PyThread_acquire_lock(self.lock, 0):
+            self.held = True
+            return True
+        return False
+
+    cdef bint _wait(self, long long us) except -1:
+        # Blocking (us < 0: forever) with the GIL released; a signal runs
+        # its handlers (which may raise) and the wait goes on for what is left.
+        cdef PyLockStatus r
+        cdef double end = _mono() + us / 1e6 if us > 0 else 0.0
+        while True:
+            with nogil:
+                r = PyThread_acquire_lock_timed(self.lock, us, 1)
+            if r == PY_LOCK_ACQUIRED:
+                self.held = True
+                return True
+            if r != PY_LOCK_INTR:
+                return False
+            PyErr_CheckSignals()
+            if us > 0:
+                us = <long long>((end - _mono()) * 1e6)
+                if us <= 0:
+                    return self.try_acquire()
+
+    cdef int acquire_wait(self) except -1:
+        if not self.try_acquire():
+            self._wait(-1)
+        return 0
+
+    cdef inline void release_held(self) noexcept:
+        self.held = False
+        PyThread_release_lock(self.lock)
+
+    def acquire(self, bint blocking=True, double timeout=-1):
+        """As :meth:`threading.Lock.acquire`: whether it was acquired.
+
+        Raises:
+            ValueError: a timeout with ``blocking`` false, or a negative one
+                other than -1.
+            OverflowError: a timeout over the platform's largest.
+        """
+        if not blocking:
+            if timeout != -1:
+                raise ValueError("can't specify a timeout for a non-blocking call")
+            return self.try_acquire()
+        if timeout < 0 and timeout != -1:
+            raise ValueError("timeout value must be a non-negative number")
+        if timeout * 1e6 > <double>PY_TIMEOUT_MAX:
+            raise OverflowError("timeout value is too large")
+        if self.try_acquire():
+            return True
+        if timeout == -1:
+            return self._wait(-1)
+        if timeout == 0:
+            return False
+        return self._wait(<long long>(timeout * 1e6) or 1)
+
+    def release(self):
+        """As :meth:`threading.Lock.release`.
+
+        Raises:
+            RuntimeError: it is not held.
+        """
+        if not self.held:
+            raise RuntimeError("release unlocked lock")
+        self.release_held()
+
+    def locked(self):
+        """Whether it is held."""
+        return self.held
+
+    def __enter__(self):
+        self.acquire_wait()
+        return True
+
+    def __exit__(self, exc_type, exc, tb):
+        if not self.held:
+            raise RuntimeError("release unlocked lock")
+        self.release_held()
+
+    def __repr__(self):
+        return f"<{'locked' if self.held else 'unlocked'} cmq._speedups.Lock object at {id(self):#x}>"
+
+
 # -- framing -------------------------------------------------------------------
 
 
@@ -763,33 +900,47 @@ cdef inline bint _idle(Stream s, double now, double waited_at, double idle_gap, 
     return True
 
 
-def make_take_idle(batcher, fallback):
-    """``Batcher.take_idle`` of an unkeyed ``batcher`` (the idle rule's short
-    path, with :meth:`cmq.wire.batcher.Batcher.is_idle` inline):
-    ``take_idle(s, now)`` answers and changes what the pure method does, on
-    a compiled :class:`Stream` whose reliable state, if any, is a
-    :class:`SendState`. A message that is not ``bytes`` goes to
-    ``fallback`` (the pure method). The batcher's settings are read once,
-    here; ``waited_at`` and the counters on every datagram, as the pure
-    method does. Same serialisation rule as ``Batcher.take``."""
-    cdef BatcherState bs = batcher
-    cdef bint never_idle = batcher._never_idle
-    cdef double idle_gap = batcher._idle_gap
-    cdef double busy_gap = batcher._busy_gap
-    cdef double timeout = batcher._timeout
-    cdef Py_ssize_t qthresh = batcher._qthresh
+cdef class TakeIdle:
+    """``Batcher.take_idle`` of an unkeyed batcher (the idle rule's short
+    path, with :meth:`cmq.wire.batcher.Batcher.is_idle` inline), made by
+    :func:`make_take_idle`: ``take_idle(s, now)`` answers and changes what
+    the pure method does, on a compiled :class:`Stream` whose reliable
+    state, if any, is a :class:`SendState`. A message that is not
+    ``bytes`` goes to ``fallback`` (the pure method). The batcher's
+    settings are read once, when it is made; ``waited_at`` and the counters
+    on every datagram, as the pure method does. Same serialisation rule as
+    ``Batcher.take``. :class:`IdleAfter` calls it without a Python call."""
 
-    def take_idle(Stream s, double now):
+    cdef BatcherState bs
+    cdef object fallback
+    cdef bint never_idle
+    cdef double idle_gap, busy_gap, timeout
+    cdef Py_ssize_t qthresh
+
+    def __init__(self, batcher, fallback):
+        self.bs = batcher
+        self.fallback = fallback
+        self.never_idle = batcher._never_idle
+        self.idle_gap = batcher._idle_gap
+        self.busy_gap = batcher._busy_gap
+        self.timeout = batcher._timeout
+        self.qthresh = batcher._qthresh
+
+    def __call__(self, Stream s, double now):
+        return self.take(s, now)
+
+    cdef object take(self, Stream s, double now):
         cdef list frames = s.frames
-        if PyList_GET_SIZE(frames) != 1 or s.armed == s.gen or never_idle:
+        cdef BatcherState bs = self.bs
+        if PyList_GET_SIZE(frames) != 1 or s.armed == s.gen or self.never_idle:
             return None
         payload = <object>PyList_GET_ITEM(frames, 0)
         if type(payload) is not bytes:
-            return fallback(s, now)
-        if not _idle(s, now, bs.waited_at, idle_gap, busy_gap):
+            return self.fallback(s, now)
+        if not _idle(s, now, bs.waited_at, self.idle_gap, self.busy_gap):
             return None
-        if now - s.last_send >= timeout:
-            s.limit = qthresh
+        if now - s.last_send >= self.timeout:
+            s.limit = self.qthresh
         s.check_at = 1  # as take: before the message leaves the list
         del frames[0]
         s.gen += 1
@@ -798,15 +949,19 @@ def make_take_idle(batcher, fallback):
                 s.sizes = []
             s.counted = s.size = 0
         s.last_send = now
-        seq = s.seq
-        s.seq = (seq + 1) & 0xFFFFFFFF
-        data = _frame_one(s.head, <unsigned long>seq, s.ext, <bytes>payload)
+        cdef unsigned long seq = s.seq
+        s.seq = (seq + 1) & 0xFFFFFFFFUL
+        data = _frame_one(s.head, seq, s.ext, <bytes>payload)
         bs.messages_sent += 1
         bs.datagrams_sent += 1
         bs.bytes_sent += PyBytes_GET_SIZE(data)
         return data
 
-    return take_idle
+
+def make_take_idle(batcher, fallback):
+    """The :class:`TakeIdle` of ``batcher`` (``Batcher.take_idle`` of an
+    unkeyed batcher), ``fallback`` its pure method."""
+    return TakeIdle(batcher, fallback)
 
 
 cdef list _split(const unsigned char *b, Py_ssize_t i, Py_ssize_t end):
@@ -877,7 +1032,7 @@ cdef class RecvState:
     cdef public unsigned long sender, mailbox, epoch, next, largest, credit, grant_seen
     cdef public Py_ssize_t held_bytes, last_size, win, since_status, bytes_since, answer
     cdef public double largest_at, avg_size, grant_at, last_active
-    cdef public bint ordered, granted, urgent
+    cdef public bint ordered, granted, urgent, gone
 
 
 cdef inline void _next_arrived(ReceiverState rx, RecvState rs, unsigned long seq, Py_ssize_t size, double now,
@@ -993,9 +1148,9 @@ cdef inline Py_ssize_t _lone_frame(const unsigned char *b, Py_ssize_t head, Py_s
     return head + 1 + 8 if long_n == <unsigned long long>(body - 8) else 0
 
 
-def make_receive_one(unpack, Py_ssize_t status_bytes, double max_ack_delay, unsigned int flag_msgpack):
-    """The latency path of :meth:`cmq.wire.receiver.Receiver.receive_one`:
-    ``receive_one(rx, data, addr, now, mailbox)``.
+cdef class ReceiveOne:
+    """The latency path of :meth:`cmq.wire.receiver.Receiver.receive_one`,
+    made by :func:`make_receive_one`: ``receive_one(rx, data, addr, now, mailbox)``.
 
     The twin of its pure cases, for a plain datagram (no flag but
     ``flag_msgpack``) of one frame for ``mailbox``: a v1 datagram (a
@@ -1007,13 +1162,42 @@ def make_receive_one(unpack, Py_ssize_t status_bytes, double max_ack_delay, unsi
     ``(payload, meta)``. Otherwise, or when the payload does not decode
     (``unpack`` raises), it changes nothing and returns None: the general
     path decides.
+
+    It remembers the last datagram's source: its address tuple (the very
+    object: a :class:`DatagramIO` gives a peer's datagrams one), sender and
+    mailbox, the key it made of them and, for a v2 datagram, the reliable
+    stream it found. The next datagram from that source uses that key (and
+    its numbers in the meta: no new tuple or ints) and that stream, without
+    a lookup, unless the receiver has dropped the stream since: a stream
+    leaves ``rx._rstreams`` only through ``Receiver._new_stream``, which
+    marks it ``gone``. The :class:`DirectReader` calls it in C.
     """
 
-    def receive_one(ReceiverState rx, bytes data, addr, double now, unsigned long mailbox):
+    cdef object unpack
+    cdef Py_ssize_t status_bytes
+    cdef double max_ack_delay
+    cdef unsigned int flag_msgpack
+    cdef object last_addr, last_rx
+    cdef unsigned long last_sender, last_mb
+    cdef tuple last_key
+    cdef RecvState last_rs
+
+    def __init__(self, unpack, Py_ssize_t status_bytes, double max_ack_delay, unsigned int flag_msgpack):
+        self.unpack = unpack
+        self.status_bytes = status_bytes
+        self.max_ack_delay = max_ack_delay
+        self.flag_msgpack = flag_msgpack
+        self.last_key = None
+
+    def __call__(self, ReceiverState rx, bytes data, addr, double now, unsigned long mailbox):
+        return self.receive(rx, data, addr, now, mailbox)
+
+    cdef object receive(self, ReceiverState rx, bytes data, object addr, double now, unsigned long mailbox):
         cdef RecvState rs = None
         cdef Py_ssize_t size = PyBytes_GET_SIZE(data)
         cdef const unsigned char *b = <const unsigned char *>PyBytes_AS_STRING(data)
         cdef Py_ssize_t head
+        cdef tuple key
         if size <= V1_HEAD or b[0] != 0xC3 or b[1] != 0x51:
             return None
         cdef unsigned int version = b[2]
@@ -1027,7 +1211,7 @@ def make_receive_one(unpack, Py_ssize_t status_bytes, double max_ack_delay, unsi
         else:
             return None
         cdef unsigned int flags = b[3]
-        if flags != 0 and flags != flag_msgpack:
+        if flags != 0 and flags != self.flag_msgpack:
             return None
         cdef unsigned long sender = _be32(b + 4)
         cdef unsigned long mb = _be32(b + 8)
@@ -1036,12 +1220,27 @@ def make_receive_one(unpack, Py_ssize_t status_bytes, double max_ack_delay, unsi
         cdef Py_ssize_t start = _lone_frame(b, head, size)
         if start == 0 or mb != mailbox:
             return None
-        key = (addr, sender, mb)
+        cdef bint same = (self.last_key is not None and addr is self.last_addr and sender == self.last_sender
+                          and mb == self.last_mb and rx is self.last_rx)
+        if same:
+            key = self.last_key
+        else:
+            key = (addr, sender, mb)
+            self.last_key = key
+            self.last_addr = addr
+            self.last_sender = sender
+            self.last_mb = mb
+            self.last_rx = rx
+            self.last_rs = None
         if version == 2:
-            found = rx._rstreams.get(key)
-            if found is None:
-                return None
-            rs = <RecvState?>found
+            if same and self.last_rs is not None and not self.last_rs.gone:
+                rs = self.last_rs
+            else:
+                found = rx._rstreams.get(key)
+                if found is None:
+                    return None
+                rs = <RecvState?>found
+                self.last_rs = rs
             # Receiver._next_plain
             if rs.epoch != _be32(b + 16) or rs.next != seq or not rs.granted or rs.held or rs.seen:
                 return None
@@ -1056,19 +1255,22 @@ def make_receive_one(unpack, Py_ssize_t status_bytes, double max_ack_delay, unsi
         payload = PyBytes_FromStringAndSize(<const char *>b + start, size - start)
         if flags:
             try:
-                payload = unpack(payload)
+                payload = self.unpack(payload)
             except Exception:
                 return None
         rx.datagrams_received += 1
         rx.bytes_received += size
         rx.messages_received += 1
         if rs is not None:
-            _next_arrived(rx, rs, seq, size, now, status_bytes, max_ack_delay)
+            _next_arrived(rx, rs, seq, size, now, self.status_bytes, self.max_ack_delay)
         else:
             rx._expected[key] = (seq + 1) & 0xFFFFFFFFUL
-        return payload, (addr, sender, mb, seq, None)
+        return payload, (addr, key[1], key[2], seq, None)
 
-    return receive_one
+
+def make_receive_one(unpack, Py_ssize_t status_bytes, double max_ack_delay, unsigned int flag_msgpack):
+    """A :class:`ReceiveOne` (the latency path of ``Receiver.receive_one``)."""
+    return ReceiveOne(unpack, status_bytes, max_ack_delay, flag_msgpack)
 
 
 # -- the reliable sender's per-datagram bookkeeping ------------------------------
@@ -1105,14 +1307,22 @@ def reliable_clear(SendState st, Py_ssize_t n):
     return _clear(st, n)
 
 
-def make_reliable_sent(SenderState rel):
-    """``ReliableSender.sent`` of ``rel``: ``sent(st, datagrams, now)``
-    buffers the stream's new datagrams, which :func:`reliable_clear` let go,
-    as sent once at ``now``, and arms the probe timeout (``rel._arm``) when
-    none is armed. As every method of the reliable sender, it runs under the
-    driver's batch lock: nothing here relies on the GIL."""
+cdef class ReliableSent:
+    """``ReliableSender.sent`` of a reliable sender, made by
+    :func:`make_reliable_sent`: ``sent(st, datagrams, now)`` buffers the
+    stream's new datagrams, which :func:`reliable_clear` let go, as sent
+    once at ``now``, and arms the probe timeout (``rel._arm``) when none is
+    armed. :class:`IdleAfter` books its one datagram through :meth:`one`,
+    without a Python call or a list. As every method of the reliable
+    sender, it runs under the driver's batch lock: nothing here relies on
+    the GIL."""
 
-    def sent(SendState st, list datagrams, now):
+    cdef SenderState rel
+
+    def __init__(self, SenderState rel):
+        self.rel = rel
+
+    def __call__(self, SendState st, list datagrams, now):
         cdef Py_ssize_t n = PyList_GET_SIZE(datagrams)
         cdef unsigned long long seq = (<unsigned long long>(<Stream?>st.stream).seq - <unsigned long long>n) & 0xFFFFFFFFULL
         cdef dict buf = st.buf
@@ -1123,21 +1333,34 @@ def make_reliable_sent(SenderState rel):
             buf[seq] = [d, now, 1]
             added += PyBytes_GET_SIZE(d) if type(d) is bytes else len(d)
             seq = (seq + 1) & 0xFFFFFFFFULL
+        self._booked(st, seq, added, now)
+
+    cdef int one(self, SendState st, bytes d, double now) except -1:
+        cdef unsigned long long seq = (<unsigned long long>(<Stream?>st.stream).seq - 1ULL) & 0xFFFFFFFFULL
+        cdef object stamp = now
+        st.buf[seq] = [d, stamp, 1]
+        self._booked(st, (seq + 1ULL) & 0xFFFFFFFFULL, PyBytes_GET_SIZE(d), stamp)
+        return 0
+
+    cdef int _booked(self, SendState st, unsigned long long upto, Py_ssize_t added, object now) except -1:
         st.nbytes += added
-        rel.total += added
-        st.sent_upto = seq
+        self.rel.total += added
+        st.sent_upto = upto
         if st.pto_at is None:
-            rel._arm(st, now)
+            self.rel._arm(st, now)
+        return 0
 
-    return sent
+
+def make_reliable_sent(SenderState rel):
+    """The :class:`ReliableSent` of ``rel`` (``ReliableSender.sent``)."""
+    return ReliableSent(rel)
 
 
-def make_idle_after(ep, after, batcher, sendto, reliable_sent, lock, rel_timer, send_error, rel,
-                    Py_ssize_t ack_poll_at, Py_ssize_t send_buffer, Py_ssize_t send_total,
-                    double ack_poll_gap):
+cdef class IdleAfter:
     """The slow half of a push (``Endpoint._after_append``, given as
-    ``after``) for its commonest case, in C: a push that opens a batch to an
-    idle destination sends its one message's datagram at once.
+    ``after``) for its commonest case, in C, made by :func:`make_idle_after`:
+    a push that opens a batch to an idle destination sends its one
+    message's datagram at once.
 
     ``after_append(s, payload, r)`` does what ``_after_append`` does, through
     ``Batcher.advance``, ``take_idle``, ``Endpoint._emit`` and
@@ -1164,69 +1387,129 @@ def make_idle_after(ep, after, batcher, sendto, reliable_sent, lock, rel_timer, 
     ``after`` is called as it would have been, with nothing changed.
     The clock is CLOCK_MONOTONIC, which ``time.monotonic`` (``Queue._now``)
     reads too.
-    """
-    acquire = lock.acquire
-    release = lock.release
-    take_idle = batcher.take_idle
-    cdef EndpointState es = ep
-    cdef SenderState rs = rel
-    cdef BatcherState bs = batcher
-    cdef bint never_idle = batcher._never_idle
-    cdef double idle_gap = batcher._idle_gap
-    cdef double busy_gap = batcher._busy_gap
 
-    def after_append(s_obj, payload, r):
+    The compiled parts it is given (a :class:`Lock`, a :class:`TakeIdle`,
+    ``DatagramIO.send1``, a :class:`ReliableSent`) it calls in C; anything
+    else through a Python call. The compiled push (:func:`make_push`) calls
+    it in C too.
+    """
+
+    cdef object after, ep, send_error, sendto, rel_timer, acquire, release, take_idle, reliable_sent
+    cdef EndpointState es
+    cdef SenderState rs
+    cdef BatcherState bs
+    cdef Lock lock
+    cdef TakeIdle take
+    cdef DatagramIO io
+    cdef ReliableSent booker
+    cdef bint never_idle
+    cdef double idle_gap, busy_gap, ack_poll_gap
+    cdef Py_ssize_t ack_poll_at, send_buffer, send_total
+
+    def __init__(self, ep, after, batcher, sendto, reliable_sent, lock, rel_timer, send_error, rel,
+                 Py_ssize_t ack_poll_at, Py_ssize_t send_buffer, Py_ssize_t send_total,
+                 double ack_poll_gap):
+        self.ep = ep
+        self.es = ep
+        self.after = after
+        self.rs = rel
+        self.bs = batcher
+        self.lock = lock if type(lock) is Lock else None
+        self.acquire = lock.acquire
+        self.release = lock.release
+        self.take_idle = batcher.take_idle
+        self.take = self.take_idle if type(self.take_idle) is TakeIdle else None
+        self.sendto = sendto
+        owner = getattr(sendto, "__self__", None)
+        self.io = owner if type(owner) is DatagramIO and getattr(sendto, "__name__", "") == "send1" else None
+        self.reliable_sent = reliable_sent
+        self.booker = reliable_sent if type(reliable_sent) is ReliableSent else None
+        self.rel_timer = rel_timer
+        self.send_error = send_error
+        self.never_idle = batcher._never_idle
+        self.idle_gap = batcher._idle_gap
+        self.busy_gap = batcher._busy_gap
+        self.ack_poll_at = ack_poll_at
+        self.send_buffer = send_buffer
+        self.send_total = send_total
+        self.ack_poll_gap = ack_poll_gap
+
+    def __call__(self, s_obj, payload, r):
+        return self.run(s_obj, payload, r)
+
+    cdef object run(self, s_obj, payload, r):
         cdef Stream s
         cdef SendState st = None
-        cdef double now, stamp
-        cdef object d, armed
+        cdef EndpointState es = self.es
+        cdef double now, stamp = 0.0
+        cdef object d, armed = None
+        cdef bint sent
         if r is not CHECK or type(s_obj) is not Stream or es._closed:
-            return after(s_obj, payload, r)
+            return self.after(s_obj, payload, r)
         s = <Stream>s_obj
-        if s.armed == s.gen or PyList_GET_SIZE(s.frames) != 1 or never_idle:
-            return after(s_obj, payload, r)
+        if s.armed == s.gen or PyList_GET_SIZE(s.frames) != 1 or self.never_idle:
+            return self.after(s_obj, payload, r)
         now = _mono()
         if s._rel is not None:
             st = <SendState?>s._rel
-            if st.nbytes >= send_buffer or rs.total >= send_total:
-                return after(s_obj, payload, r)  # full: the slow half waits or raises
-            if st.nbytes >= ack_poll_at and now - es._app_read_at >= ack_poll_gap:
-                return after(s_obj, payload, r)  # the slow half reads the acknowledgements
+            if st.nbytes >= self.send_buffer or self.rs.total >= self.send_total:
+                return self.after(s_obj, payload, r)  # full: the slow half waits or raises
+            if st.nbytes >= self.ack_poll_at and now - es._app_read_at >= self.ack_poll_gap:
+                return self.after(s_obj, payload, r)  # the slow half reads the acknowledgements
         # Not idle now (the rule again, under the lock, in take_idle): the
         # pure path, without taking the lock twice (a stream that streams
         # opens each batch here, not idle).
-        if not _idle(s, now, bs.waited_at, idle_gap, busy_gap):
-            return after(s_obj, payload, r)
-        acquire()
+        if not _idle(s, now, self.bs.waited_at, self.idle_gap, self.busy_gap):
+            return self.after(s_obj, payload, r)
+        if self.lock is not None:
+            self.lock.acquire_wait()
+        else:
+            self.acquire()
         try:
-            d = take_idle(s, now)
+            d = self.take.take(s, now) if self.take is not None else self.take_idle(s, now)
             if d is None:
                 d = False  # released below, then the pure path
             elif st is not None and not _clear(st, 1):
-                ep._emit(s, [d], s.last_send)  # credit closed: it waits in the send buffer
+                self.ep._emit(s, [d], s.last_send)  # credit closed: it waits in the send buffer
             else:
                 if st is not None:
                     armed = st.pto_at
                     stamp = _mono()
                 try:
-                    sendto(d, s.addr)
+                    if self.io is not None:
+                        self.io._send1(<bytes?>d, s.addr)
+                    else:
+                        self.sendto(d, s.addr)
                 except OSError as exc:
-                    ep._count_send_failure(exc)
-                    raise send_error(exc, s.addr) from exc
+                    self.ep._count_send_failure(exc)
+                    raise self.send_error(exc, s.addr) from exc
                 finally:
                     s.last_send = _mono()
                     if st is not None:
-                        reliable_sent(st, [d], stamp)
-                        if st.nbytes >= send_buffer or rs.total >= send_total:
+                        if self.booker is not None and type(d) is bytes:
+                            self.booker.one(st, <bytes>d, stamp)
+                        else:
+                            self.reliable_sent(st, [d], stamp)
+                        if st.nbytes >= self.send_buffer or self.rs.total >= self.send_total:
                             s.check_at = 0  # Batcher.hold: the next push takes the slow half
                         if armed is None and st.pto_at is not None:
-                            rel_timer(st.pto_at)
+                            self.rel_timer(st.pto_at)
         finally:
-            release()
+            if self.lock is not None:
+                self.lock.release_held()
+            else:
+                self.release()
         if d is False:
-            after(s_obj, payload, r)
+            self.after(s_obj, payload, r)
 
-    return after_append
+
+def make_idle_after(ep, after, batcher, sendto, reliable_sent, lock, rel_timer, send_error, rel,
+                    Py_ssize_t ack_poll_at, Py_ssize_t send_buffer, Py_ssize_t send_total,
+                    double ack_poll_gap):
+    """The :class:`IdleAfter` of endpoint ``ep`` (its ``_after_append``'s
+    commonest case in C; the arguments are its fields, see the class)."""
+    return IdleAfter(ep, after, batcher, sendto, reliable_sent, lock, rel_timer, send_error, rel,
+                     ack_poll_at, send_buffer, send_total, ack_poll_gap)
 
 
 def release_acked(dict buf, unsigned long long seq, Py_ssize_t count):
@@ -1772,6 +2055,9 @@ cdef class DatagramIO:
             OSError: the kernel refused it.
             ValueError: ``addr`` is not a numeric IPv4 or IPv6 address.
         """
+        self._send1(data, addr)
+
+    cdef int _send1(self, bytes data, addr) except -1:
         cdef ssize_t sent
         cdef int err = 0
         cdef sockaddr_storage sa
@@ -1793,7 +2079,7 @@ cdef class DatagramIO:
         while True:
             sent = sendto(self.fd, p, n, MSG_DONTWAIT, <sockaddr *>&sa, salen)
             if sent >= 0:
-                return
+                return 0
             err = errno
             if err == EAGAIN:
                 with nogil:
@@ -1801,7 +2087,7 @@ cdef class DatagramIO:
                     if sent < 0:
                         err = errno
                 if sent >= 0:
-                    return
+                    return 0
             if err == EINTR:
                 PyErr_CheckSignals()
                 continue
@@ -1959,6 +2245,8 @@ cdef class DirectReader:
     cdef object heap, sock
     # The queue's receive lock's and state lock's acquire and release, bound once.
     cdef object rx_acquire, rx_release, state_acquire, state_release
+    # The same locks when they are the compiled core's (taken in C), else None.
+    cdef Lock rx_lock, state_lock
     cdef BatcherState batcher
     cdef ReceiverState receiver
     cdef dict mailboxes
@@ -1968,6 +2256,9 @@ cdef class DirectReader:
     # The receiver's compiled receive_one, when it has one and no key
     # (None: Receiver.receive_one decides).
     cdef object fast_one
+    cdef ReceiveOne one  # fast_one when it is compiled (called in C), else None
+    # Whether the queue's one-datagram read (_recv_small) is io's recv1 (called in C).
+    cdef bint io_recv
     # cmq.wire.receiver.EMPTY, and the queue's compiled message_of.
     cdef object empty
     cdef MessageOf message_of
@@ -1988,6 +2279,8 @@ cdef class DirectReader:
         self.rx_release = getattr(queue._rx_lock, "release", None)
         self.state_acquire = getattr(queue._state_lock, "acquire", None)
         self.state_release = getattr(queue._state_lock, "release", None)
+        self.rx_lock = queue._rx_lock if type(queue._rx_lock) is Lock else None
+        self.state_lock = queue._state_lock if type(queue._state_lock) is Lock else None
         self.mailboxes = queue._mailboxes
         self.batcher = queue._batcher
         self.receiver = queue._receiver
@@ -2005,6 +2298,10 @@ cdef class DirectReader:
 
             self.message_of = MessageOf(Message)
         self.fast_one = getattr(rx, "_fast_one", None) if getattr(rx, "_key", None) is None else None
+        self.one = self.fast_one if type(self.fast_one) is ReceiveOne else None
+        small = getattr(queue, "_recv_small", None)
+        self.io_recv = (self.io is not None and getattr(small, "__self__", None) is self.io
+                        and getattr(small, "__name__", "") == "recv1")
         self.short_wait = R.SHORT_WAIT
         self.timer_slack = R.TIMER_SLACK
         self.spin_floor = R.SPIN_FLOOR
@@ -2095,7 +2392,12 @@ cdef class DirectReader:
         cdef bint bounded = timeout is not None
         cdef bint has_wait, awaits, polls, found
         cdef long i
-        if self.heap or not self.rx_acquire(False):
+        if self.heap:
+            return None, timeout
+        if self.rx_lock is not None:
+            if not self.rx_lock.try_acquire():
+                return None, timeout
+        elif not self.rx_acquire(False):
             return None, timeout
         # The application reads: the I/O thread leaves the socket to it.
         start = now = _mono()
@@ -2151,7 +2453,10 @@ cdef class DirectReader:
                                 q._set_rcvtimeo(None)
                         elif not (q._rcv_lo <= wait <= q._rcv_hi):
                             q._set_rcvtimeo(wait)
-                        data, addr = q._recv_small(True)
+                        if self.io_recv:
+                            data, addr = self.io._recv1(True)
+                        else:
+                            data, addr = q._recv_small(True)
                         if PyBytes_GET_SIZE(data) >= self.big_datagram:
                             q._big_reads = True
                 except OSError:
@@ -2160,17 +2465,26 @@ cdef class DirectReader:
                     now = _mono()
                     q._app_read_at = now
                     self.batcher.waited_at = now
-                    self.state_acquire()
+                    if self.state_lock is not None:
+                        self.state_lock.acquire_wait()
+                    else:
+                        self.state_acquire()
                     try:
                         if self.fast_one is not None:
                             # Receiver.receive_one's first case, without its Python frame.
-                            item = self.fast_one(self.receiver, data, addr, now, mailbox)
+                            if self.one is not None:
+                                item = self.one.receive(self.receiver, <bytes?>data, addr, now, mailbox)
+                            else:
+                                item = self.fast_one(self.receiver, data, addr, now, mailbox)
                             if item is None:
                                 self.receiver.datagram_received(data, addr, now)
                         else:
                             item = self.receiver.receive_one(data, addr, now, mailbox)
                     finally:
-                        self.state_release()
+                        if self.state_lock is not None:
+                            self.state_lock.release_held()
+                        else:
+                            self.state_release()
                     if item is not None:
                         # The timers due wait for this thread's next read.
                         # Endpoint._after_read(now, fire=False) has nothing
@@ -2187,7 +2501,10 @@ cdef class DirectReader:
                     break  # timed out, closed, or an ICMP error: the general path decides
                 # A timer cut the wait: the next turn fires it and reads on.
         finally:
-            self.rx_release()
+            if self.rx_lock is not None:
+                self.rx_lock.release_held()
+            else:
+                self.rx_release()
         if bounded:
             left = <double>timeout - (_mono() - start)
             return None, (left if left > 0.0 else 0.0)

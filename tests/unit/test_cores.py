@@ -917,3 +917,109 @@ def test_a_queue_subclass_with_slots_of_its_own_works_on_both_cores() -> None:
         finally:
             a.close()
             b.close()
+
+
+def _receive_one_after_a_drop(core: str) -> list[object]:
+    """Stream X's next datagram read by a waiting reader (receive_one), after
+    the receiver dropped X's stream (another took its place, one stream at
+    most) and made it again from the same datagrams: what each step gave
+    and X's stream at the end."""
+    with _impl.using(core):
+        rx = Receiver(QueueConfig(max_datagram=2000), sender_id=1)
+    rx.set_kernel_budget(1 << 20)
+    head = frames.stream_head(0, 3, 0, frames.VERSION_2)
+
+    def d(seq: int, syn: bool) -> bytes:
+        return frames.frame([b"m%d" % seq], head, seq, frames.extension(77, frames.R_ORDERED | (frames.R_SYN if syn else 0)))
+
+    x, y = ("127.0.0.1", 4000), ("127.0.0.1", 4001)
+    seen: list[object] = []
+    now = 1.0
+    seen.append(rx.datagram_received(d(0, True), x, now))
+    seen.append(rx.take_status(now, all_owed=True))  # X's stream is granted credit
+    seen.append(rx.receive_one(d(1, False), x, now, 0))  # the fast path: X's stream is remembered
+    seen.append(rx.datagram_received(d(0, True), y, now))  # Y's stream takes X's place
+    seen.append(rx.datagram_received(d(0, True), x, now))  # X again: a new stream, not granted yet
+    seen.append(rx.datagram_received(d(1, True), x, now))
+    seen.append(rx.receive_one(d(2, False), x, now, 0))  # the new stream's, through the general path
+    rs = rx._rstreams[(x, 3, 0)]
+    seen.append([getattr(rs, f) for f in sorted(RecvStream.__slots__) if f not in ("held", "seen")])
+    seen.append(rx.mailbox(0).take(100))
+    return seen
+
+
+def test_the_compiled_receive_one_never_takes_a_stream_the_receiver_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cmq.wire import receiver as receiver_mod
+
+    monkeypatch.setattr(receiver_mod, "MAX_RELIABLE_STREAMS", 1)
+    compiled = _receive_one_after_a_drop("compiled")
+    assert compiled == _receive_one_after_a_drop("python")
+    assert compiled[6] is None or compiled[6][0] == b"m2"
+
+
+def test_the_compiled_lock_acts_as_threading_lock() -> None:
+    lock = _speedups.Lock()
+    assert not lock.locked()
+    assert lock.acquire() is True
+    assert lock.locked()
+    assert lock.acquire(False) is False
+    assert lock.acquire(True, 0.01) is False
+    assert lock.acquire(timeout=0) is False
+    lock.release()
+    assert not lock.locked()
+    with pytest.raises(RuntimeError, match="release unlocked lock"):
+        lock.release()
+    with pytest.raises(ValueError, match="non-blocking"):
+        lock.acquire(False, 1.0)
+    with pytest.raises(ValueError, match="non-negative"):
+        lock.acquire(True, -2.0)
+    with pytest.raises(OverflowError):
+        lock.acquire(True, 1e300)
+    with lock:
+        assert lock.locked()
+    assert not lock.locked()
+    # Another thread waits (without the GIL) until the holder releases it.
+    order: list[str] = []
+    lock.acquire()
+    t = threading.Thread(target=lambda: (lock.acquire(), order.append("taken"), lock.release()))
+    t.start()
+    time.sleep(0.05)
+    order.append("released")
+    lock.release()
+    t.join(10)
+    assert order == ["released", "taken"]
+
+
+def test_a_wait_for_the_compiled_lock_runs_signal_handlers() -> None:
+    import signal
+
+    class Interrupted(Exception):
+        pass
+
+    def handler(signum: int, frame: object) -> None:
+        raise Interrupted
+
+    lock = _speedups.Lock()
+    lock.acquire()
+    rescue = threading.Timer(10.0, lock.release)  # never a hang, whatever happens
+    rescue.start()
+    old = signal.signal(signal.SIGALRM, handler)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.05)
+        with pytest.raises(Interrupted):
+            lock.acquire()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+        rescue.cancel()
+    assert lock.locked()  # still the first holder's
+
+
+def test_compiled_queues_take_their_locks_and_parts_in_c() -> None:
+    q = cmq.Queue(0, "127.0.0.1")
+    try:
+        assert type(q._rx_lock) is _speedups.Lock and type(q._state_lock) is _speedups.Lock
+        assert type(q._after) is _speedups.IdleAfter
+        assert type(q._receiver._fast_one) is _speedups.ReceiveOne
+    finally:
+        q.close()

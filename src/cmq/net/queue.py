@@ -119,7 +119,10 @@ class Queue(Endpoint):
         multicast_interface: str | None = None,
         **options: Any,
     ) -> None:
-        super().__init__(port, host, config, multicast_interface, options, lock=threading.Lock)
+        # The compiled core's locks are taken in C by its compiled paths
+        # (threading.Lock's interface, the same lock underneath).
+        lock = threading.Lock if _impl.speedups is None else _impl.speedups.Lock
+        super().__init__(port, host, config, multicast_interface, options, lock=lock)
         # Notified when a reliable stream's send buffer gets room (blocked pushes, drain).
         self._room_cv = threading.Condition(threading.Lock())
         self._rcvtimeo = 0.0  # what SO_RCVTIMEO is set to (0: forever, the default)

@@ -735,6 +735,7 @@ class Receiver:
     def _new_stream(self, key: tuple[Any, int, int], epoch: int, ordered: bool, now: float) -> RecvStream:
         old = self._rstreams.pop(key, None)
         if old is not None:
+            old.gone = True
             self.epoch_resets += 1
             self._held_rel -= old.held_bytes
             self._owed.pop(old, None)
@@ -742,6 +743,7 @@ class Receiver:
             oldest = min(self._rstreams.values(), key=lambda r: r.last_active)
             k = (oldest.addr, oldest.sender, oldest.mailbox)
             del self._rstreams[k]
+            oldest.gone = True
             self._owed.pop(oldest, None)
             self._held_rel -= oldest.held_bytes
         rs = self._rs_type(key[0], key[1], key[2], epoch, ordered, now)

@@ -880,6 +880,7 @@ class RecvStream:
         "due",
         "epoch",
         "grant_at",
+        "gone",
         "grant_seen",
         "granted",
         "held",
@@ -930,6 +931,9 @@ class RecvStream:
         self.due: float | None = None  # when a delayed STATUS is due
         self.last_active = now
         self.answer = 0  # the serial of the last PROBE that came (0: none), named by every STATUS
+        # Set when the receiver drops it (Receiver._new_stream): whoever
+        # kept it, the compiled receive_one's memo, knows it is no longer current.
+        self.gone = False
 
     def gaps(self) -> tuple[tuple[int, int], ...]:
         """Missing ranges between ``next`` and ``largest`` (at most 32)."""
