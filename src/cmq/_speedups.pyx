@@ -10,8 +10,9 @@ the sans-IO tests against both and checks byte-for-byte equal output):
 - :func:`make_append`, :func:`make_sender` and :func:`make_push`: the fast
   half of a push (as ``Batcher._make_append`` and the closures of
   ``cmq.net._base.Endpoint``);
-- :func:`make_take_idle`: the idle rule's short path, one message to an
-  idle destination leaving at once (as ``Batcher.take_idle``);
+- :class:`TakeIdle` (:func:`make_take_idle`): the idle rule's short path,
+  one message to an idle destination leaving at once (as
+  ``Batcher.take_idle``);
 - :class:`EndpointState`, :class:`ReceiverState`, :class:`BatcherState`
   and :class:`SenderState`: the fields of an endpoint, a receiver, a
   batcher and a reliable sender that every datagram or blocking read
@@ -23,9 +24,9 @@ the sans-IO tests against both and checks byte-for-byte equal output):
   :class:`cmq.wire.reliable.RecvStream`, whose methods it gets from
   :func:`cmq.wire.reliable.recv_stream_type`), as C members that the
   receive paths below reach without attribute lookups;
-- :func:`make_receive_one`: the latency path of a blocking read, one
-  datagram of a best-effort or a reliable stream straight to the reader
-  (as ``Receiver.receive_one``);
+- :class:`ReceiveOne` (:func:`make_receive_one`): the latency path of a
+  blocking read, one datagram of a best-effort or a reliable stream
+  straight to the reader (as ``Receiver.receive_one``);
 - :func:`make_receive_v2`: the receiver's fast path of reliable streams,
   the next datagram of a stream split into its mailbox with the
   acknowledgement bookkeeping (as the one in
@@ -33,19 +34,32 @@ the sans-IO tests against both and checks byte-for-byte equal output):
 - :class:`SendState`, the fields of a reliable sending stream (as
   :class:`cmq.wire.reliable.SendStream`, whose methods it gets from
   :func:`cmq.wire.reliable.send_stream_type`), as C members;
-- :func:`reliable_clear`, :func:`make_reliable_sent` and
-  :func:`release_acked`: the reliable sender's per-datagram bookkeeping (as
-  ``ReliableSender.clear``, ``ReliableSender.sent`` and
+- :func:`reliable_clear`, :class:`ReliableSent` (:func:`make_reliable_sent`)
+  and :func:`release_acked`: the reliable sender's per-datagram
+  bookkeeping (as ``ReliableSender.clear``, ``ReliableSender.sent`` and
   :func:`cmq.wire.reliable.release_acked`);
-- :func:`make_idle_after`: the slow half of a push in its commonest case,
-  one message to an idle destination from ``push`` to the kernel (as
-  ``Endpoint._after_append`` and the methods it calls, which take every
-  other case);
+- :class:`IdleAfter` (:func:`make_idle_after`): the slow half of a push in
+  its commonest case, one message to an idle destination from ``push`` to
+  the kernel (as ``Endpoint._after_append`` and the methods it calls, which
+  take every other case);
+- :class:`Lock`: ``threading.Lock``'s interface over the interpreter's own
+  lock, the compiled-core queue's locks, which the compiled paths take
+  with a C call;
 - :class:`DatagramIO`: many datagrams per system call, ``recvmmsg`` and
   ``sendmmsg``, and one at a time, ``recvfrom`` and ``sendto`` (as the
   socket module's, without its argument parsing and address formatting),
   with the GIL released around every call that may block (calls that
   cannot block keep it).
+
+The compiled parts of one path call each other in C: a round trip's push
+(:func:`make_push`, :class:`IdleAfter`, :class:`TakeIdle`,
+:class:`ReliableSent`, ``DatagramIO.send1``) and read
+(:class:`DirectReader`, ``DatagramIO.recv1``, :class:`ReceiveOne`, the
+queue's :class:`Lock` objects) make no Python call between them. Each
+keeps the Python-callable interface of its pure twin, and a part that is
+not the compiled one (a test's stand-in, a keyed receiver's) is called
+through Python as before. Those calls were a fifth of a round trip's
+instructions.
 
 Thread safety. The pure path relies on the GIL for two things, and so does
 this module, on purpose and no more: a ``list.append`` of a payload to a
