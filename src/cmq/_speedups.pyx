@@ -42,6 +42,10 @@ the sans-IO tests against both and checks byte-for-byte equal output):
   its commonest case, one message to an idle destination from ``push`` to
   the kernel (as ``Endpoint._after_append`` and the methods it calls, which
   take every other case);
+- :func:`decode_control`, :func:`encode_control` and :func:`status_of`:
+  the control records (STATUS and PROBE) read and written, and a
+  receiving stream's STATUS made (as :func:`cmq.wire.frames.decode_control`,
+  :func:`cmq.wire.frames.encode_control` and ``RecvStream.status``);
 - :class:`Lock`: ``threading.Lock``'s interface over the interpreter's own
   lock, the compiled-core queue's locks, which the compiled paths take
   with a C call;
@@ -1022,6 +1026,219 @@ def split_frames(bytes data, Py_ssize_t start, Py_ssize_t end):
 
 cdef inline unsigned long _be32(const unsigned char *p) noexcept nogil:
     return (<unsigned long>p[0] << 24) | (<unsigned long>p[1] << 16) | (<unsigned long>p[2] << 8) | p[3]
+
+
+# -- control records (STATUS and PROBE) ---------------------------------------
+
+
+cdef extern from "Python.h":
+    int PyObject_GenericSetAttr(object o, object name, object value) except -1
+
+# The record classes of cmq.wire.frames, looked up on first use (that module
+# does not import this one at import time).
+cdef object _StatusT = None
+cdef object _ProbeT = None
+cdef tuple _STATUS_FIELDS = ("stream_sender", "mailbox", "epoch", "next_expected", "credit_limit",
+                             "largest_seen", "missing", "ack_delay", "reset", "probe")
+cdef tuple _PROBE_FIELDS = ("mailbox", "epoch", "next_seq", "rflags", "serial")
+cdef enum:
+    REC_STATUS_ = 1
+    REC_PROBE_ = 2
+    S_RESET_ = 0x01
+    S_ANSWER_ = 0x02
+    STATUS_SIZE_ = 29
+    RANGE_SIZE_ = 6
+    SERIAL_SIZE_ = 2
+    PROBE_SIZE_ = 16
+    MAX_RANGES_ = 32
+
+
+cdef int _record_types() except -1:
+    global _StatusT, _ProbeT
+    if _StatusT is None:
+        from cmq.wire.frames import Probe, Status
+
+        _StatusT, _ProbeT = Status, Probe
+    return 0
+
+
+cdef object _fill(object cls, tuple names, tuple values):
+    # A frozen, slotted dataclass's object with these field values, set
+    # through its slots (its __setattr__ refuses, as frozen): the object
+    # its __init__ would make, without the keyword call.
+    cdef object obj = cls.__new__(cls)
+    cdef Py_ssize_t k
+    for k in range(PyTuple_GET_SIZE(names)):
+        PyObject_GenericSetAttr(obj, names[k], values[k])
+    return obj
+
+
+cdef inline unsigned int _be16(const unsigned char *p) noexcept nogil:
+    return (<unsigned int>p[0] << 8) | p[1]
+
+
+def decode_control(bytes data, Py_ssize_t start, Py_ssize_t end):
+    """:func:`cmq.wire.frames.decode_control`: the control records in
+    ``data[start:end]``, the same :class:`~cmq.wire.frames.Status` and
+    :class:`~cmq.wire.frames.Probe` objects.
+
+    Raises:
+        ProtocolError: the same cases, with the same messages.
+    """
+    cdef const unsigned char *b = <const unsigned char *>PyBytes_AS_STRING(data)
+    cdef Py_ssize_t i = start, n, head
+    cdef unsigned int kind, flags
+    cdef list out = []
+    if start < 0 or end > PyBytes_GET_SIZE(data):
+        raise ValueError("decode_control: start and end must lie within the data")
+    _record_types()
+    while i < end:
+        kind = b[i]
+        if kind == REC_STATUS_:
+            if i + STATUS_SIZE_ > end:
+                raise ProtocolError("STATUS record runs past the end")
+            flags = b[i + 1]
+            n = b[i + 28]
+            head = i
+            i += STATUS_SIZE_
+            if i + n * RANGE_SIZE_ > end:
+                raise ProtocolError("STATUS ranges run past the end")
+            missing = _ranges(b + i, n)
+            i += n * RANGE_SIZE_
+            probe = 0
+            if flags & S_ANSWER_:
+                if i + SERIAL_SIZE_ > end:
+                    raise ProtocolError("STATUS serial runs past the end")
+                probe = _be16(b + i)
+                i += SERIAL_SIZE_
+            out.append(_fill(_StatusT, _STATUS_FIELDS, (
+                _be32(b + head + 4), _be32(b + head + 8), _be32(b + head + 12), _be32(b + head + 16),
+                _be32(b + head + 20), _be32(b + head + 24), missing, _be16(b + head + 2),
+                bool(flags & S_RESET_), probe)))
+        elif kind == REC_PROBE_:
+            if i + PROBE_SIZE_ > end:
+                raise ProtocolError("PROBE record runs past the end")
+            out.append(_fill(_ProbeT, _PROBE_FIELDS, (
+                _be32(b + i + 4), _be32(b + i + 8), _be32(b + i + 12), b[i + 1], _be16(b + i + 2))))
+            i += PROBE_SIZE_
+        else:
+            raise ProtocolError(f"unknown control record type {kind}")
+    return out
+
+
+cdef tuple _ranges(const unsigned char *b, Py_ssize_t n):
+    # The STATUS's missing ranges, as the pure decoder's tuple of (start, length).
+    cdef list ranges = []
+    cdef Py_ssize_t k
+    for k in range(n):
+        ranges.append((_be32(b + k * RANGE_SIZE_), _be16(b + k * RANGE_SIZE_ + 4)))
+    return tuple(ranges)
+
+
+cdef inline bint _u32(object v) except -1:
+    # Whether v is an int the pure encoder packs as it is (">I"): 0 <= v < 2**32.
+    return type(v) is int and 0 <= v <= 0xFFFFFFFF
+
+
+def encode_control(records, sender, key=None):
+    """:func:`cmq.wire.frames.encode_control`: one v2 control datagram
+    carrying ``records``, byte for byte the pure function's. A record this
+    twin does not take as it is (a tag to add, a field that is not a plain
+    int in range, a record of another type) goes to the pure function,
+    which gives the datagram or the error it gives."""
+    cdef Py_ssize_t size = 16, k, nr
+    cdef object r, rng
+    _record_types()
+    if key is not None or type(records) is not list or not _u32(sender):
+        return _pure_encode(records, sender, key)
+    for r in <list>records:
+        if type(r) is _StatusT:
+            if not (_u32(r.stream_sender) and _u32(r.mailbox) and _u32(r.epoch) and type(r.next_expected) is int
+                    and type(r.credit_limit) is int and type(r.largest_seen) is int and type(r.ack_delay) is int
+                    and type(r.probe) is int and type(r.missing) is tuple):
+                return _pure_encode(records, sender, key)
+            nr = min(PyTuple_GET_SIZE(r.missing), MAX_RANGES_)
+            for k in range(nr):
+                rng = r.missing[k]
+                if not (type(rng) is tuple and PyTuple_GET_SIZE(rng) == 2 and type(rng[0]) is int
+                        and type(rng[1]) is int and rng[1] >= 0):
+                    return _pure_encode(records, sender, key)
+            size += STATUS_SIZE_ + nr * RANGE_SIZE_ + (SERIAL_SIZE_ if r.probe else 0)
+        elif type(r) is _ProbeT:
+            if not (_u32(r.mailbox) and _u32(r.epoch) and type(r.next_seq) is int and type(r.rflags) is int
+                    and 0 <= r.rflags <= 0xFF and type(r.serial) is int):
+                return _pure_encode(records, sender, key)
+            size += PROBE_SIZE_
+        else:
+            return _pure_encode(records, sender, key)
+    out = PyBytes_FromStringAndSize(NULL, size)
+    cdef unsigned char *w = <unsigned char *>PyBytes_AS_STRING(out)
+    cdef unsigned long delay
+    w[0] = 0xC3
+    w[1] = 0x51
+    w[2] = 2
+    w[3] = 0x10  # FLAG_CONTROL
+    _put_be32(w + 4, <unsigned long>sender)
+    memset(w + 8, 0, 8)
+    w += 16
+    for r in <list>records:
+        if type(r) is _StatusT:
+            nr = min(PyTuple_GET_SIZE(r.missing), MAX_RANGES_)
+            w[0] = REC_STATUS_
+            w[1] = (S_RESET_ if r.reset else 0) | (S_ANSWER_ if r.probe else 0)
+            delay = <unsigned long>min(max(r.ack_delay, 0), 0xFFFF)
+            w[2] = (delay >> 8) & 0xFF
+            w[3] = delay & 0xFF
+            _put_be32(w + 4, <unsigned long>r.stream_sender)
+            _put_be32(w + 8, <unsigned long>r.mailbox)
+            _put_be32(w + 12, <unsigned long>r.epoch)
+            _put_be32(w + 16, <unsigned long>(r.next_expected & 0xFFFFFFFF))
+            _put_be32(w + 20, <unsigned long>(r.credit_limit & 0xFFFFFFFF))
+            _put_be32(w + 24, <unsigned long>(r.largest_seen & 0xFFFFFFFF))
+            w[28] = <unsigned char>nr
+            w += STATUS_SIZE_
+            for k in range(nr):
+                rng = r.missing[k]
+                _put_be32(w, <unsigned long>(rng[0] & 0xFFFFFFFF))
+                delay = <unsigned long>min(rng[1], 0xFFFF)
+                w[4] = (delay >> 8) & 0xFF
+                w[5] = delay & 0xFF
+                w += RANGE_SIZE_
+            if r.probe:
+                delay = <unsigned long>(r.probe & 0xFFFF)
+                w[0] = (delay >> 8) & 0xFF
+                w[1] = delay & 0xFF
+                w += SERIAL_SIZE_
+        else:
+            w[0] = REC_PROBE_
+            w[1] = <unsigned char>r.rflags
+            delay = <unsigned long>(r.serial & 0xFFFF)
+            w[2] = (delay >> 8) & 0xFF
+            w[3] = delay & 0xFF
+            _put_be32(w + 4, <unsigned long>r.mailbox)
+            _put_be32(w + 8, <unsigned long>r.epoch)
+            _put_be32(w + 12, <unsigned long>(r.next_seq & 0xFFFFFFFF))
+            w += PROBE_SIZE_
+    return out
+
+
+def status_of(RecvState rs, double now):
+    """``RecvStream.status(rs, now)`` (:mod:`cmq.wire.reliable`) of a compiled
+    receiving stream: the same :class:`~cmq.wire.frames.Status`, made
+    without the keyword call; its missing ranges from ``rs.gaps()`` only
+    when something after ``next`` arrived (else there are none)."""
+    cdef double held_for = (now - rs.largest_at) * 1e6
+    _record_types()
+    missing = () if _seq_diff(rs.largest, rs.next) < 0 else rs.gaps()
+    delay = <long long>held_for if -9e18 < held_for < 9e18 else int(held_for)
+    return _fill(_StatusT, _STATUS_FIELDS, (
+        rs.sender, rs.mailbox, rs.epoch, rs.next, rs.credit, rs.largest, missing, delay, False, rs.answer))
+
+
+cdef object _pure_encode(records, sender, key):
+    from cmq.wire.frames import encode_control as pure
+
+    return pure(records, sender, key)
 
 
 cdef inline long long _seq_diff(unsigned long long a, unsigned long long b) noexcept nogil:

@@ -125,6 +125,9 @@ class Queue(Endpoint):
         super().__init__(port, host, config, multicast_interface, options, lock=lock)
         # Notified when a reliable stream's send buffer gets room (blocked pushes, drain).
         self._room_cv = threading.Condition(threading.Lock())
+        # Threads waiting on it (written under its lock): a STATUS that makes
+        # room notifies only when there is one, not on every STATUS.
+        self._room_waiters = 0
         self._rcvtimeo = 0.0  # what SO_RCVTIMEO is set to (0: forever, the default)
         # The finite waits that setting serves (see _set_rcvtimeo).
         self._rcv_lo, self._rcv_hi = float("inf"), float("-inf")
@@ -264,8 +267,11 @@ class Queue(Endpoint):
             self._rx_lock.release()
 
     def _room_made(self) -> None:
-        with self._room_cv:
-            self._room_cv.notify_all()
+        # Read without the lock: a waiter counts itself before it checks
+        # for room under the lock, so one that this read missed sees the room.
+        if self._room_waiters:
+            with self._room_cv:
+                self._room_cv.notify_all()
 
     def _wait_room(self, s: Stream, deadline: float) -> bool:
         st = s.rel
@@ -295,7 +301,12 @@ class Queue(Endpoint):
                     self._rx_lock.release()
             else:
                 with self._room_cv:
-                    self._room_cv.wait(remaining)
+                    self._room_waiters += 1
+                    try:
+                        if not done():
+                            self._room_cv.wait(remaining)
+                    finally:
+                        self._room_waiters -= 1
         return True
 
     def drain(self, timeout: float | None = None) -> bool:

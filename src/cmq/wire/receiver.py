@@ -79,6 +79,7 @@ from cmq.wire.frames import (
     Probe,
     Status,
     decode,
+    decode_control,
     encode_control,
     split_frames,
 )
@@ -146,6 +147,9 @@ _SLOW_FLAGS: Final = FLAG_FRAGMENT | FLAG_TAG | FLAG_CONTROL
 # seq, epoch, rflags (the version byte skipped: tested before).
 _V2 = struct.Struct(">2sxBIIIIB3x")
 _V2_SIZE: Final = _V2.size
+# A control datagram's flags byte with no other flag, and the v2 version byte.
+_CONTROL_ONLY: Final = bytes([FLAG_CONTROL])
+_V2_BYTE: Final = bytes([VERSION_2])
 _V2_SLOW: Final = FLAG_FRAGMENT | FLAG_TAG | FLAG_CONTROL | FLAG_ACK
 
 # (addr, sender id, mailbox, datagram seq, correlation id or None)
@@ -382,6 +386,13 @@ class Receiver:
         # The fast paths' frame splitter: the compiled core's, or frames.split_frames.
         sp = _impl.speedups
         self._split: Callable[[bytes, int, int], list[bytes]] = split_frames if sp is None else sp.split_frames
+        # The control records' codec: the compiled core's twins, or frames' own.
+        self._decode_control: Callable[[bytes, int, int], list[Status | Probe]] = (
+            decode_control if sp is None else sp.decode_control
+        )
+        self._encode_control: Callable[..., bytes] = encode_control if sp is None else sp.encode_control
+        # A stream's STATUS (RecvStream.status, or its compiled twin).
+        self._status_of: Callable[[RecvStream, float], Status] = RecvStream.status if sp is None else sp.status_of
         # The reliable streams' fast path in C (the twin of the one in
         # datagram_received: tests/unit/test_cores.py), or None.
         self._fast_v2: Callable[[Receiver, bytes, Any, float], int] | None = (
@@ -584,6 +595,23 @@ class Receiver:
                 self.messages_received += n
                 self._next_arrived(rs, seq, len(data), now)
                 return n
+        if (
+            self._key is None
+            and len(data) >= HEADER_SIZE
+            and data[3:4] == _CONTROL_ONLY
+            and data[2:3] == _V2_BYTE
+            and data[:2] == MAGIC
+        ):
+            # An untagged v2 control datagram (STATUS, PROBE), as the general
+            # path takes it, without its Header: its records straight from
+            # the one parser of control records (or its compiled twin).
+            try:
+                records = self._decode_control(data, HEADER_SIZE, len(data))
+            except ProtocolError:
+                self.dropped["malformed"] += 1
+                return 0
+            self._control(records, addr, int.from_bytes(data[4:8], "big"), now)
+            return 0
         return self._general(data, addr, now)
 
     def _general(self, data: bytes, addr: Any, now: float) -> int:
@@ -918,7 +946,7 @@ class Receiver:
             # With a gap open, every due STATUS goes, new or not: the repeat
             # is what repairs a lost retransmission before the sender's PTO.
             if rs.urgent or rs.since_status or rs.credit != before or all_owed or gap:
-                by_addr.setdefault(rs.addr, []).append(rs.status(now))
+                by_addr.setdefault(rs.addr, []).append(self._status_of(rs, now))
                 rs.granted = True
                 rs.urgent = False
                 rs.since_status = rs.bytes_since = 0
@@ -936,7 +964,7 @@ class Receiver:
         per = max((self.config.max_datagram - HEADER_SIZE - 16) // _STATUS_SIZE, 1)
         for addr, recs in by_addr.items():
             for i in range(0, len(recs), per):
-                out.append((encode_control(recs[i : i + per], self.sender_id, self._key), addr))
+                out.append((self._encode_control(recs[i : i + per], self.sender_id, self._key), addr))
                 self.status_sent += len(recs[i : i + per])
         return out
 
