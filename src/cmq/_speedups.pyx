@@ -42,6 +42,8 @@ the sans-IO tests against both and checks byte-for-byte equal output):
   its commonest case, one message to an idle destination from ``push`` to
   the kernel (as ``Endpoint._after_append`` and the methods it calls, which
   take every other case);
+- :class:`OnStatus`: the reliable sender's handling of a plain STATUS (as
+  ``ReliableSender.on_status``, which takes every other report);
 - :func:`decode_control`, :func:`encode_control` and :func:`status_of`:
   the control records (STATUS and PROBE) read and written, and a
   receiving stream's STATUS made (as :func:`cmq.wire.frames.decode_control`,
@@ -1747,6 +1749,10 @@ def release_acked(dict buf, unsigned long long seq, Py_ssize_t count):
     """``cmq.wire.reliable.release_acked``: remove the entries of ``buf``
     for the ``count`` seqs from ``seq`` on (those present); returns the bytes
     of their datagrams."""
+    return _release_acked(buf, seq, count)
+
+
+cdef Py_ssize_t _release_acked(dict buf, unsigned long long seq, Py_ssize_t count) except -1:
     cdef Py_ssize_t i, freed = 0
     cdef object e, d
     for i in range(count):
@@ -1756,6 +1762,101 @@ def release_acked(dict buf, unsigned long long seq, Py_ssize_t count):
             freed += PyBytes_GET_SIZE(d) if type(d) is bytes else len(d)
         seq += 1
     return freed
+
+
+cdef class OnStatus:
+    """``ReliableSender.on_status`` (:mod:`cmq.wire.reliable`) of a reliable
+    sender, made with the sender and its pure method: ``on_status(rec, now)``
+    gives what the pure method gives and changes what it changes.
+
+    In C, the commonest STATUS: a plain report (a :class:`~cmq.wire.frames.Status`
+    whose numbers are 32-bit) on a known stream, from its receiver, that
+    names nothing missing, no reset, on a stream past its first credit
+    (no SYN) with no PROBE awaiting its answer, and that does not ask for
+    what it acknowledged before. The RTT sample (``_sample``) and the probe
+    timeout (``_arm``) stay the sender's Python methods; the release of what
+    it acknowledges, of what its credit lets go, and the bookkeeping are C.
+    Every other report goes to the pure method. As every method of the
+    reliable sender, it runs under the driver's batch lock.
+    """
+
+    cdef object rel, pure
+    cdef SenderState rs
+
+    def __init__(self, rel, pure):
+        self.rel = rel
+        self.rs = rel
+        self.pure = pure
+
+    def __call__(self, rec, now):
+        cdef SendState st
+        cdef unsigned long nxt, largest, credit
+        cdef long long acked
+        cdef Py_ssize_t freed
+        cdef unsigned long seq
+        cdef double t = now
+        _record_types()
+        rel = self.rel
+        if type(rec) is not _StatusT:
+            return self.pure(rec, now)
+        found = rel.streams.get(rec.epoch)
+        if not isinstance(found, SendState):
+            return self.pure(rec, now)
+        st = <SendState>found
+        r_next, r_largest, r_credit = rec.next_expected, rec.largest_seen, rec.credit_limit
+        if (rec.stream_sender != rel.sender_id or rec.mailbox != st.mailbox or rec.reset or rec.missing
+                or st.awaiting or st.syn or not _u32(r_next) or not _u32(r_largest) or not _u32(r_credit)
+                or type(rec.ack_delay) is not int or type(st.buf) is not dict):
+            return self.pure(rec, now)
+        nxt, largest, credit = r_next, r_largest, r_credit
+        buf = <dict>st.buf
+        if _seq_diff(nxt, st.una) < 0 and buf:
+            return self.pure(rec, now)
+        # ReliableSender.on_status, for this case, in its order.
+        rel.status_received += 1
+        st.behind_since = None
+        st.unanswered = 0
+        st.dead_at = None
+        e = buf.get(r_largest)
+        if e is not None and e[2] == 1 and e[1] is not None and _seq_diff(largest, st.sampled) > 0:
+            st.sampled = largest
+            rel._sample(t - <double>e[1], <double>rec.ack_delay * 1e-6)
+        acked = _seq_diff(nxt, st.una)
+        if acked > 0:
+            if _seq_diff(nxt, st.sent_upto) > 0:
+                acked = _seq_diff(st.sent_upto, st.una)
+            if acked < 0:
+                acked = 0
+            freed = _release_acked(buf, st.una, <Py_ssize_t>acked)
+            st.nbytes -= freed
+            self.rs.total -= freed
+            st.una = (st.una + <unsigned long>acked) & 0xFFFFFFFFUL
+            if st.wholes and not buf:
+                st.wholes.clear()
+            st.pto_count = 0
+        if _seq_diff(credit, st.credit) > 0:
+            st.credit = credit
+        # ReliableSender._release: what the credit now lets go.
+        out = []
+        seq = st.sent_upto
+        while _seq_diff(st.credit, seq) > 0:
+            e = buf.get(seq)
+            if e is None:
+                break
+            e[1] = now
+            e[2] = 1
+            out.append(e[0])
+            seq = (seq + 1) & 0xFFFFFFFFUL
+        st.sent_upto = seq
+        if out or buf:
+            rel._arm(st, now)
+        if acked > 0 or out:
+            st.pto_at = None
+            if buf:
+                rel._arm(st, now)
+        elif st.pto_at is None and buf:
+            rel._arm(st, now)
+        return st, out
 
 
 # -- many datagrams per system call ----------------------------------------------

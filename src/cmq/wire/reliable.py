@@ -425,6 +425,8 @@ class ReliableSender:
         if sp is not None:
             self.clear = sp.reliable_clear  # type: ignore[method-assign]
             self.sent = sp.make_reliable_sent(self)  # type: ignore[method-assign]
+            # A plain report in C (its other cases: this class's method).
+            self.on_status = sp.OnStatus(self, type(self).on_status.__get__(self))  # type: ignore[method-assign]
             self._release_acked = sp.release_acked
 
     # -- streams -----------------------------------------------------------
