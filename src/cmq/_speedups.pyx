@@ -73,7 +73,10 @@ stream's batch is atomic (it is under free-threaded CPython too, which
 locks the list), and the counters the driver reads (``check_at``) are
 written only under the driver's batch lock. Nothing here keeps state
 between calls except a :class:`DatagramIO`'s buffers, which one reading
-thread owns (the driver's receive lock). :func:`make_idle_after` reads a
+thread owns (the driver's receive lock), and a :class:`ReceiveOne`'s memo
+of the last source, which changes only under the driver's state lock (as
+the receiver it reads for). :class:`Lock` is a real lock, not one that
+relies on the GIL. :func:`make_idle_after` reads a
 stream's idle rule before it takes the batch lock, as a hint only: the
 rule is applied again under the lock before anything changes.
 """
