@@ -1082,6 +1082,11 @@ cdef inline unsigned int _be16(const unsigned char *p) noexcept nogil:
     return (<unsigned int>p[0] << 8) | p[1]
 
 
+cdef inline void _put_be16(unsigned char *p, unsigned long v) noexcept nogil:
+    p[0] = (v >> 8) & 0xFF
+    p[1] = v & 0xFF
+
+
 def decode_control(bytes data, Py_ssize_t start, Py_ssize_t end):
     """:func:`cmq.wire.frames.decode_control`: the control records in
     ``data[start:end]``, the same :class:`~cmq.wire.frames.Status` and
@@ -1178,7 +1183,6 @@ def encode_control(records, sender, key=None):
             return _pure_encode(records, sender, key)
     out = PyBytes_FromStringAndSize(NULL, size)
     cdef unsigned char *w = <unsigned char *>PyBytes_AS_STRING(out)
-    cdef unsigned long delay
     w[0] = 0xC3
     w[1] = 0x51
     w[2] = 2
@@ -1191,9 +1195,7 @@ def encode_control(records, sender, key=None):
             nr = min(PyTuple_GET_SIZE(r.missing), MAX_RANGES_)
             w[0] = REC_STATUS_
             w[1] = (S_RESET_ if r.reset else 0) | (S_ANSWER_ if r.probe else 0)
-            delay = <unsigned long>min(max(r.ack_delay, 0), 0xFFFF)
-            w[2] = (delay >> 8) & 0xFF
-            w[3] = delay & 0xFF
+            _put_be16(w + 2, <unsigned long>min(max(r.ack_delay, 0), 0xFFFF))
             _put_be32(w + 4, <unsigned long>r.stream_sender)
             _put_be32(w + 8, <unsigned long>r.mailbox)
             _put_be32(w + 12, <unsigned long>r.epoch)
@@ -1205,21 +1207,15 @@ def encode_control(records, sender, key=None):
             for k in range(nr):
                 rng = r.missing[k]
                 _put_be32(w, <unsigned long>(rng[0] & 0xFFFFFFFF))
-                delay = <unsigned long>min(rng[1], 0xFFFF)
-                w[4] = (delay >> 8) & 0xFF
-                w[5] = delay & 0xFF
+                _put_be16(w + 4, <unsigned long>min(rng[1], 0xFFFF))
                 w += RANGE_SIZE_
             if r.probe:
-                delay = <unsigned long>(r.probe & 0xFFFF)
-                w[0] = (delay >> 8) & 0xFF
-                w[1] = delay & 0xFF
+                _put_be16(w, <unsigned long>(r.probe & 0xFFFF))
                 w += SERIAL_SIZE_
         else:
             w[0] = REC_PROBE_
             w[1] = <unsigned char>r.rflags
-            delay = <unsigned long>(r.serial & 0xFFFF)
-            w[2] = (delay >> 8) & 0xFF
-            w[3] = delay & 0xFF
+            _put_be16(w + 2, <unsigned long>(r.serial & 0xFFFF))
             _put_be32(w + 4, <unsigned long>r.mailbox)
             _put_be32(w + 8, <unsigned long>r.epoch)
             _put_be32(w + 12, <unsigned long>(r.next_seq & 0xFFFFFFFF))

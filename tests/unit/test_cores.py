@@ -981,9 +981,10 @@ def test_the_compiled_lock_acts_as_threading_lock() -> None:
     # Another thread waits (without the GIL) until the holder releases it.
     order: list[str] = []
     lock.acquire()
-    t = threading.Thread(target=lambda: (lock.acquire(), order.append("taken"), lock.release()))
+    trying = threading.Event()
+    t = threading.Thread(target=lambda: (trying.set(), lock.acquire(), order.append("taken"), lock.release()))
     t.start()
-    time.sleep(0.05)
+    trying.wait(10)
     order.append("released")
     lock.release()
     t.join(10)

@@ -147,9 +147,6 @@ _SLOW_FLAGS: Final = FLAG_FRAGMENT | FLAG_TAG | FLAG_CONTROL
 # seq, epoch, rflags (the version byte skipped: tested before).
 _V2 = struct.Struct(">2sxBIIIIB3x")
 _V2_SIZE: Final = _V2.size
-# A control datagram's flags byte with no other flag, and the v2 version byte.
-_CONTROL_ONLY: Final = bytes([FLAG_CONTROL])
-_V2_BYTE: Final = bytes([VERSION_2])
 _V2_SLOW: Final = FLAG_FRAGMENT | FLAG_TAG | FLAG_CONTROL | FLAG_ACK
 
 # (addr, sender id, mailbox, datagram seq, correlation id or None)
@@ -598,8 +595,8 @@ class Receiver:
         if (
             self._key is None
             and len(data) >= HEADER_SIZE
-            and data[3:4] == _CONTROL_ONLY
-            and data[2:3] == _V2_BYTE
+            and data[3] == FLAG_CONTROL
+            and data[2] == VERSION_2
             and data[:2] == MAGIC
         ):
             # An untagged v2 control datagram (STATUS, PROBE), as the general
