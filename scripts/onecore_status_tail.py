@@ -38,7 +38,8 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any
+
+from _timing import time_calls  # scripts/_timing.py: this script's folder is on sys.path
 
 
 def _echo(args: argparse.Namespace) -> None:
@@ -52,21 +53,6 @@ def _echo(args: argparse.Namespace) -> None:
         q.push(m.sender, m.payload)
     time.sleep(0.5)  # what it still owes (a STATUS) goes before it closes
     q.close()
-
-
-def _timed(acc: dict[str, list[int]], obj: Any, name: str) -> None:
-    f = getattr(obj, name)
-
-    def timed(*a: Any, **k: Any) -> Any:
-        t = time.perf_counter_ns()
-        try:
-            return f(*a, **k)
-        finally:
-            e = acc[name]
-            e[0] += 1
-            e[1] += time.perf_counter_ns() - t
-
-    setattr(obj, name, timed)
 
 
 def main() -> int:
@@ -104,7 +90,7 @@ def main() -> int:
         acc: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
         for obj, name in ((rx, "take_status"), (rx, "datagram_received"), (rel, "on_status"),
                           (q, "_on_controls"), (q, "_send_to")):  # fmt: skip
-            _timed(acc, obj, name)
+            time_calls(acc, name, obj, name)
         rts: list[float] = []
         marks: list[tuple[bool, bool]] = []
         clock = time.perf_counter_ns

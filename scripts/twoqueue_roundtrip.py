@@ -34,22 +34,8 @@ import argparse
 import collections
 import sys
 import time
-from typing import Any
 
-
-def _timed(acc: dict[str, list[int]], tag: str, obj: Any, name: str) -> None:
-    f = getattr(obj, name)
-
-    def timed(*a: Any, **k: Any) -> Any:
-        t = time.perf_counter_ns()
-        try:
-            return f(*a, **k)
-        finally:
-            e = acc[tag]
-            e[0] += 1
-            e[1] += time.perf_counter_ns() - t
-
-    setattr(obj, name, timed)
+from _timing import time_calls  # scripts/_timing.py: this script's folder is on sys.path
 
 
 def main() -> int:
@@ -70,7 +56,7 @@ def main() -> int:
         for q, tag in ((a, "a"), (b, "b")):
             for obj, name in ((q._receiver, "take_status"), (q._receiver, "datagram_received"),
                               (q._rel, "on_status"), (q, "_send_to")):  # fmt: skip
-                _timed(acc, f"{tag}.{name}", obj, name)
+                time_calls(acc, f"{tag}.{name}", obj, name)
     try:
         to_b, to_a, body = b.address, a.address, b"x" * args.size
         t = time.perf_counter()

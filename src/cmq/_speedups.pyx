@@ -1835,7 +1835,7 @@ cdef class OnStatus:
             st.pto_count = 0
         if _seq_diff(credit, st.credit) > 0:
             st.credit = credit
-        # ReliableSender._release: what the credit now lets go.
+        # ReliableSender._release(arm=False): what the credit now lets go.
         out = []
         seq = st.sent_upto
         while _seq_diff(st.credit, seq) > 0:
@@ -1847,8 +1847,6 @@ cdef class OnStatus:
             out.append(e[0])
             seq = (seq + 1) & 0xFFFFFFFFUL
         st.sent_upto = seq
-        if out or buf:
-            rel._arm(st, now)
         if acked > 0 or out:
             st.pto_at = None
             if buf:

@@ -536,8 +536,9 @@ class ReliableSender:
         st.sent_upto = seq
         self._arm(st, now)
 
-    def _release(self, st: SendStream, now: float) -> list[bytes]:
-        """Datagrams waiting for credit that the credit now lets go."""
+    def _release(self, st: SendStream, now: float, *, arm: bool = True) -> list[bytes]:
+        """Datagrams waiting for credit that the credit now lets go; arms the
+        probe timeout unless not ``arm`` (the caller arms it itself)."""
         out: list[bytes] = []
         seq = st.sent_upto
         buf = st.buf
@@ -550,7 +551,7 @@ class ReliableSender:
             out.append(e[0])
             seq = (seq + 1) & MASK
         st.sent_upto = seq
-        if out or st.buf:
+        if arm and (out or st.buf):
             self._arm(st, now)
         return out
 
@@ -691,7 +692,8 @@ class ReliableSender:
                 reprobe = True
         if reprobe and st.buf:
             out.append(self._probe(st, now))
-        out.extend(self._release(st, now))
+        # Armed below, once: what the report changed decides how.
+        out.extend(self._release(st, now, arm=False))
         if acked > 0 or out:
             # Progress, or datagrams sent: the probe timeout starts over. A
             # report that only repeats what is missing (a gap whose repair
