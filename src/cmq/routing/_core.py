@@ -1590,19 +1590,59 @@ class BrokerCore:
         pending run, counters) in fewer steps. Returns False, having changed
         nothing, in any other case.
         """
+        c = self._handed_to(exchange, key, body, now)
+        if c is None:
+            return False
+        c.pending = [[self._next_dtag - 1, exchange, key, False, [body]]]
+        self._with_pending[(c.addr, c.tag)] = c
+        return True
+
+    def latency_delivery(self, payload: Any, now: float) -> Outgoing | None:
+        """A driver's latency path for one received ``payload``: when it is an
+        unconfirmed publish ``["p", 0, exchange, key, body]`` that is handed
+        straight to its consumer (see :meth:`hand_over`) and nothing else
+        waits to be sent, the one delivery it makes, ready to push: what
+        :meth:`receive` and then :meth:`messages_to_send` would do and
+        return, in fewer steps (a ping-pong's every message). None, having
+        changed nothing, in any other case: the driver then calls
+        :meth:`receive` as usual."""
+        if self._out or self._with_pending or self.memory_alarm or type(payload) is not list or len(payload) != 5:
+            return None
+        op, rid, exchange, key, body = payload
+        if (
+            op != "p"
+            or type(rid) is not int
+            or rid != 0
+            or type(exchange) is not str
+            or type(key) is not str
+            or type(body) not in _OPAQUE
+        ):
+            return None
+        c = self._handed_to(exchange, key, body, now)
+        if c is None:
+            return None
+        return _outgoing(c.addr, DELIVERY_MAILBOX, ["d", c.tag, [[self._next_dtag - 1, exchange, key, False, [body]]]])
+
+    def _handed_to(self, exchange: str, key: str, body: Any, now: float) -> _Consumer | None:
+        """What the latency paths share: when the publish routes to exactly
+        one queue that holds nothing and has one consumer with credit and
+        nothing pending, take the next delivery tag (``_next_dtag - 1``
+        afterwards), keep the message unacked with that consumer, count it,
+        and return the consumer; the caller sends the delivery. None, having
+        changed nothing, in any other case."""
         ex = self._exchanges.get(exchange)
         if ex is None or len(key) > _SURELY_SHORT:
-            return False  # _route answers (or measures the key)
+            return None  # _route answers (or measures the key)
         names = ex.route(key) if not self._into else self._targets(ex, exchange, key)
         if len(names) != 1:
-            return False
+            return None
         q = self._queues[next(iter(names))]
         consumers = q.consumers
         if q.ready or len(consumers) != 1 or q.ttl is not None:
-            return False  # (a message TTL: _enqueue keeps it with the message, should it be requeued)
+            return None  # (a message TTL: _enqueue keeps it with the message, should it be requeued)
         c = consumers[0]
         if c.pending or not c.has_credit():
-            return False
+            return None
         dtag = self._next_dtag
         self._next_dtag = dtag + 1
         if not c.no_ack:
@@ -1610,11 +1650,9 @@ class BrokerCore:
             size = len(body) if type(body) is bytes else _approx_size(body)
             q.nbytes += size
             self._grown(size)
-        c.pending = [[dtag, exchange, key, False, [body]]]
-        self._with_pending[(c.addr, c.tag)] = c
         q.handed += 1  # published, enqueued and delivered (see stats)
         self._handed += 1
-        return True
+        return c
 
     def handle(self, event: object, sender: Address, now: float) -> None:
         """Act on one decoded request from ``sender`` (see ``_HANDLERS``)."""
