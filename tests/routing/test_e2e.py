@@ -517,3 +517,30 @@ def test_a_client_on_a_port_another_had_gets_its_replies_and_deliveries_at_once(
         stats = broker.stats()
         assert stats.requeued_in_doubt > 0  # the second client's first window came back
         assert [(q.ready, q.unacked) for q in stats.per_queue if q.name == "second"] == [(0, 0)]
+
+
+def test_a_waiting_get_bodies_keeps_what_it_cannot_hand_out_now(broker: Broker, client: BrokerClient) -> None:
+    """What reaches a consumer waiting in get_bodies and is not one run of at
+    most ``limit`` bodies for it is buffered, never lost: another consumer's
+    delivery, and the bodies past ``limit``."""
+    client.declare_exchange("x", "direct")
+    for q in ("a", "b"):
+        client.declare_queue(q, max_length=100)
+        client.bind(q, "x", q)
+    with client.consume("a", prefetch=10) as a, client.consume("b", prefetch=10) as b:
+        # Another consumer's delivery while "a" waits: "a" times out, "b" has it.
+        client.publish("x", "b", b"for b")
+        with pytest.raises(Timeout):
+            a.get_bodies(timeout=0.3)
+        assert b.get_bodies(timeout=WAIT) == [b"for b"]
+        # A run of three while "a" waits with limit 1: one now, two later, in order.
+        client.publish_batch("x", "a", [b"1", b"2", b"3"])
+        got = a.get_bodies(timeout=WAIT, limit=1)
+        while len(got) < 3:
+            got += a.get_bodies(timeout=WAIT, limit=1)
+        assert got == [b"1", b"2", b"3"]
+        # One handed out at once (a ping-pong's path), auto-acked with the rest.
+        client.publish("x", "a", b"4")
+        assert a.get_bodies(timeout=WAIT) == [b"4"]
+    s = broker.stats()  # leaving the block sent the acks short of a batch
+    assert (s.delivered, s.acked, s.redelivered) == (5, 5, 0)

@@ -1061,26 +1061,6 @@ class BrokerClient(_ClientBase):
             return
         self._s.deliver(payload)
 
-    def _pump_bodies(self, c: _ConsumerState, timeout: float, limit: int) -> list[Any] | None:
-        """:meth:`_pump` for consumer ``c``, whose buffer is empty: when the
-        message is one run for ``c`` of at most ``limit`` bodies, hand its
-        bodies out at once (as ``take_bodies`` would, without buffering
-        them: the latency path of a ping-pong); else buffer it and return None.
-        """
-        try:
-            payload = self.endpoint.get(timeout=timeout, mailbox=DELIVERY_MAILBOX)
-        except Timeout:
-            return None
-        if type(payload) is list and len(payload) == 3 and payload[0] == "d" and payload[1] == c.spec.tag:
-            runs = payload[2]
-            if type(runs) is list and len(runs) == 1 and not c.buffer and not c.cancelled:
-                run = runs[0]
-                if _run_ok(run) and 0 < len(bodies := run[4]) <= limit:
-                    c.last.append((run[0], len(bodies)))
-                    return _plain_bodies(bodies)
-        self._s.deliver(payload)
-        return None
-
     def close(self) -> None:
         """Cancel the consumers (best effort) and close the endpoint if it is ours."""
         for tag in list(self._s.consumers):
@@ -1234,18 +1214,47 @@ class Consumer(_ConsumerBase):
             out = c.take_bodies(limit)
         else:
             # Nothing buffered (a ping-pong's every call): take_bodies'
-            # bookkeeping only, the auto-acks of what was handed out before.
-            if c.last:
-                c.settle()
+            # bookkeeping only, the auto-acks of what was handed out before
+            # (settle's common case inline: a ping-pong's every call pays
+            # for each Python call, and runs cold).
+            last = c.last
+            if last:
+                if c.auto_ack and not c.settled:
+                    acks = c.acks
+                    for first, n in last:
+                        acks.extend(range(first, first + n))
+                    c.last = []
+                else:
+                    c.settle()
             out = []
         if not out:
             deadline = None if timeout is None else time.monotonic() + timeout
+            get, tag = client.endpoint.get, c.spec.tag
             while True:
                 wait = client._wait_for(c, deadline)
                 if wait is None:
                     return self._bodies_at_deadline(limit, timeout)
-                got = client._pump_bodies(c, wait, limit)
-                out = got if got is not None else c.take_bodies(limit)
+                # One blocking read and nothing more: a message that comes
+                # while we wait is handed straight to us (get, not
+                # get_message: a delivery's sender is the broker).
+                try:
+                    payload = get(timeout=wait, mailbox=DELIVERY_MAILBOX)
+                except Timeout:
+                    pass  # the buffer may have been filled meanwhile
+                else:
+                    # One run of at most ``limit`` bodies for this consumer
+                    # (a ping-pong's every message): its bodies go out at
+                    # once, as take_bodies would hand them, unbuffered.
+                    if type(payload) is list and len(payload) == 3 and payload[0] == "d" and payload[1] == tag:
+                        runs = payload[2]
+                        if type(runs) is list and len(runs) == 1 and not c.buffer and not c.cancelled:
+                            run = runs[0]
+                            if _run_ok(run) and 0 < len(bodies := run[4]) <= limit:
+                                c.last.append((run[0], len(bodies)))
+                                out = _plain_bodies(bodies)
+                                break
+                    client._s.deliver(payload)
+                out = c.take_bodies(limit)
                 if out:
                     break
         if len(c.acks) >= c.ack_batch:  # _send_due_acks, inline
