@@ -6,7 +6,9 @@ with ``recv_into`` into one buffer: no framing, no per-message object, no
 acknowledgement. Prints the CPU time of both processes (user and system)
 per delivered message, the figure ``cmq bench throughput`` gives as
 ``CPU ns/msg``, so that a CPU target can be set against what no
-implementation in this process model can go below:
+implementation in this process model can go below. ``--per 1`` is what
+``cmq bench throughput --systems udp`` measures too; ``--per`` above 1 packs
+messages as cmq's batches do:
 
     .venv/bin/python scripts/udp_cpu_floor.py --size 16384 --per 1
     .venv/bin/python scripts/udp_cpu_floor.py --size 512 --per 120

@@ -1,9 +1,10 @@
-"""The broker's latency path (``BrokerCore.latency_delivery``) against the usual one.
+"""The broker's latency path (``BrokerCore.receive_at_once``) against the usual one.
 
-The driver hands a received publish to ``latency_delivery`` first and, when
-that answers None, to ``receive``. Whatever the schedule, a core driven that
-way must send exactly what a core driven through ``receive`` alone sends and
-keep the same books.
+The driver hands what it reads to ``receive_at_once``, which gives back the
+delivery of a publish handed straight to its consumer and receives anything
+else as ``receive`` does. Whatever the schedule, a core driven that way must
+send exactly what a core driven through ``receive`` alone sends and keep
+the same books.
 """
 
 from __future__ import annotations
@@ -75,16 +76,16 @@ class _Side:
     def publish(self, payload: list[Any], now: float) -> list[Outgoing]:
         core = self.core
         if self.latency:
-            o = core.latency_delivery(payload, now)
+            o = core.receive_at_once(payload, PUB, now)
+            core.turn_memory()
             if o is not None:
                 self.taken += 1
-                if core.memory_alarm:
-                    core.turn_memory()
                 # The driver sends it alone: nothing else may be waiting.
                 assert not core._out and not core._with_pending
                 return [o]
-        core.receive(payload, PUB, now)
-        core.turn_memory()
+        else:
+            core.receive(payload, PUB, now)
+            core.turn_memory()
         return core.messages_to_send()
 
 
@@ -149,16 +150,16 @@ def test_a_publish_to_a_waiting_consumer_takes_the_latency_path() -> None:
     assert (o.dest, o.mailbox, o.payload[0], o.payload[1]) == (CLIENTS[0], DELIVERY_MAILBOX, "d", "t")
     assert o.payload[2][0][1:] == ["x", "b", False, [b"ping"]]
     # Its one unacked delivery fills the prefetch window: the next is queued.
-    assert side.core.latency_delivery(["p", 0, "x", "b", b"two"], 0.0) is None
+    assert side.core.receive_at_once(["p", 0, "x", "b", b"two"], PUB, 0.0) is None
     (q2,) = [q for q in side.core.stats().per_queue if q.name == "q2"]
-    assert (q2.enqueued, q2.delivered, q2.unacked) == (1, 1, 1)
+    assert (q2.enqueued, q2.delivered, q2.unacked, q2.ready) == (2, 1, 1, 1)
 
 
 def test_the_latency_path_leaves_anything_else_to_receive() -> None:
-    side = _Side(latency=True)
-    side.core.receive(encode(Consume(rid=50, tag="t", queue="q2", prefetch=0, no_ack=False)), CLIENTS[0], 0.0)
-    side.core.messages_to_send()
-    before = side.core.stats()
+    side, usual = _Side(latency=True), _Side(latency=False)
+    for s in (side, usual):
+        s.core.receive(encode(Consume(rid=50, tag="t", queue="q2", prefetch=0, no_ack=False)), CLIENTS[0], 0.0)
+        s.core.messages_to_send()
     for payload in (
         ["p", 7, "x", "b", b"confirm me"],  # a confirm: it needs an answer
         ["P", 0, "x", "b", [b"batch"]],
@@ -169,5 +170,8 @@ def test_the_latency_path_leaves_anything_else_to_receive() -> None:
         ["p", 0, "x", "b"],
         "not a list",
     ):
-        assert side.core.latency_delivery(payload, 0.0) is None, payload
-    assert side.core.stats() == before
+        assert side.core.receive_at_once(payload, PUB, 0.0) is None, payload
+        usual.core.receive(payload, PUB, 0.0)
+        assert side.core.messages_to_send() == usual.core.messages_to_send()
+    assert side.taken == 0
+    assert side.core.stats() == usual.core.stats()

@@ -1214,18 +1214,9 @@ class Consumer(_ConsumerBase):
             out = c.take_bodies(limit)
         else:
             # Nothing buffered (a ping-pong's every call): take_bodies'
-            # bookkeeping only, the auto-acks of what was handed out before
-            # (settle's common case inline: a ping-pong's every call pays
-            # for each Python call, and runs cold).
-            last = c.last
-            if last:
-                if c.auto_ack and not c.settled:
-                    acks = c.acks
-                    for first, n in last:
-                        acks.extend(range(first, first + n))
-                    c.last = []
-                else:
-                    c.settle()
+            # bookkeeping only, the auto-acks of what was handed out before.
+            if c.last:
+                c.settle()
             out = []
         if not out:
             deadline = None if timeout is None else time.monotonic() + timeout

@@ -437,21 +437,19 @@ class Broker:
                     if first is not None:
                         # A publish handed straight to its consumer comes
                         # back as the delivery to push (a ping-pong's every
-                        # message); anything else is received as usual.
-                        if not self._unsent:
-                            at_once = core.latency_delivery(first.payload, now)
-                        if at_once is None:
+                        # message), unless messages are held back.
+                        if self._unsent:
                             core.receive(first.payload, first.sender, now)
-                            core.turn_memory()
-                        elif core.memory_alarm:
-                            core.turn_memory()
-                    if deadline is not None and deadline <= now:
+                        else:
+                            at_once = core.receive_at_once(first.payload, first.sender, now)
+                        core.turn_memory()
+                    fired = deadline is not None and deadline <= now
+                    if fired:
                         recheck = float("-inf")
                         core.handle_timer(now)
-                    if at_once is None:
-                        out = self._outgoing()
-                    elif core._out or core._with_pending or core.journal:
-                        out = self._outgoing([at_once])  # the timers made more
+                    if at_once is None or fired:
+                        # The usual turn: all there is (the timers' too, after the delivery).
+                        out = self._outgoing(None if at_once is None else [at_once])
                         at_once = None
                 if at_once is not None:
                     self._send_one(at_once)
