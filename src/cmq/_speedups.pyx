@@ -88,7 +88,7 @@ from cpython.object cimport PyTypeObject
 from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF
 from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcmp, memcpy, memset, strerror
-from libc.math cimport INFINITY
+from libc.math cimport INFINITY, NAN, isnan
 from libc.errno cimport errno, EAGAIN, EINTR, EBADF, EINVAL, EIO, ENOPROTOOPT
 from posix.unistd cimport close
 
@@ -1291,11 +1291,11 @@ cdef inline void _next_arrived(ReceiverState rx, RecvState rs, unsigned long seq
     rx._owed[rs] = None  # keyed by the stream: an identity hash, no tuple to hash
 
 
-def make_receive_v2(chunk, Py_ssize_t status_bytes, double max_ack_delay):
+cdef class ReceiveV2:
     """The fast path of :meth:`cmq.wire.receiver.Receiver.datagram_received`
     for a plain v2 data datagram (untagged, no fragment, control or ack
     flag; the caller checked that, and counted the datagram):
-    ``receive(rx, data, addr, now)``.
+    ``receive(rx, data, addr, now)``, made by :func:`make_receive_v2`.
 
     It does what the pure fast path does, byte for byte: when ``data`` is
     the next datagram of a known, credited stream with nothing held, within
@@ -1304,12 +1304,25 @@ def make_receive_v2(chunk, Py_ssize_t status_bytes, double max_ack_delay):
     (``_next_arrived``); it returns how many were delivered. Otherwise it
     changes nothing and returns -1: the general path decides. ``status_bytes``
     and ``max_ack_delay`` are :mod:`cmq.wire.reliable`'s constants.
+    :meth:`DatagramIO.deliver` calls it in C on the datagrams it read,
+    where they lie (no bytes object for the datagram).
     """
 
-    def receive(ReceiverState rx, bytes data, addr, double now):
+    cdef object chunk
+    cdef Py_ssize_t status_bytes
+    cdef double max_ack_delay
+
+    def __init__(self, chunk, Py_ssize_t status_bytes, double max_ack_delay):
+        self.chunk = chunk
+        self.status_bytes = status_bytes
+        self.max_ack_delay = max_ack_delay
+
+    def __call__(self, ReceiverState rx, bytes data, addr, double now):
+        return self.run(rx, <const unsigned char *>PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data), addr, now)
+
+    cdef Py_ssize_t run(self, ReceiverState rx, const unsigned char *b, Py_ssize_t size, object addr,
+                        double now) except -2:
         cdef RecvState rs
-        cdef Py_ssize_t size = PyBytes_GET_SIZE(data)
-        cdef const unsigned char *b = <const unsigned char *>PyBytes_AS_STRING(data)
         if size < V2_HEAD or b[0] != 0xC3 or b[1] != 0x51:
             return -1
         cdef unsigned int flags = b[3]
@@ -1342,7 +1355,7 @@ def make_receive_v2(chunk, Py_ssize_t status_bytes, double max_ack_delay):
             mb = rx.mailbox(mailbox)
         cdef Py_ssize_t n = PyList_GET_SIZE(payloads)
         if mb.delivered - mb.consumed + n > rx._max_queued and not rx._fits(mb, n):
-            return rx._overrun(rs, now)
+            return <Py_ssize_t>rx._overrun(rs, now)
         if flags:
             payloads = rx._decode_all(payloads)
             n = len(payloads)
@@ -1353,14 +1366,18 @@ def make_receive_v2(chunk, Py_ssize_t status_bytes, double max_ack_delay):
             # every chunk waiting in a mailbox, a twelfth of the receiver's
             # CPU at 512 B.
             PyObject_GC_UnTrack(<void *>payloads)
-        mb.chunks.append(chunk(payloads, (addr, sender, mailbox, seq, None)))
+        mb.chunks.append(self.chunk(payloads, (addr, sender, mailbox, seq, None)))
         mb.delivered += n
         mb.nbytes += size
         rx.messages_received += n
-        _next_arrived(rx, rs, seq, size, now, status_bytes, max_ack_delay)
+        _next_arrived(rx, rs, seq, size, now, self.status_bytes, self.max_ack_delay)
         return n
 
-    return receive
+
+def make_receive_v2(chunk, Py_ssize_t status_bytes, double max_ack_delay):
+    """The :class:`ReceiveV2` of a receiver (``chunk``: the class its
+    mailboxes hold; the other two: :mod:`cmq.wire.reliable`'s constants)."""
+    return ReceiveV2(chunk, status_bytes, max_ack_delay)
 
 
 cdef inline Py_ssize_t _lone_frame(const unsigned char *b, Py_ssize_t head, Py_ssize_t size) noexcept nogil:
@@ -2018,6 +2035,8 @@ cdef class DatagramIO:
     # Reads that waited in recv1_within (a ppoll bounded by a timer).
     cdef readonly unsigned long long bounded_waits
     cdef public unsigned long long segmented
+    # Datagrams read by read() that deliver() has not handed on yet.
+    cdef unsigned int unread
     # The last source address read and its tuple: a peer's datagrams share one object.
     cdef _AddrMemo source
     # recv1's own buffer and source memo (a read of one datagram never
@@ -2199,44 +2218,7 @@ cdef class DatagramIO:
         """
         cdef unsigned int count = self.slots if limit == 0 or limit > self.slots else limit
         cdef unsigned int i
-        cdef int got, err = 0
-        if self.fd < 0:
-            raise _os_error(EBADF)
-        memset(self.msgs, 0, count * sizeof(mmsghdr))
-        for i in range(count):
-            self.iovs[i].iov_base = PyBytes_AS_STRING(<object>self.slabs[i])
-            self.iovs[i].iov_len = self.size
-            self.msgs[i].msg_hdr.msg_iov = &self.iovs[i]
-            self.msgs[i].msg_hdr.msg_iovlen = 1
-            self.msgs[i].msg_hdr.msg_name = &self.names[i]
-            self.msgs[i].msg_hdr.msg_namelen = sizeof(sockaddr_storage)
-            self.names[i].ss_family = 0  # no address: a socket shut down (the tuple is None)
-            if self.gro:
-                self.msgs[i].msg_hdr.msg_control = self.control + i * CONTROL_SIZE
-                self.msgs[i].msg_hdr.msg_controllen = CONTROL_SIZE
-        if not wait:
-            while True:
-                got = recvmmsg(self.fd, self.msgs, count, MSG_DONTWAIT, NULL)
-                if got >= 0 or errno != EINTR:
-                    break
-            if got < 0:
-                err = errno
-                if err == EAGAIN:  # EWOULDBLOCK on Linux
-                    return []
-                raise _os_error(err)
-        else:
-            while True:
-                with nogil:
-                    # The first datagram blocks; the rest are only what is
-                    # already there (MSG_WAITFORONE).
-                    got = recvmmsg(self.fd, self.msgs, count, 0x10000, NULL)
-                    if got < 0:
-                        err = errno
-                if got >= 0 or err != EINTR:
-                    break
-                PyErr_CheckSignals()  # as the socket module: a handler may raise
-            if got < 0:
-                raise _os_error(err)
+        cdef int got = self._read_many(count, wait)
         cdef list out = []
         cdef socklen_t namelen
         cdef size_t n, seg, off
@@ -2261,6 +2243,124 @@ cdef class DatagramIO:
                 out.append((PyBytes_FromStringAndSize(data + off, seg), addr))
                 off += seg
         return out
+
+    cdef int _read_many(self, unsigned int count, bint wait) except -1:
+        # recvmmsg of up to count datagrams into the slabs; how many came (0:
+        # none, without wait). The datagrams stay in self.msgs until the next read.
+        cdef unsigned int i
+        cdef int got, err = 0
+        if self.fd < 0:
+            raise _os_error(EBADF)
+        memset(self.msgs, 0, count * sizeof(mmsghdr))
+        for i in range(count):
+            self.iovs[i].iov_base = PyBytes_AS_STRING(<object>self.slabs[i])
+            self.iovs[i].iov_len = self.size
+            self.msgs[i].msg_hdr.msg_iov = &self.iovs[i]
+            self.msgs[i].msg_hdr.msg_iovlen = 1
+            self.msgs[i].msg_hdr.msg_name = &self.names[i]
+            self.msgs[i].msg_hdr.msg_namelen = sizeof(sockaddr_storage)
+            self.names[i].ss_family = 0  # no address: a socket shut down (the tuple is None)
+            if self.gro:
+                self.msgs[i].msg_hdr.msg_control = self.control + i * CONTROL_SIZE
+                self.msgs[i].msg_hdr.msg_controllen = CONTROL_SIZE
+        if not wait:
+            while True:
+                got = recvmmsg(self.fd, self.msgs, count, MSG_DONTWAIT, NULL)
+                if got >= 0 or errno != EINTR:
+                    break
+            if got < 0:
+                err = errno
+                if err == EAGAIN:  # EWOULDBLOCK on Linux
+                    return 0
+                raise _os_error(err)
+        else:
+            while True:
+                with nogil:
+                    # The first datagram blocks; the rest are only what is
+                    # already there (MSG_WAITFORONE).
+                    got = recvmmsg(self.fd, self.msgs, count, 0x10000, NULL)
+                    if got < 0:
+                        err = errno
+                if got >= 0 or err != EINTR:
+                    break
+                PyErr_CheckSignals()  # as the socket module: a handler may raise
+            if got < 0:
+                raise _os_error(err)
+        return got
+
+    def read(self, unsigned int limit=0):
+        """Read up to ``limit`` (at most ``slots``) datagrams without
+        blocking, into this object's buffers, for :meth:`deliver` to hand
+        on; returns how many datagrams were sent to us (a coalesced read
+        counts each; 0: nothing was there). What an earlier read left
+        undelivered is dropped. The thread rules of :meth:`recv`.
+
+        Raises:
+            OSError: the system call failed.
+        """
+        cdef unsigned int count = self.slots if limit == 0 or limit > self.slots else limit
+        self.unread = 0
+        cdef int got = self._read_many(count, False)
+        cdef unsigned int i, items = 0
+        cdef size_t n, seg
+        for i in range(<unsigned int>got):
+            n = self.msgs[i].msg_len
+            seg = _gro_size(&self.msgs[i].msg_hdr) if self.gro else 0
+            items += 1 if seg == 0 or seg >= n else <unsigned int>((n + seg - 1) // seg)
+        self.unread = <unsigned int>got
+        return items
+
+    def deliver(self, ReceiverState rx, ReceiveV2 fast, received, general, unsigned int slow,
+                double now=NAN):
+        """Hand the datagrams of the last :meth:`read` to receiver ``rx``,
+        in order, as ``for data, addr in recv(): received(data, addr,
+        now)`` would (``now``, unless given, read from the clock for each:
+        CLOCK_MONOTONIC, as ``time.monotonic``), without a bytes object for a
+        datagram that ``fast`` takes: one of reliable wire format v2
+        whose flags have none of ``slow`` goes to ``fast`` where it lies,
+        counted as ``Receiver.datagram_received`` counts it; if ``fast``
+        declines it, to ``general(data, addr, now)``. Every other datagram
+        goes to ``received``. With ``fast`` None (a keyed receiver), every
+        one goes to ``received``. Returns False, or True when a read said
+        the socket was shut down (the datagrams after it are not handed on).
+        """
+        cdef unsigned int i, got = self.unread
+        cdef socklen_t namelen
+        cdef size_t n, seg, off, part
+        cdef const unsigned char *data
+        cdef Py_ssize_t r
+        cdef bint clock = isnan(now)
+        self.unread = 0
+        for i in range(got):
+            namelen = self.msgs[i].msg_hdr.msg_namelen
+            if namelen == 0:
+                return True
+            addr = self.source.of(&self.names[i], namelen)
+            n = self.msgs[i].msg_len
+            data = <const unsigned char *>PyBytes_AS_STRING(<object>self.slabs[i])
+            seg = _gro_size(&self.msgs[i].msg_hdr) if self.gro else 0
+            if seg == 0 or seg >= n:
+                seg = n
+            else:
+                self.coalesced += 1
+            off = 0
+            while True:
+                part = seg if seg <= n - off else n - off
+                if clock:
+                    now = _mono()
+                if (fast is not None and part >= V2_HEAD and data[off + 2] == 2
+                        and not data[off + 3] & slow):
+                    rx.datagrams_received += 1
+                    rx.bytes_received += <long long>part
+                    r = fast.run(rx, data + off, <Py_ssize_t>part, addr, now)
+                    if r < 0:
+                        general(PyBytes_FromStringAndSize(<const char *>data + off, part), addr, now)
+                else:
+                    received(PyBytes_FromStringAndSize(<const char *>data + off, part), addr, now)
+                off += part
+                if off >= n:
+                    break
+        return False
 
     def send(self, list datagrams, addr):
         """Send ``datagrams`` (bytes) to ``addr`` in as few calls as possible; returns how many left.

@@ -29,7 +29,7 @@ from cmq import QueueConfig, _impl
 from cmq._errors import ProtocolError
 from cmq.wire import frames
 from cmq.wire.batcher import CHECK, Batcher, Stream
-from cmq.wire.receiver import Receiver
+from cmq.wire.receiver import _V2_SLOW, Receiver
 from cmq.wire.reliable import (
     RecvStream,
     ReliableSender,
@@ -317,6 +317,82 @@ def test_receivers_of_both_cores_keep_reliable_streams_alike(
     # The stream starts with its first datagram, so that the rest can be fast.
     ops = [(0, 0), (1, 0), *ops, (1, 0), (0, 1), (0, 2), (0, 3)]
     assert _reliable_deliveries("compiled", datagrams, ops) == _reliable_deliveries("python", datagrams, ops)
+
+
+def _drained(datagrams: list[bytes], ops: list[tuple[int, int]], *, through_io: bool) -> list[object]:
+    """What a compiled receiver does with ``datagrams`` sent over loopback in
+    the groups ``ops`` say (``(0, i)`` sends datagram ``i`` next, ``(1, k)``
+    reads what was sent and takes ``k`` messages of mailbox 2 and the STATUS
+    due), read either by ``DatagramIO.read`` and ``deliver`` or by
+    ``DatagramIO.recv`` and ``datagram_received`` on each."""
+    with _impl.using("compiled"):
+        rx = Receiver(QueueConfig(max_queued=12, max_buffered_bytes=6000, max_datagram=2000), sender_id=1)
+    rx.set_kernel_budget(6000)
+    a, b = _pair()
+    seen: list[object] = []
+    with a, b:
+        io = _speedups.DatagramIO(socket.dup(b.fileno()), 4, 4096)
+        sent = 0
+        now = 0.0
+        try:
+            for op, arg in [*ops, (1, 1 << 20)]:
+                if op == 0:
+                    a.sendto(datagrams[arg % len(datagrams)], b.getsockname())
+                    sent += 1
+                    continue
+                now += 0.003
+                while sent:
+                    if through_io:
+                        got = io.read(min(sent, 3))
+                        assert io.deliver(rx, rx._fast_v2, rx.datagram_received, rx._general, _V2_SLOW, now) is False
+                    else:
+                        batch = io.recv(min(sent, 3))
+                        got = len(batch)
+                        for d, addr in batch:
+                            rx.datagram_received(d, addr, now)
+                    assert got, "a datagram sent over loopback did not arrive"
+                    sent -= got
+                seen.append((rx.mailbox(2).take(arg), [d for d, _ in rx.take_status(now)]))
+        finally:
+            io.close()
+    streams = sorted(
+        (k[1:], [getattr(rs, f) for f in sorted(RecvStream.__slots__) if f not in ("held", "seen", "addr")], sorted(rs.held), sorted(rs.seen))
+        for k, rs in rx._rstreams.items()
+    )
+    counters = (
+        rx.datagrams_received, rx.bytes_received, rx.duplicates, rx.overruns, rx.messages_received,
+        rx.status_urgent, rx.owed, rx._unchecked, dict(rx.dropped),
+    )  # fmt: skip
+    return [seen, streams, counters]
+
+
+@given(
+    chunks=st.lists(st.lists(st.binary(max_size=120), min_size=1, max_size=6), min_size=1, max_size=10),
+    syn=st.integers(0, 3),
+    broken=st.lists(st.integers(0, 9), max_size=2),
+    ops=st.lists(st.tuples(st.sampled_from([0, 0, 0, 0, 1]), st.integers(0, 20)), max_size=50),
+)
+@settings(max_examples=60, deadline=None)
+def test_a_drain_delivering_where_it_read_is_datagram_received_on_each(
+    chunks: list[list[bytes]], syn: int, broken: list[int], ops: list[tuple[int, int]]
+) -> None:
+    """DatagramIO.deliver hands each datagram it read to the receiver's
+    compiled fast path where it lies, or as bytes to the general path: the
+    same deliveries, STATUS, stream state and counters as the bytes read by
+    recv, each given to datagram_received. The datagrams: a reliable stream's
+    (in order, repeated, reordered, malformed, past the mailbox's room), a
+    best-effort one and bytes that are no datagram."""
+    head = frames.stream_head(0, 3, 2, frames.VERSION_2)
+    datagrams = [
+        frames.frame(payloads, head, seq, frames.extension(77, frames.R_ORDERED | (frames.R_SYN if seq < syn else 0)))
+        for seq, payloads in enumerate(chunks)
+    ]
+    for i in broken:
+        if i < len(datagrams):
+            datagrams[i] = datagrams[i][:-1] + b"\xff"  # the last frame now runs past the end
+    datagrams += [frames.frame([b"plain"], frames.stream_head(0, 3, 2), 0, b""), b"\xc3Q\x02", b"junk"]
+    ops = [(0, 0), (1, 0), *ops]
+    assert _drained(datagrams, ops, through_io=True) == _drained(datagrams, ops, through_io=False)
 
 
 def _reliable_sends(core: str, ops: list[tuple[int, int, int]]) -> list[object]:

@@ -58,7 +58,7 @@ from cmq.net._reader import SHORT_WAIT as _SHORT_WAIT
 from cmq.net._reader import DirectReader
 from cmq.net._sock import spin_readable, yield_cpu
 from cmq.wire.batcher import Stream
-from cmq.wire.receiver import EMPTY, Meta
+from cmq.wire.receiver import _V2_SLOW, EMPTY, Meta
 
 __all__ = ["Queue"]
 
@@ -521,33 +521,35 @@ class Queue(Endpoint):
         Near ``backlog`` it reads one datagram per call, so that what the
         application has not taken yet waits in the kernel, not in the mailboxes.
         """
-        received = self._receiver.datagram_received
-        recv = self._mmsg.recv
         receiver = self._receiver
+        received = receiver.datagram_received
+        general = receiver._general
+        # Datagrams of reliable streams go to the receiver's compiled fast
+        # path where recvmmsg put them (no bytes object for a datagram).
+        fast = receiver._fast_v2 if receiver._key is None else None
+        read = self._mmsg.read
+        deliver = self._mmsg.deliver
         half = None if backlog is None else backlog // 2
         count = 0
         while count < limit:
             want = 1 if half is not None and receiver.queued() >= half else min(limit - count, _MMSG_SLOTS)
             try:
-                batch = recv(want)
+                got = read(want)
             except OSError:
                 if self._closed:
                     break
                 continue  # e.g. an ICMP error reported on the socket: nothing to read
-            self._note_read(len(batch))
-            shut = False
-            with self._state_lock:
-                for data, addr in batch:
-                    if addr is None:
-                        shut = True  # shut down by close()
-                        break
-                    received(data, addr, _monotonic())
-            if shut or not batch:
+            self._note_read(got)
+            if not got:
                 break
-            count += len(batch)
+            with self._state_lock:
+                shut = deliver(receiver, fast, received, general, _V2_SLOW)
+            if shut:
+                break  # shut down by close()
+            count += got
             if backlog is not None and receiver.queued() >= backlog:
                 break
-            if len(batch) < want:
+            if got < want:
                 # Fewer than asked: the socket was empty (a coalesced read
                 # gives more items than reads, never fewer), so another
                 # call would find nothing. Messages that come one at a
