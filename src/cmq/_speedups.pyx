@@ -408,6 +408,12 @@ def check(Stream s, Py_ssize_t max_body):
     loop. It does not keep their sizes for ``take`` (:func:`cut` measures
     the batch itself). Same serialisation rule as the pure twin.
     """
+    cdef int c = _check(s, max_body)
+    return QUEUED if c == 0 else OPENED if c == 1 else FULL
+
+
+cdef int _check(Stream s, Py_ssize_t max_body) except -1:
+    # check, answering 0 (QUEUED), 1 (OPENED) or 2 (FULL).
     cdef list frames = s.frames
     cdef Py_ssize_t total = PyList_GET_SIZE(frames)
     cdef Py_ssize_t counted = s.counted
@@ -430,7 +436,7 @@ def check(Stream s, Py_ssize_t max_body):
             # Framing: one byte a message, nine for long ones (judged by the average).
             s.size += nbytes + k * (1 if nbytes < 255 * k else 9)
         elif not total:
-            return QUEUED  # taken meanwhile: the next push opens a batch
+            return 0  # taken meanwhile: the next push opens a batch
     cdef Py_ssize_t size = s.size
     cdef Py_ssize_t avg = size // counted
     if avg == 0:
@@ -438,15 +444,15 @@ def check(Stream s, Py_ssize_t max_body):
     cdef Py_ssize_t limit = s.limit
     cdef Py_ssize_t room = max_body - size
     if size >= limit or avg > room:
-        return FULL
+        return 2
     cdef Py_ssize_t more = (limit - size + avg - 1) // avg
     if room // avg < more:
         more = room // avg
     s.check_at = counted + (more if more > 1 else 1)
     if s.armed == s.gen:
-        return QUEUED
+        return 0
     s.armed = s.gen
-    return OPENED
+    return 1
 
 
 def make_check(Py_ssize_t max_body):
@@ -483,6 +489,29 @@ def cut(list chunk, bytes head, seq, bytes ext, Py_ssize_t limit):
         out.append(frame(chunk[start:end] if start or end < count else chunk, head, sq, ext))
         sq = (sq + 1) & 0xFFFFFFFF
         start = end
+    return out
+
+
+cdef list _take_cut(Stream s, BatcherState bs, double now, Py_ssize_t max_body):
+    # Batcher.take of an unkeyed batcher on the compiled core (its _cut is cut).
+    s.check_at = 1  # first: a push after the copy reaches check (see Batcher.take)
+    cdef list frames = s.frames
+    cdef list chunk = frames[:]
+    cdef Py_ssize_t n = PyList_GET_SIZE(chunk)
+    if n == 0:
+        return []
+    del frames[:n]
+    s.gen += 1
+    s.counted = s.size = 0
+    s.last_send = now
+    bs.messages_sent += n
+    cdef list out = cut(chunk, <bytes?>s.head, s.seq, <bytes?>s.ext, max_body)
+    cdef Py_ssize_t k = PyList_GET_SIZE(out), i, nbytes = 0
+    s.seq = (s.seq + k) & 0xFFFFFFFF
+    bs.datagrams_sent += k
+    for i in range(k):
+        nbytes += PyBytes_GET_SIZE(<object>PyList_GET_ITEM(out, i))
+    bs.bytes_sent += nbytes
     return out
 
 
@@ -1651,9 +1680,10 @@ cdef class IdleAfter:
     cdef TakeIdle take
     cdef DatagramIO io
     cdef ReliableSent booker
-    cdef bint never_idle
-    cdef double idle_gap, busy_gap, ack_poll_gap
-    cdef Py_ssize_t ack_poll_at, send_buffer, send_total
+    cdef bint never_idle, busy
+    cdef double idle_gap, busy_gap, ack_poll_gap, timeout
+    cdef Py_ssize_t ack_poll_at, send_buffer, send_total, max_body, qthresh
+    cdef object heap_push, deadline_armed, transmit
 
     def __init__(self, ep, after, batcher, sendto, reliable_sent, lock, rel_timer, send_error, rel,
                  Py_ssize_t ack_poll_at, Py_ssize_t send_buffer, Py_ssize_t send_total,
@@ -1682,6 +1712,17 @@ cdef class IdleAfter:
         self.send_buffer = send_buffer
         self.send_total = send_total
         self.ack_poll_gap = ack_poll_gap
+        self.max_body = batcher._max_body
+        self.qthresh = batcher._qthresh
+        self.timeout = batcher._timeout
+        self.heap_push = batcher.heap.push
+        self.deadline_armed = getattr(ep, "_deadline_armed", None)
+        self.transmit = ep._transmit
+        # The busy half (see busy_run): an unkeyed batcher of this core, all
+        # of whose parts above are compiled.
+        self.busy = (batcher._cut is cut and self.take is not None and self.io is not None
+                     and self.lock is not None and self.booker is not None
+                     and self.deadline_armed is not None)
 
     def __call__(self, s_obj, payload, r):
         return self.run(s_obj, payload, r)
@@ -1696,7 +1737,8 @@ cdef class IdleAfter:
         if r is not CHECK or type(s_obj) is not Stream or es._closed:
             return self.after(s_obj, payload, r)
         s = <Stream>s_obj
-        if s.armed == s.gen or PyList_GET_SIZE(s.frames) != 1 or self.never_idle:
+        cdef bint opening = not (s.armed == s.gen or PyList_GET_SIZE(s.frames) != 1 or self.never_idle)
+        if not opening and not self.busy:
             return self.after(s_obj, payload, r)
         now = _mono()
         if s._rel is not None:
@@ -1706,9 +1748,10 @@ cdef class IdleAfter:
             if st.nbytes >= self.ack_poll_at and now - es._app_read_at >= self.ack_poll_gap:
                 return self.after(s_obj, payload, r)  # the slow half reads the acknowledgements
         # Not idle now (the rule again, under the lock, in take_idle): the
-        # pure path, without taking the lock twice (a stream that streams
-        # opens each batch here, not idle).
-        if not _idle(s, now, self.bs.waited_at, self.idle_gap, self.busy_gap):
+        # busy half (a stream that streams opens each batch here, not idle).
+        if not opening or not _idle(s, now, self.bs.waited_at, self.idle_gap, self.busy_gap):
+            if self.busy:
+                return self.busy_run(s, st, now)
             return self.after(s_obj, payload, r)
         if self.lock is not None:
             self.lock.acquire_wait()
@@ -1750,6 +1793,68 @@ cdef class IdleAfter:
                 self.release()
         if d is False:
             self.after(s_obj, payload, r)
+
+
+    cdef object busy_run(self, Stream s, SendState st, double now):
+        # The busy half: what _after_append does through Batcher.advance
+        # (check; a batch opened to a busy destination arms its deadline;
+        # a full one, or one opened idle, is taken), Endpoint._emit and
+        # Queue._transmit, once the checks of run() passed (open, not full,
+        # no acknowledgements to read first), for a batch that is not the
+        # idle rule's (that is run()'s). What is not the common case (the
+        # credit closed, several datagrams at once) goes to the endpoint's
+        # own _emit or _transmit, as from the pure path.
+        cdef int c
+        cdef list out
+        cdef object d, armed = None
+        cdef double deadline, stamp = 0.0
+        self.lock.acquire_wait()
+        try:
+            c = _check(s, self.max_body)
+            if c == 0:
+                return None  # QUEUED
+            if c == 1:  # OPENED: Batcher.opened
+                if self.never_idle or not _idle(s, now, self.bs.waited_at, self.idle_gap, self.busy_gap):
+                    deadline = now + self.timeout  # Batcher.arm
+                    self.heap_push(deadline, s)
+                    self.deadline_armed(deadline)
+                    return None
+                if now - s.last_send >= self.timeout:
+                    s.limit = self.qthresh
+            elif now - s.last_send < self.timeout:  # FULL: Batcher.filled
+                s.limit = s.limit * 2 if s.limit * 2 < self.max_body else self.max_body
+            out = _take_cut(s, self.bs, now, self.max_body)
+            if not out:
+                return None
+            if st is not None and not _clear(st, PyList_GET_SIZE(out)):
+                self.ep._emit(s, out, s.last_send)  # credit closed: they wait in the send buffer
+                return None
+            if PyList_GET_SIZE(out) != 1:
+                if st is None:
+                    self.transmit(s, out)
+                    return None
+                self.ep._emit(s, out, s.last_send)
+                return None
+            d = <object>PyList_GET_ITEM(out, 0)
+            if st is not None:
+                armed = st.pto_at
+                stamp = _mono()
+            try:
+                self.io._send1(<bytes>d, s.addr)
+            except OSError as exc:
+                self.ep._count_send_failure(exc)
+                raise self.send_error(exc, s.addr) from exc
+            finally:
+                s.last_send = _mono()
+                if st is not None:
+                    self.booker.one(st, <bytes>d, stamp)
+                    if st.nbytes >= self.send_buffer or self.rs.total >= self.send_total:
+                        s.check_at = 0  # Batcher.hold: the next push takes the slow half
+                    if armed is None and st.pto_at is not None:
+                        self.rel_timer(st.pto_at)
+            return None
+        finally:
+            self.lock.release_held()
 
 
 def make_idle_after(ep, after, batcher, sendto, reliable_sent, lock, rel_timer, send_error, rel,

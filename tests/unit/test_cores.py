@@ -1092,6 +1092,66 @@ def test_a_wait_for_the_compiled_lock_runs_signal_handlers() -> None:
     assert lock.locked()  # still the first holder's
 
 
+def _pushes(busy_in_c: bool, reliable: bool, sizes: list[int]) -> list[object]:
+    """What a compiled queue that is never idle sends for pushes of ``sizes``
+    bytes (0: a flush) to a destination that never answers, its slow half
+    in C (IdleAfter: the busy half takes every batch that the idle rule
+    does not) or in Python (``_after_append``, the pure slow half): each
+    push's outcome, the first datagram of each sequence number (sender id
+    and epoch blanked: each queue has its own) and the counters."""
+    sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sink.bind(("127.0.0.1", 0))
+    sink.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)
+    q = cmq.Queue(
+        0, "127.0.0.1", delivery="reliable" if reliable else "best-effort", idle_gap=float("inf"), timeout=60.0,
+        max_datagram=2000, qthresh=700, on_full="raise", send_buffer=5_000, window=6, max_probes=30, linger=0.0,
+    )  # fmt: skip
+    outcomes: list[object] = []
+    try:
+        assert type(q._after) is _speedups.IdleAfter
+        if not busy_in_c:
+            q._after = q._after_append
+            q.push = q._make_push()  # type: ignore[method-assign]
+        dest = sink.getsockname()
+        for i, n in enumerate(sizes):
+            try:
+                if n:
+                    q.push(dest, bytes([i % 251]) * n)
+                else:
+                    q.flush()
+                outcomes.append("ok")
+            except cmq.CmqError as exc:
+                outcomes.append(type(exc).__name__)
+        b = q._batcher
+        counters = (b.messages_sent, b.datagrams_sent, b.bytes_sent, [(s.armed == s.gen, len(s.frames), s.limit) for s in b.streams()])
+    finally:
+        q.close()
+    first: dict[int, bytes] = {}
+    sink.setblocking(False)
+    with sink:
+        while True:
+            try:
+                d = sink.recv(65536)
+            except BlockingIOError:
+                break
+            if len(d) >= 16 and not d[3] & (frames.FLAG_CONTROL | frames.FLAG_ACK):
+                seq = int.from_bytes(d[12:16], "big")
+                first.setdefault(seq, d[:4] + bytes(4) + d[8:16] + (bytes(4) + d[20:] if reliable else d[16:]))
+    return [outcomes, sorted(first.items()), counters]
+
+
+@given(
+    sizes=st.lists(st.one_of(st.integers(1, 300), st.integers(600, 1990), st.just(0)), max_size=60),
+    reliable=st.booleans(),
+)
+@settings(max_examples=40, deadline=None)
+def test_the_busy_half_in_c_sends_what_the_pure_slow_half_sends(sizes: list[int], reliable: bool) -> None:
+    """A stream that streams (never idle): batches opened (their deadline
+    armed), filled, taken and cut, sent within credit or held for it, a
+    send buffer that fills; the same outcomes, datagrams and counters."""
+    assert _pushes(True, reliable, sizes) == _pushes(False, reliable, sizes)
+
+
 def test_compiled_queues_take_their_locks_and_parts_in_c() -> None:
     q = cmq.Queue(0, "127.0.0.1")
     try:
