@@ -16,11 +16,13 @@ median over ``--rounds`` of the CPU ns per message, and each side's part:
 
     .venv/bin/python scripts/hot_path_cost.py --size 16384
     CMQ_PURE_PYTHON=1 .venv/bin/python scripts/hot_path_cost.py --size 16384
+    .venv/bin/python scripts/hot_path_cost.py --size 16384 --floor
 """
 
 from __future__ import annotations
 
 import argparse
+import socket
 import statistics
 import sys
 import time
@@ -60,26 +62,59 @@ def _round(size: int, burst: int, count: int) -> tuple[float, float]:
     return send_ns / count, recv_ns / count
 
 
+def _floor_round(size: int, burst: int, count: int) -> tuple[float, float]:
+    """The same loop with bare sockets: prebuilt datagrams of cmq's packing
+    (as many ``size``-byte messages as fit 65,000 bytes), sent with
+    ``sendto`` and read with ``recv_into`` into one buffer: the kernel's part
+    and a bare loop, no framing and no object per message."""
+    per = max(1, 65_000 // (size + 9))
+    datagram = b"x" * (per * (size + 9) + 24)
+    clock = time.thread_time_ns
+    a = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    b = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    with a, b:
+        b.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+        b.bind(("127.0.0.1", 0))
+        addr = b.getsockname()
+        buf = bytearray(65536)
+        grams = max(1, burst // per)
+        rounds = max(1, count // (grams * per))
+        send_ns = recv_ns = 0
+        for _ in range(rounds):
+            t0 = clock()
+            for _ in range(grams):
+                a.sendto(datagram, addr)
+            t1 = clock()
+            for _ in range(grams):
+                b.recv_into(buf)
+            send_ns += t1 - t0
+            recv_ns += clock() - t1
+        n = rounds * grams * per
+    return send_ns / n, recv_ns / n
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size", type=int, default=16384, help="message bytes (default %(default)s)")
     p.add_argument("--burst", type=int, default=0, help="messages pushed before the receiver reads (default: 96 KB of them)")
     p.add_argument("--count", type=int, default=0, help="messages a round (default: 1 GB or 2,000,000 of them)")
     p.add_argument("--rounds", type=int, default=5, help="rounds; the median counts (default %(default)s)")
+    p.add_argument("--floor", action="store_true", help="measure bare sockets instead (the floor, see _floor_round)")
     args = p.parse_args()
     if args.size < 1 or args.rounds < 1 or args.burst < 0 or args.count < 0:
         p.error("--size and --rounds must be at least 1, --burst and --count not negative")
     burst = args.burst or max(1, (96 << 10) // args.size)
     count = args.count or min(2_000_000, (1 << 30) // args.size)
     count = max(burst, count // burst * burst)
-    core = "pure Python" if _impl.speedups is None else "compiled"
-    rounds = [_round(args.size, burst, count) for _ in range(args.rounds)]
+    core = "bare sockets (the floor)" if args.floor else "pure Python core" if _impl.speedups is None else "compiled core"
+    measure = _floor_round if args.floor else _round
+    rounds = [measure(args.size, burst, count) for _ in range(args.rounds)]
     send = statistics.median(r[0] for r in rounds)
     recv = statistics.median(r[1] for r in rounds)
     total = statistics.median(r[0] + r[1] for r in rounds)
     spread = ", ".join(f"{r[0] + r[1]:,.0f}" for r in rounds)
     print(
-        f"{core} core, {args.size:,} B, bursts of {burst}, {count:,} messages a round: "
+        f"{core}, {args.size:,} B, bursts of {burst}, {count:,} messages a round: "
         f"{total:,.0f} CPU ns a message (send {send:,.0f}, receive {recv:,.0f}; rounds {spread})"
     )
     return 0
