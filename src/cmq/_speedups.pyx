@@ -1670,6 +1670,16 @@ cdef class IdleAfter:
     ``DatagramIO.send1``, a :class:`ReliableSent`) it calls in C; anything
     else through a Python call. The compiled push (:func:`make_push`) calls
     it in C too.
+
+    When all of those parts are compiled and the batcher is unkeyed, a
+    push past the same checks whose batch is not the idle rule's takes the
+    busy half (``busy_run``) instead of ``after``: ``check``; a batch opened
+    to a busy destination arms its deadline (``batcher.heap.push``, then
+    ``ep._deadline_armed``); a full one (or one opened to an idle
+    destination with more than one message) is taken and cut as
+    ``Batcher.take`` does and, as one datagram within credit, sent and
+    booked as above; several datagrams go to ``ep._transmit`` (best-effort)
+    or ``ep._emit``, and so does one whose credit is closed.
     """
 
     cdef object after, ep, send_error, sendto, rel_timer, acquire, release, take_idle, reliable_sent
@@ -1731,9 +1741,8 @@ cdef class IdleAfter:
         cdef Stream s
         cdef SendState st = None
         cdef EndpointState es = self.es
-        cdef double now, stamp = 0.0
-        cdef object d, armed = None
-        cdef bint sent
+        cdef double now
+        cdef object d
         if r is not CHECK or type(s_obj) is not Stream or es._closed:
             return self.after(s_obj, payload, r)
         s = <Stream>s_obj
@@ -1764,28 +1773,7 @@ cdef class IdleAfter:
             elif st is not None and not _clear(st, 1):
                 self.ep._emit(s, [d], s.last_send)  # credit closed: it waits in the send buffer
             else:
-                if st is not None:
-                    armed = st.pto_at
-                    stamp = _mono()
-                try:
-                    if self.io is not None:
-                        self.io._send1(<bytes?>d, s.addr)
-                    else:
-                        self.sendto(d, s.addr)
-                except OSError as exc:
-                    self.ep._count_send_failure(exc)
-                    raise self.send_error(exc, s.addr) from exc
-                finally:
-                    s.last_send = _mono()
-                    if st is not None:
-                        if self.booker is not None and type(d) is bytes:
-                            self.booker.one(st, <bytes>d, stamp)
-                        else:
-                            self.reliable_sent(st, [d], stamp)
-                        if st.nbytes >= self.send_buffer or self.rs.total >= self.send_total:
-                            s.check_at = 0  # Batcher.hold: the next push takes the slow half
-                        if armed is None and st.pto_at is not None:
-                            self.rel_timer(st.pto_at)
+                self.send_one(s, st, d)
         finally:
             if self.lock is not None:
                 self.lock.release_held()
@@ -1794,6 +1782,36 @@ cdef class IdleAfter:
         if d is False:
             self.after(s_obj, payload, r)
 
+
+    cdef int send_one(self, Stream s, SendState st, object d) except -1:
+        # Send stream s's one new datagram d (the lock held), as Queue._transmit
+        # does; a reliable stream's (within credit) is then booked at the stamp
+        # taken before sending, as Endpoint._emit does.
+        cdef object armed = None
+        cdef double stamp = 0.0
+        if st is not None:
+            armed = st.pto_at
+            stamp = _mono()
+        try:
+            if self.io is not None:
+                self.io._send1(<bytes?>d, s.addr)
+            else:
+                self.sendto(d, s.addr)
+        except OSError as exc:
+            self.ep._count_send_failure(exc)
+            raise self.send_error(exc, s.addr) from exc
+        finally:
+            s.last_send = _mono()
+            if st is not None:
+                if self.booker is not None and type(d) is bytes:
+                    self.booker.one(st, <bytes>d, stamp)
+                else:
+                    self.reliable_sent(st, [d], stamp)
+                if st.nbytes >= self.send_buffer or self.rs.total >= self.send_total:
+                    s.check_at = 0  # Batcher.hold: the next push takes the slow half
+                if armed is None and st.pto_at is not None:
+                    self.rel_timer(st.pto_at)
+        return 0
 
     cdef object busy_run(self, Stream s, SendState st, double now):
         # The busy half: what _after_append does through Batcher.advance
@@ -1806,8 +1824,7 @@ cdef class IdleAfter:
         # own _emit or _transmit, as from the pure path.
         cdef int c
         cdef list out
-        cdef object d, armed = None
-        cdef double deadline, stamp = 0.0
+        cdef double deadline
         self.lock.acquire_wait()
         try:
             c = _check(s, self.max_body)
@@ -1835,23 +1852,7 @@ cdef class IdleAfter:
                     return None
                 self.ep._emit(s, out, s.last_send)
                 return None
-            d = <object>PyList_GET_ITEM(out, 0)
-            if st is not None:
-                armed = st.pto_at
-                stamp = _mono()
-            try:
-                self.io._send1(<bytes>d, s.addr)
-            except OSError as exc:
-                self.ep._count_send_failure(exc)
-                raise self.send_error(exc, s.addr) from exc
-            finally:
-                s.last_send = _mono()
-                if st is not None:
-                    self.booker.one(st, <bytes>d, stamp)
-                    if st.nbytes >= self.send_buffer or self.rs.total >= self.send_total:
-                        s.check_at = 0  # Batcher.hold: the next push takes the slow half
-                    if armed is None and st.pto_at is not None:
-                        self.rel_timer(st.pto_at)
+            self.send_one(s, st, <object>PyList_GET_ITEM(out, 0))
             return None
         finally:
             self.lock.release_held()
