@@ -77,4 +77,4 @@ def test_bench_durable_runs_one_consumer_beside_the_publisher(capsys: pytest.Cap
     runs = out["runs"]
     assert [(r["persistent"], r["window"]) for r in runs] == [(True, 1), (True, 16), (False, 1), (False, 16)]
     for r in runs:  # the consumer took messages in every run, never more than were confirmed
-        assert 0 < r["consumed"] <= r["msgs_per_s"] * 0.3 * 1.5 + 16
+        assert 0 < r["consumed"] <= r["published"]

@@ -111,7 +111,7 @@ def _start(data_dir: str) -> tuple[subprocess.Popen[str], str]:
     return proc, line.strip().rpartition(" ")[2]
 
 
-def _cmq_run(addr: str, durable: bool, window: int, size: int, seconds: float) -> tuple[float, int]:
+def _cmq_run(addr: str, durable: bool, window: int, size: int, seconds: float) -> tuple[float, int, int]:
     from cmq.routing import BrokerClient
 
     body = b"x" * size
@@ -119,7 +119,7 @@ def _cmq_run(addr: str, durable: bool, window: int, size: int, seconds: float) -
     with BrokerClient(addr, timeout=10.0) as c:
         c.declare_queue(queue, durable=durable, max_length=10_000_000)
 
-        def publish() -> float:
+        def publish() -> tuple[float, int]:
             n = 0
             start = time.perf_counter()
             end = start + seconds
@@ -132,14 +132,14 @@ def _cmq_run(addr: str, durable: bool, window: int, size: int, seconds: float) -
                 while time.perf_counter() < end:
                     c.publish_many(batch, window=window, persistent=durable)
                     n += window
-            return n / (time.perf_counter() - start)
+            return n / (time.perf_counter() - start), n
 
-        rate, consumed = with_consumer(cmq_consumer, addr, queue, publish)
+        (rate, published), consumed = with_consumer(cmq_consumer, addr, queue, publish)
         c.delete_queue(queue)
-    return rate, consumed
+    return rate, published, consumed
 
 
-def _rabbit_run(url: str, durable: bool, size: int, seconds: float) -> tuple[float, int]:
+def _rabbit_run(url: str, durable: bool, size: int, seconds: float) -> tuple[float, int, int]:
     import pika
 
     conn = pika.BlockingConnection(pika.URLParameters(url))
@@ -152,20 +152,20 @@ def _rabbit_run(url: str, durable: bool, size: int, seconds: float) -> tuple[flo
         ch.queue_purge(queue)
         body = b"x" * size
 
-        def publish() -> float:
+        def publish() -> tuple[float, int]:
             n = 0
             start = time.perf_counter()
             end = start + seconds
             while time.perf_counter() < end:
                 ch.basic_publish("", queue, body, props)  # returns once confirmed
                 n += 1
-            return n / (time.perf_counter() - start)
+            return n / (time.perf_counter() - start), n
 
-        rate, consumed = with_consumer(pika_consumer, url, queue, publish)
+        (rate, published), consumed = with_consumer(pika_consumer, url, queue, publish)
         ch.queue_delete(queue)
     finally:
         conn.close()
-    return rate, consumed
+    return rate, published, consumed
 
 
 def _rabbit_available(url: str) -> str | None:
@@ -188,17 +188,17 @@ def main(args: argparse.Namespace) -> int:
         try:
             for durable in (True, False):
                 for window in (1, args.window):
-                    rate, consumed = _cmq_run(addr, durable, window, args.size, args.seconds)
+                    rate, published, consumed = _cmq_run(addr, durable, window, args.size, args.seconds)
                     rows.append({"system": "cmq", "persistent": durable, "window": window, "msgs_per_s": rate,
-                                 "consumed": consumed})  # fmt: skip
+                                 "published": published, "consumed": consumed})  # fmt: skip
         finally:
             stop_child(proc)
     skipped = _rabbit_available(args.amqp_url)
     if skipped is None:
         for durable in (True, False):
-            rate, consumed = _rabbit_run(args.amqp_url, durable, args.size, args.seconds)
+            rate, published, consumed = _rabbit_run(args.amqp_url, durable, args.size, args.seconds)
             rows.append({"system": "rabbitmq", "persistent": durable, "window": 1, "msgs_per_s": rate,
-                         "consumed": consumed})  # fmt: skip
+                         "published": published, "consumed": consumed})  # fmt: skip
     if args.json:
         print(json.dumps({"size": args.size, "seconds": args.seconds, "runs": rows, "rabbitmq_skipped": skipped}))
         return 0
