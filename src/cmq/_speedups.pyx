@@ -1337,12 +1337,15 @@ cdef class ReceiveV2:
     where they lie (no bytes object for the datagram).
     """
 
-    cdef object chunk
+    cdef object chunk, header
     cdef Py_ssize_t status_bytes
     cdef double max_ack_delay
 
     def __init__(self, chunk, Py_ssize_t status_bytes, double max_ack_delay):
+        from cmq.wire.frames import Header  # here: frames imports this module's loader
+
         self.chunk = chunk
+        self.header = Header
         self.status_bytes = status_bytes
         self.max_ack_delay = max_ack_delay
 
@@ -1369,6 +1372,8 @@ cdef class ReceiveV2:
         rs = <RecvState?>found
         # Receiver._next_plain
         if rs.epoch != epoch or rs.next != seq or not rs.granted or rs.held or rs.seen:
+            if rs.epoch == epoch and rs.granted and rs.ordered and not flags & ~1U:
+                return self.hold(rx, rs, b, size, flags, sender, mailbox, seq, epoch, rflags, now)
             return -1
         if rx._unchecked + size > rx._free or rflags & ~(R_SYN_ | R_ORDERED_):
             return -1
@@ -1401,6 +1406,54 @@ cdef class ReceiveV2:
         rx.messages_received += n
         _next_arrived(rx, rs, seq, size, now, self.status_bytes, self.max_ack_delay)
         return n
+
+    cdef Py_ssize_t hold(self, ReceiverState rx, RecvState rs, const unsigned char *b, Py_ssize_t size,
+                         unsigned int flags, unsigned long sender, unsigned long mailbox, unsigned long seq,
+                         unsigned long epoch, unsigned int rflags, double now) except -2:
+        # Receiver._reliable for a datagram of an ordered stream past a gap,
+        # within credit and the budget: held (decoded) until the gap fills,
+        # as the general path holds it. Anything else (a duplicate, the
+        # datagram that fills the gap, over credit or near the budget,
+        # rflags it does not know) changes nothing and returns -1.
+        cdef long long off = _seq_diff(seq, rs.next)
+        cdef dict held = rs.held
+        cdef bint new_gap = False
+        if off <= 0 or rflags & ~(R_SYN_ | R_ORDERED_) or seq in held or seq in rs.seen:
+            return -1
+        if _seq_diff(rs.credit, seq) <= 0 or off >= 2 * <long long>rx._wmax:
+            return -1
+        if rx._unchecked + size > rx._free:
+            return -1  # near the budget: Receiver._full decides
+        try:
+            payloads = _split(b, V2_HEAD, size)
+        except ProtocolError:
+            rx.dropped["malformed"] += 1
+            return 0
+        header = self.header(flags=flags, sender=sender, mailbox=mailbox, seq=seq, version=2, epoch=epoch,
+                             rflags=rflags)
+        rx._unchecked += size  # Receiver._full's count, short of the budget
+        rs.last_active = now
+        if _seq_diff(seq, rs.largest) > 0:
+            new_gap = _seq_diff(seq, rs.largest) > 1 and _seq_diff(rs.largest, rs.next) >= -1
+            rs.largest = seq
+            rs.largest_at = now
+        rs.avg_size += (size - rs.avg_size) * 0.125
+        rs.last_size = size
+        rs.bytes_since += size
+        held[seq] = (size, header, payloads)
+        rs.held_bytes += size
+        rx._held_rel += size
+        # Receiver._owe
+        rs.since_status += 1
+        cdef long long quarter = _seq_diff(rs.credit, rs.next) // 4
+        if new_gap or rs.since_status >= (quarter if quarter > 1 else 1) or rs.bytes_since >= self.status_bytes:
+            rs.urgent = True
+            rx.status_urgent = True
+        elif rs.due is None:
+            rs.due = now + self.max_ack_delay
+            rx.new_due = True
+        rx._owed[rs] = None
+        return 0
 
 
 def make_receive_v2(chunk, Py_ssize_t status_bytes, double max_ack_delay):
