@@ -293,6 +293,23 @@ def _reliable_deliveries(
     return [seen, streams, counters, rx.mailbox(2).take(1 << 20)]
 
 
+def _ordered_stream(chunks: list[list[bytes]], syn: int, codec: int, broken: list[int]) -> list[bytes]:
+    """An ordered reliable stream's datagrams, one per chunk of payloads (the
+    first ``syn`` with R_SYN; those in ``broken`` with a last frame that runs
+    past the end, or is garbage MessagePack)."""
+    head = frames.stream_head(codec, 3, 2, frames.VERSION_2)
+    datagrams = []
+    for seq, payloads in enumerate(chunks):
+        ext = frames.extension(77, frames.R_ORDERED | (frames.R_SYN if seq < syn else 0))
+        if codec:
+            payloads = [msgpack.packb(p) for p in payloads]
+        d = frames.frame(payloads, head, seq, ext)
+        if seq in broken:
+            d = d[:-1] + b"\xff"
+        datagrams.append(d)
+    return datagrams
+
+
 @given(
     chunks=st.lists(st.lists(st.binary(max_size=120), min_size=1, max_size=6), min_size=1, max_size=12),
     syn=st.integers(0, 4),
@@ -308,16 +325,7 @@ def test_receivers_of_both_cores_keep_reliable_streams_alike(
     reader's) and the general path they fall back to: in-order, repeated,
     reordered, over credit, over a full mailbox, malformed and undecodable
     datagrams, STATUS between them."""
-    head = frames.stream_head(codec, 3, 2, frames.VERSION_2)
-    datagrams = []
-    for seq, payloads in enumerate(chunks):
-        ext = frames.extension(77, frames.R_ORDERED | (frames.R_SYN if seq < syn else 0))
-        if codec:
-            payloads = [msgpack.packb(p) for p in payloads]
-        d = frames.frame(payloads, head, seq, ext)
-        if seq in broken:
-            d = d[:-1] + b"\xff"  # the last frame now runs past the end (or is garbage MessagePack)
-        datagrams.append(d)
+    datagrams = _ordered_stream(chunks, syn, codec, broken)
     # The stream starts with its first datagram, so that the rest can be fast.
     ops = [(0, 0), (1, 0), *ops, (1, 0), (0, 1), (0, 2), (0, 3)]
     assert _reliable_deliveries("compiled", datagrams, ops) == _reliable_deliveries("python", datagrams, ops)
@@ -337,16 +345,7 @@ def test_receivers_of_both_cores_hold_what_comes_past_a_gap_alike(
     compiled core's fast path holds it in C, the pure core's general path
     in Python) and delivered once the gap fills: the same deliveries,
     STATUS, held datagrams, stream fields and counters."""
-    head = frames.stream_head(codec, 3, 2, frames.VERSION_2)
-    datagrams = []
-    for seq, payloads in enumerate(chunks):
-        ext = frames.extension(77, frames.R_ORDERED | (frames.R_SYN if seq == 0 else 0))
-        if codec:
-            payloads = [msgpack.packb(p) for p in payloads]
-        d = frames.frame(payloads, head, seq, ext)
-        if seq in broken:
-            d = d[:-1] + b"\xff"  # the last frame now runs past the end (or is garbage MessagePack)
-        datagrams.append(d)
+    datagrams = _ordered_stream(chunks, 1, codec, broken)
     ops = [(0, 0), (1, 0), *ops, (1, 0), *[(3, 0)] * len(datagrams)]
     assert _reliable_deliveries("compiled", datagrams, ops, 200_000) == _reliable_deliveries(
         "python", datagrams, ops, 200_000
