@@ -885,9 +885,10 @@ class Endpoint(ABC):
                     continue
                 s = st.stream
                 if datagrams:
-                    for d in datagrams:
-                        self._send_to(d, st.addr)
-                    self._batcher.sent(s, self._now())
+                    # Repairs, a PROBE and what the new credit released, in
+                    # as few system calls as the driver can (under loss,
+                    # most of a stream's datagrams go here): refusals counted.
+                    self._transmit(s, datagrams, raise_errors=False)
                 if s.frames and not st.waiting and s.armed == s.gen:
                     # A batch held open while credit was closed: it may go now.
                     batch = self._batcher.take(s, now)
