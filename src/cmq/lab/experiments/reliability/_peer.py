@@ -596,6 +596,9 @@ def main(argv: list[str]) -> int:
     if cpu is not None:
         os.sched_setaffinity(0, {int(cpu)})
     result: dict[str, Any] = _ROLES[argv[0]](**params)
+    # The process's CPU seconds (user and system, every thread), for the
+    # cost of a run's messages at each end.
+    result.setdefault("cpu_s", time.process_time())
     _emit("RESULT", result)
     return 0
 

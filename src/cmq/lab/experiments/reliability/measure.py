@@ -499,6 +499,7 @@ def write_throughput(
             f"receiver_{k}": v
             for k, v in _numbers(received.get("stats", {}), _RECEIVER_STATS).items()
         },
+        **{f"{side}_cpu_s": float(d["cpu_s"]) for side, d in (("sender", sent), ("receiver", received)) if "cpu_s" in d},
         "push_failed": float(len(sent.get("failed", ()))),
         "push_blocked": float(sent.get("blocked", 0)),
     }
