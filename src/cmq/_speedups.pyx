@@ -1320,6 +1320,35 @@ cdef inline void _next_arrived(ReceiverState rx, RecvState rs, unsigned long seq
     rx._owed[rs] = None  # keyed by the stream: an identity hash, no tuple to hash
 
 
+cdef inline void _owe(ReceiverState rx, RecvState rs, double now, bint urgent, Py_ssize_t status_bytes,
+                      double max_ack_delay) except *:
+    # Receiver._owe: rs owes its sender a STATUS, now (urgent) or within max_ack_delay.
+    rs.since_status += 1
+    cdef long long quarter = _seq_diff(rs.credit, rs.next) // 4
+    if urgent or rs.since_status >= (quarter if quarter > 1 else 1) or rs.bytes_since >= status_bytes:
+        rs.urgent = True
+        rx.status_urgent = True
+    elif rs.due is None:
+        rs.due = now + max_ack_delay
+        rx.new_due = True
+    rx._owed[rs] = None
+
+
+cdef inline bint _arrived(RecvState rs, unsigned long seq, Py_ssize_t size, double now, bint past) noexcept:
+    # Receiver._reliable's notes on a datagram it takes (delivered or held):
+    # the largest seen and whether it opened a gap (only one ``past`` next
+    # can), the sizes; returns whether it opened a gap.
+    cdef bint new_gap = False
+    if _seq_diff(seq, rs.largest) > 0:
+        new_gap = past and _seq_diff(seq, rs.largest) > 1 and _seq_diff(rs.largest, rs.next) >= -1
+        rs.largest = seq
+        rs.largest_at = now
+    rs.avg_size += (size - rs.avg_size) * 0.125
+    rs.last_size = size
+    rs.bytes_since += size
+    return new_gap
+
+
 cdef class ReceiveV2:
     """The fast path of :meth:`cmq.wire.receiver.Receiver.datagram_received`
     for a plain v2 data datagram (untagged, no fragment, control or ack
@@ -1372,9 +1401,13 @@ cdef class ReceiveV2:
         rs = <RecvState?>found
         # Receiver._next_plain
         if rs.epoch != epoch or rs.next != seq or not rs.granted or rs.held or rs.seen:
-            if rs.epoch == epoch and rs.granted and rs.ordered and not flags & ~1U:
-                return self.hold(rx, rs, b, size, flags, sender, mailbox, seq, epoch, rflags, now)
-            return -1
+            if rs.epoch != epoch or not rs.granted or flags & ~1U or rflags & ~(R_SYN_ | R_ORDERED_):
+                return -1
+            if not rs.ordered:
+                return self.unordered(rx, rs, b, size, flags, sender, mailbox, seq, addr, now)
+            if rs.next == seq:
+                return self.fill(rx, rs, b, size, flags, sender, mailbox, seq, addr, now)
+            return self.hold(rx, rs, b, size, flags, sender, mailbox, seq, epoch, rflags, now)
         if rx._unchecked + size > rx._free or rflags & ~(R_SYN_ | R_ORDERED_):
             return -1
         if _seq_diff(rs.credit, seq) <= 0:
@@ -1417,8 +1450,8 @@ cdef class ReceiveV2:
         # rflags it does not know) changes nothing and returns -1.
         cdef long long off = _seq_diff(seq, rs.next)
         cdef dict held = rs.held
-        cdef bint new_gap = False
-        if off <= 0 or rflags & ~(R_SYN_ | R_ORDERED_) or seq in held or seq in rs.seen:
+        cdef bint new_gap
+        if off <= 0 or seq in held or seq in rs.seen:
             return -1
         if _seq_diff(rs.credit, seq) <= 0 or off >= 2 * <long long>rx._wmax:
             return -1
@@ -1433,27 +1466,131 @@ cdef class ReceiveV2:
                              rflags=rflags)
         rx._unchecked += size  # Receiver._full's count, short of the budget
         rs.last_active = now
-        if _seq_diff(seq, rs.largest) > 0:
-            new_gap = _seq_diff(seq, rs.largest) > 1 and _seq_diff(rs.largest, rs.next) >= -1
-            rs.largest = seq
-            rs.largest_at = now
-        rs.avg_size += (size - rs.avg_size) * 0.125
-        rs.last_size = size
-        rs.bytes_since += size
+        new_gap = _arrived(rs, seq, size, now, True)
         held[seq] = (size, header, payloads)
         rs.held_bytes += size
         rx._held_rel += size
-        # Receiver._owe
-        rs.since_status += 1
-        cdef long long quarter = _seq_diff(rs.credit, rs.next) // 4
-        if new_gap or rs.since_status >= (quarter if quarter > 1 else 1) or rs.bytes_since >= self.status_bytes:
-            rs.urgent = True
-            rx.status_urgent = True
-        elif rs.due is None:
-            rs.due = now + self.max_ack_delay
-            rx.new_due = True
-        rx._owed[rs] = None
+        _owe(rx, rs, now, new_gap, self.status_bytes, self.max_ack_delay)
         return 0
+
+    cdef Py_ssize_t fill(self, ReceiverState rx, RecvState rs, const unsigned char *b, Py_ssize_t size,
+                         unsigned int flags, unsigned long sender, unsigned long mailbox, unsigned long seq,
+                         object addr, double now) except -2:
+        # Receiver._reliable for the datagram an ordered stream's gap waits
+        # for (seq is next, datagrams are held): delivered, and after it
+        # every held datagram that now follows in order, as the general
+        # path does. What it would refuse (over credit, near the budget, a
+        # mailbox without room) changes nothing and returns -1: it decides.
+        if _seq_diff(rs.credit, seq) <= 0 or rx._unchecked + size > rx._free:
+            return -1
+        try:
+            payloads = _split(b, V2_HEAD, size)
+        except ProtocolError:
+            rx.dropped["malformed"] += 1
+            return 0
+        mb = rx.mailboxes.get(mailbox)
+        if mb is not None and (<object>mb).delivered - (<object>mb).consumed + PyList_GET_SIZE(payloads) > rx._max_queued:
+            return -1  # Receiver._fits decides
+        rs.last_active = now
+        _arrived(rs, seq, size, now, False)
+        rx._unchecked += size  # Receiver._full's count, short of the budget
+        cdef Py_ssize_t n = self.deliver(rx, payloads, flags, addr, sender, mailbox, seq, size)
+        cdef Py_ssize_t got, held_size
+        cdef unsigned long nxt = (seq + 1) & 0xFFFFFFFFUL
+        cdef dict held = rs.held
+        cdef object entry, h, body
+        while held:
+            entry = held.get(nxt)
+            if entry is None:
+                break
+            held_size, h, body = entry
+            if type(body) is not list or h.flags & ~1U:
+                got = rx._accept(rs, held_size, h, body, addr, now)  # a fragment: the general path's
+            else:
+                # Receiver._accept: never refused for the budget (the
+                # datagram is held), but counted in it.
+                if rx._unchecked + held_size <= rx._free:
+                    rx._unchecked += held_size
+                else:
+                    rx._full(held_size)
+                mb = rx.mailboxes.get(mailbox)
+                got = PyList_GET_SIZE(body)
+                if (mb is not None and (<object>mb).delivered - (<object>mb).consumed + got > rx._max_queued
+                        and not rx._fits(mb, got)):
+                    got = -1
+                else:
+                    got = self.deliver(rx, body, h.flags, addr, sender, mailbox, nxt, held_size)
+            del held[nxt]
+            rs.held_bytes -= held_size
+            rx._held_rel -= held_size
+            if got < 0:
+                # No room: dropped unacknowledged, an overrun the sender repairs.
+                rx.overruns += 1
+                break
+            n += got
+            nxt = (nxt + 1) & 0xFFFFFFFFUL
+        rs.next = nxt
+        _owe(rx, rs, now, False, self.status_bytes, self.max_ack_delay)
+        return n
+
+    cdef Py_ssize_t unordered(self, ReceiverState rx, RecvState rs, const unsigned char *b, Py_ssize_t size,
+                              unsigned int flags, unsigned long sender, unsigned long mailbox, unsigned long seq,
+                              object addr, double now) except -2:
+        # Receiver._reliable for an unordered stream's datagram while a gap
+        # is open: delivered at once, past the gap (noted as seen) or as the
+        # datagram that fills it (next moves past what was seen), as the
+        # general path does. A duplicate, or what it would refuse (over
+        # credit, near the budget, a mailbox without room), changes nothing
+        # and returns -1: it decides.
+        cdef long long off = _seq_diff(seq, rs.next)
+        cdef set seen = rs.seen
+        if off < 0 or seq in seen or _seq_diff(rs.credit, seq) <= 0 or off >= 2 * <long long>rx._wmax:
+            return -1
+        if rx._unchecked + size > rx._free:
+            return -1
+        try:
+            payloads = _split(b, V2_HEAD, size)
+        except ProtocolError:
+            rx.dropped["malformed"] += 1
+            return 0
+        mb = rx.mailboxes.get(mailbox)
+        if mb is not None and (<object>mb).delivered - (<object>mb).consumed + PyList_GET_SIZE(payloads) > rx._max_queued:
+            return -1  # Receiver._fits decides
+        rs.last_active = now
+        cdef bint new_gap = _arrived(rs, seq, size, now, off > 0)
+        rx._unchecked += size
+        cdef Py_ssize_t n = self.deliver(rx, payloads, flags, addr, sender, mailbox, seq, size)
+        cdef unsigned long nxt
+        if off:
+            seen.add(seq)
+        else:
+            nxt = (seq + 1) & 0xFFFFFFFFUL
+            while nxt in seen:
+                seen.discard(nxt)
+                nxt = (nxt + 1) & 0xFFFFFFFFUL
+            rs.next = nxt
+        _owe(rx, rs, now, new_gap, self.status_bytes, self.max_ack_delay)
+        return n
+
+    cdef Py_ssize_t deliver(self, ReceiverState rx, list payloads, object flags, object addr, unsigned long sender,
+                            unsigned long mailbox, unsigned long seq, Py_ssize_t size) except -2:
+        # Receiver._deliver of a whole reliable datagram (its mailbox's room
+        # was checked): decoded if it is MessagePack, appended as one chunk.
+        if flags:
+            payloads = rx._decode_all(payloads)
+        else:
+            PyObject_GC_UnTrack(<void *>payloads)  # as in run: only its chunk holds it
+        mb = rx.mailboxes.get(mailbox)
+        if mb is None:
+            mb = rx.mailbox(mailbox)
+        cdef Py_ssize_t n = PyList_GET_SIZE(payloads)
+        if n <= 0:
+            return 0
+        mb.chunks.append(self.chunk(payloads, (addr, sender, mailbox, seq, None)))
+        mb.delivered += n
+        mb.nbytes += size
+        rx.messages_received += n
+        return n
 
 
 def make_receive_v2(chunk, Py_ssize_t status_bytes, double max_ack_delay):

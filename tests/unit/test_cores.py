@@ -272,7 +272,8 @@ def _reliable_deliveries(
         now += 0.003 if op == 1 else 0.0005  # a STATUS taken is due (max_ack_delay)
         if op in (0, 3):
             last = arg % len(datagrams) if op == 0 else (last + 1) % len(datagrams)
-            seen.append(("got", rx.datagram_received(datagrams[last], ("127.0.0.1", 4000), now)))
+            got = rx.datagram_received(datagrams[last], ("127.0.0.1", 4000), now)
+            seen.append(("got", got, rx.status_urgent, rx.new_due))
         elif op == 4:
             # A reader that took everything, so that credit is open, then waits.
             seen.append(("took", rx.mailbox(2).take(1 << 20), rx.take_status(now, all_owed=True)))
@@ -293,14 +294,14 @@ def _reliable_deliveries(
     return [seen, streams, counters, rx.mailbox(2).take(1 << 20)]
 
 
-def _ordered_stream(chunks: list[list[bytes]], syn: int, codec: int, broken: list[int]) -> list[bytes]:
-    """An ordered reliable stream's datagrams, one per chunk of payloads (the
-    first ``syn`` with R_SYN; those in ``broken`` with a last frame that runs
-    past the end, or is garbage MessagePack)."""
+def _stream(chunks: list[list[bytes]], syn: int, codec: int, broken: list[int], *, ordered: bool = True) -> list[bytes]:
+    """A reliable stream's datagrams (ordered, or unordered), one per chunk
+    of payloads (the first ``syn`` with R_SYN; those in ``broken`` with a
+    last frame that runs past the end, or is garbage MessagePack)."""
     head = frames.stream_head(codec, 3, 2, frames.VERSION_2)
     datagrams = []
     for seq, payloads in enumerate(chunks):
-        ext = frames.extension(77, frames.R_ORDERED | (frames.R_SYN if seq < syn else 0))
+        ext = frames.extension(77, (frames.R_ORDERED if ordered else 0) | (frames.R_SYN if seq < syn else 0))
         if codec:
             payloads = [msgpack.packb(p) for p in payloads]
         d = frames.frame(payloads, head, seq, ext)
@@ -316,16 +317,17 @@ def _ordered_stream(chunks: list[list[bytes]], syn: int, codec: int, broken: lis
     codec=st.sampled_from([0, frames.FLAG_MSGPACK]),
     broken=st.lists(st.integers(0, 11), max_size=2),
     ops=st.lists(st.tuples(st.sampled_from([3, 3, 3, 3, 0, 1, 2, 4, 4]), st.integers(0, 30)), max_size=60),
+    ordered=st.booleans(),
 )
 @settings(max_examples=300, deadline=None)
 def test_receivers_of_both_cores_keep_reliable_streams_alike(
-    chunks: list[list[bytes]], syn: int, codec: int, broken: list[int], ops: list[tuple[int, int]]
+    chunks: list[list[bytes]], syn: int, codec: int, broken: list[int], ops: list[tuple[int, int]], ordered: bool
 ) -> None:
     """The reliable fast paths (compiled or pure: a drain's and a waiting
     reader's) and the general path they fall back to: in-order, repeated,
     reordered, over credit, over a full mailbox, malformed and undecodable
-    datagrams, STATUS between them."""
-    datagrams = _ordered_stream(chunks, syn, codec, broken)
+    datagrams, STATUS between them; ordered and unordered streams."""
+    datagrams = _stream(chunks, syn, codec, broken, ordered=ordered)
     # The stream starts with its first datagram, so that the rest can be fast.
     ops = [(0, 0), (1, 0), *ops, (1, 0), (0, 1), (0, 2), (0, 3)]
     assert _reliable_deliveries("compiled", datagrams, ops) == _reliable_deliveries("python", datagrams, ops)
@@ -336,19 +338,23 @@ def test_receivers_of_both_cores_keep_reliable_streams_alike(
     codec=st.sampled_from([0, frames.FLAG_MSGPACK]),
     broken=st.lists(st.integers(0, 15), max_size=2),
     ops=st.lists(st.tuples(st.sampled_from([0, 0, 0, 3, 3, 1, 2]), st.integers(0, 30)), max_size=60),
+    ordered=st.booleans(),
+    budget=st.sampled_from([200_000, 200_000, 3000]),
 )
-@settings(max_examples=300, deadline=None)
-def test_receivers_of_both_cores_hold_what_comes_past_a_gap_alike(
-    chunks: list[list[bytes]], codec: int, broken: list[int], ops: list[tuple[int, int]]
+@settings(max_examples=400, deadline=None)
+def test_receivers_of_both_cores_take_what_comes_past_a_gap_alike(
+    chunks: list[list[bytes]], codec: int, broken: list[int], ops: list[tuple[int, int]], ordered: bool, budget: int
 ) -> None:
-    """With credit for many datagrams, what arrives past a gap is held (the
-    compiled core's fast path holds it in C, the pure core's general path
-    in Python) and delivered once the gap fills: the same deliveries,
-    STATUS, held datagrams, stream fields and counters."""
-    datagrams = _ordered_stream(chunks, 1, codec, broken)
+    """With credit for many datagrams, what arrives past a gap is held
+    (ordered) or delivered and noted as seen (unordered), and the datagram
+    that fills the gap is delivered with what was held after it (the
+    compiled core's fast path does it in C, the pure core's general path
+    in Python): the same deliveries, STATUS, held and seen datagrams,
+    stream fields and counters, with the budget near and far."""
+    datagrams = _stream(chunks, 1, codec, broken, ordered=ordered)
     ops = [(0, 0), (1, 0), *ops, (1, 0), *[(3, 0)] * len(datagrams)]
-    assert _reliable_deliveries("compiled", datagrams, ops, 200_000) == _reliable_deliveries(
-        "python", datagrams, ops, 200_000
+    assert _reliable_deliveries("compiled", datagrams, ops, budget) == _reliable_deliveries(
+        "python", datagrams, ops, budget
     )
 
 
