@@ -2517,7 +2517,7 @@ cdef class DatagramIO:
         cdef int got = self._read_many(count, wait)
         cdef list out = []
         cdef socklen_t namelen
-        cdef size_t n, seg, off
+        cdef size_t n, seg, off, part
         cdef const char *data
         for i in range(<unsigned int>got):
             namelen = self.msgs[i].msg_hdr.msg_namelen
@@ -2527,18 +2527,27 @@ cdef class DatagramIO:
             addr = self.source.of(&self.names[i], namelen)
             n = self.msgs[i].msg_len
             data = PyBytes_AS_STRING(<object>self.slabs[i])
-            seg = _gro_size(&self.msgs[i].msg_hdr) if self.gro else 0
-            if seg == 0 or seg >= n:
-                out.append((PyBytes_FromStringAndSize(data, n), addr))
-                continue
-            self.coalesced += 1
+            seg = self._segment(i, True)
             off = 0
-            while off < n:
-                if seg > n - off:
-                    seg = n - off
-                out.append((PyBytes_FromStringAndSize(data + off, seg), addr))
-                off += seg
+            while True:
+                part = seg if seg <= n - off else n - off
+                out.append((PyBytes_FromStringAndSize(data + off, part), addr))
+                off += part
+                if off >= n:
+                    break
         return out
+
+    cdef inline size_t _segment(self, unsigned int i, bint count) noexcept:
+        # The size of each datagram in read i: the read's length, or the
+        # segment size when the kernel coalesced several (GRO: the last may
+        # be shorter), then counted in ``coalesced`` if ``count``.
+        cdef size_t n = self.msgs[i].msg_len
+        cdef size_t seg = _gro_size(&self.msgs[i].msg_hdr) if self.gro else 0
+        if seg == 0 or seg >= n:
+            return n
+        if count:
+            self.coalesced += 1
+        return seg
 
     cdef int _read_many(self, unsigned int count, bint wait) except -1:
         # recvmmsg of up to count datagrams into the slabs; how many came (0:
@@ -2601,8 +2610,8 @@ cdef class DatagramIO:
         cdef size_t n, seg
         for i in range(<unsigned int>got):
             n = self.msgs[i].msg_len
-            seg = _gro_size(&self.msgs[i].msg_hdr) if self.gro else 0
-            items += 1 if seg == 0 or seg >= n else <unsigned int>((n + seg - 1) // seg)
+            seg = self._segment(i, False)
+            items += 1 if seg >= n else <unsigned int>((n + seg - 1) // seg)
         self.unread = <unsigned int>got
         return items
 
@@ -2634,11 +2643,7 @@ cdef class DatagramIO:
             addr = self.source.of(&self.names[i], namelen)
             n = self.msgs[i].msg_len
             data = <const unsigned char *>PyBytes_AS_STRING(<object>self.slabs[i])
-            seg = _gro_size(&self.msgs[i].msg_hdr) if self.gro else 0
-            if seg == 0 or seg >= n:
-                seg = n
-            else:
-                self.coalesced += 1
+            seg = self._segment(i, True)
             off = 0
             while True:
                 part = seg if seg <= n - off else n - off
