@@ -1359,8 +1359,13 @@ cdef class ReceiveV2:
     the next datagram of a known, credited stream with nothing held, within
     credit and the budget, its messages go to their mailbox as one
     ``chunk`` and the stream's acknowledgement bookkeeping is done
-    (``_next_arrived``); it returns how many were delivered. Otherwise it
-    changes nothing and returns -1: the general path decides. ``status_bytes``
+    (``_next_arrived``); it returns how many were delivered. While a gap
+    is open in a known, credited stream, it also does what the general
+    path (``Receiver._reliable``) does with a datagram within credit and
+    the budget: holds one past the gap (ordered, ``hold``), delivers one
+    at once (unordered), or delivers the one that fills the gap with what
+    was held after it (``fill``). Otherwise it changes nothing and returns
+    -1: the general path decides. ``status_bytes``
     and ``max_ack_delay`` are :mod:`cmq.wire.reliable`'s constants.
     :meth:`DatagramIO.deliver` calls it in C on the datagrams it read,
     where they lie (no bytes object for the datagram).
@@ -1489,7 +1494,7 @@ cdef class ReceiveV2:
             rx.dropped["malformed"] += 1
             return 0
         mb = rx.mailboxes.get(mailbox)
-        if mb is not None and (<object>mb).delivered - (<object>mb).consumed + PyList_GET_SIZE(payloads) > rx._max_queued:
+        if mb is not None and mb.delivered - mb.consumed + PyList_GET_SIZE(payloads) > rx._max_queued:
             return -1  # Receiver._fits decides
         rs.last_active = now
         _arrived(rs, seq, size, now, False)
@@ -1515,7 +1520,7 @@ cdef class ReceiveV2:
                     rx._full(held_size)
                 mb = rx.mailboxes.get(mailbox)
                 got = PyList_GET_SIZE(body)
-                if (mb is not None and (<object>mb).delivered - (<object>mb).consumed + got > rx._max_queued
+                if (mb is not None and mb.delivered - mb.consumed + got > rx._max_queued
                         and not rx._fits(mb, got)):
                     got = -1
                 else:
@@ -1554,7 +1559,7 @@ cdef class ReceiveV2:
             rx.dropped["malformed"] += 1
             return 0
         mb = rx.mailboxes.get(mailbox)
-        if mb is not None and (<object>mb).delivered - (<object>mb).consumed + PyList_GET_SIZE(payloads) > rx._max_queued:
+        if mb is not None and mb.delivered - mb.consumed + PyList_GET_SIZE(payloads) > rx._max_queued:
             return -1  # Receiver._fits decides
         rs.last_active = now
         cdef bint new_gap = _arrived(rs, seq, size, now, off > 0)
