@@ -1349,6 +1349,25 @@ cdef inline bint _arrived(RecvState rs, unsigned long seq, Py_ssize_t size, doub
     return new_gap
 
 
+cdef object _NO_ROOM = object()
+
+
+cdef object _frames_with_room(ReceiverState rx, const unsigned char *b, Py_ssize_t size, unsigned long mailbox):
+    # A reliable v2 datagram's frames, when its mailbox has room for them
+    # all without Receiver._fits; None when it is malformed (counted, as
+    # the general path's parser counts it), _NO_ROOM when the mailbox is
+    # that full (the general path decides).
+    try:
+        payloads = _split(b, V2_HEAD, size)
+    except ProtocolError:
+        rx.dropped["malformed"] += 1
+        return None
+    mb = rx.mailboxes.get(mailbox)
+    if mb is not None and mb.delivered - mb.consumed + PyList_GET_SIZE(payloads) > rx._max_queued:
+        return _NO_ROOM
+    return payloads
+
+
 cdef class ReceiveV2:
     """The fast path of :meth:`cmq.wire.receiver.Receiver.datagram_received`
     for a plain v2 data datagram (untagged, no fragment, control or ack
@@ -1488,14 +1507,9 @@ cdef class ReceiveV2:
         # mailbox without room) changes nothing and returns -1: it decides.
         if _seq_diff(rs.credit, seq) <= 0 or rx._unchecked + size > rx._free:
             return -1
-        try:
-            payloads = _split(b, V2_HEAD, size)
-        except ProtocolError:
-            rx.dropped["malformed"] += 1
-            return 0
-        mb = rx.mailboxes.get(mailbox)
-        if mb is not None and mb.delivered - mb.consumed + PyList_GET_SIZE(payloads) > rx._max_queued:
-            return -1  # Receiver._fits decides
+        payloads = _frames_with_room(rx, b, size, mailbox)
+        if payloads is None or payloads is _NO_ROOM:
+            return 0 if payloads is None else -1
         rs.last_active = now
         _arrived(rs, seq, size, now, False)
         rx._unchecked += size  # Receiver._full's count, short of the budget
@@ -1553,14 +1567,9 @@ cdef class ReceiveV2:
             return -1
         if rx._unchecked + size > rx._free:
             return -1
-        try:
-            payloads = _split(b, V2_HEAD, size)
-        except ProtocolError:
-            rx.dropped["malformed"] += 1
-            return 0
-        mb = rx.mailboxes.get(mailbox)
-        if mb is not None and mb.delivered - mb.consumed + PyList_GET_SIZE(payloads) > rx._max_queued:
-            return -1  # Receiver._fits decides
+        payloads = _frames_with_room(rx, b, size, mailbox)
+        if payloads is None or payloads is _NO_ROOM:
+            return 0 if payloads is None else -1
         rs.last_active = now
         cdef bint new_gap = _arrived(rs, seq, size, now, off > 0)
         rx._unchecked += size
