@@ -1352,15 +1352,22 @@ cdef inline bint _arrived(RecvState rs, unsigned long seq, Py_ssize_t size, doub
 cdef object _NO_ROOM = object()
 
 
-cdef object _frames_with_room(ReceiverState rx, const unsigned char *b, Py_ssize_t size, unsigned long mailbox):
-    # A reliable v2 datagram's frames, when its mailbox has room for them
-    # all without Receiver._fits; None when it is malformed (counted, as
-    # the general path's parser counts it), _NO_ROOM when the mailbox is
-    # that full (the general path decides).
+cdef object _frames(ReceiverState rx, const unsigned char *b, Py_ssize_t size):
+    # A reliable v2 datagram's frames; None when it is malformed (counted,
+    # as the general path's parser counts it).
     try:
-        payloads = _split(b, V2_HEAD, size)
+        return _split(b, V2_HEAD, size)
     except ProtocolError:
         rx.dropped["malformed"] += 1
+        return None
+
+
+cdef object _frames_with_room(ReceiverState rx, const unsigned char *b, Py_ssize_t size, unsigned long mailbox):
+    # _frames, when its mailbox has room for them all without
+    # Receiver._fits; _NO_ROOM when the mailbox is that full (the general
+    # path decides).
+    payloads = _frames(rx, b, size)
+    if payloads is None:
         return None
     mb = rx.mailboxes.get(mailbox)
     if mb is not None and mb.delivered - mb.consumed + PyList_GET_SIZE(payloads) > rx._max_queued:
@@ -1425,8 +1432,9 @@ cdef class ReceiveV2:
         rs = <RecvState?>found
         # Receiver._next_plain
         if rs.epoch != epoch or rs.next != seq or not rs.granted or rs.held or rs.seen:
-            if rs.epoch != epoch or not rs.granted or flags & ~1U or rflags & ~(R_SYN_ | R_ORDERED_):
-                return -1
+            if (rs.epoch != epoch or not rs.granted or flags & ~1U or rflags & ~(R_SYN_ | R_ORDERED_)
+                    or _seq_diff(rs.credit, seq) <= 0 or rx._unchecked + size > rx._free):
+                return -1  # over credit or near the budget (Receiver._full): the general path decides
             if not rs.ordered:
                 return self.unordered(rx, rs, b, size, flags, sender, mailbox, seq, addr, now)
             if rs.next == seq:
@@ -1469,22 +1477,16 @@ cdef class ReceiveV2:
                          unsigned long epoch, unsigned int rflags, double now) except -2:
         # Receiver._reliable for a datagram of an ordered stream past a gap,
         # within credit and the budget: held (decoded) until the gap fills,
-        # as the general path holds it. Anything else (a duplicate, the
-        # datagram that fills the gap, over credit or near the budget,
-        # rflags it does not know) changes nothing and returns -1.
+        # as the general path holds it (run refused what is over credit or
+        # near the budget). A duplicate, or one past twice the window,
+        # changes nothing and returns -1.
         cdef long long off = _seq_diff(seq, rs.next)
         cdef dict held = rs.held
         cdef bint new_gap
-        if off <= 0 or seq in held or seq in rs.seen:
+        if off <= 0 or seq in held or seq in rs.seen or off >= 2 * <long long>rx._wmax:
             return -1
-        if _seq_diff(rs.credit, seq) <= 0 or off >= 2 * <long long>rx._wmax:
-            return -1
-        if rx._unchecked + size > rx._free:
-            return -1  # near the budget: Receiver._full decides
-        try:
-            payloads = _split(b, V2_HEAD, size)
-        except ProtocolError:
-            rx.dropped["malformed"] += 1
+        payloads = _frames(rx, b, size)
+        if payloads is None:
             return 0
         header = self.header(flags=flags, sender=sender, mailbox=mailbox, seq=seq, version=2, epoch=epoch,
                              rflags=rflags)
@@ -1503,10 +1505,9 @@ cdef class ReceiveV2:
         # Receiver._reliable for the datagram an ordered stream's gap waits
         # for (seq is next, datagrams are held): delivered, and after it
         # every held datagram that now follows in order, as the general
-        # path does. What it would refuse (over credit, near the budget, a
-        # mailbox without room) changes nothing and returns -1: it decides.
-        if _seq_diff(rs.credit, seq) <= 0 or rx._unchecked + size > rx._free:
-            return -1
+        # path does (run refused what is over credit or near the budget).
+        # A mailbox without room changes nothing and returns -1: the general
+        # path decides.
         payloads = _frames_with_room(rx, b, size, mailbox)
         if payloads is None or payloads is _NO_ROOM:
             return 0 if payloads is None else -1
@@ -1558,14 +1559,12 @@ cdef class ReceiveV2:
         # Receiver._reliable for an unordered stream's datagram while a gap
         # is open: delivered at once, past the gap (noted as seen) or as the
         # datagram that fills it (next moves past what was seen), as the
-        # general path does. A duplicate, or what it would refuse (over
-        # credit, near the budget, a mailbox without room), changes nothing
-        # and returns -1: it decides.
+        # general path does (run refused what is over credit or near the
+        # budget). A duplicate, one past twice the window or a mailbox
+        # without room changes nothing and returns -1: the general path decides.
         cdef long long off = _seq_diff(seq, rs.next)
         cdef set seen = rs.seen
-        if off < 0 or seq in seen or _seq_diff(rs.credit, seq) <= 0 or off >= 2 * <long long>rx._wmax:
-            return -1
-        if rx._unchecked + size > rx._free:
+        if off < 0 or seq in seen or off >= 2 * <long long>rx._wmax:
             return -1
         payloads = _frames_with_room(rx, b, size, mailbox)
         if payloads is None or payloads is _NO_ROOM:
