@@ -92,7 +92,7 @@ from libc.math cimport INFINITY, NAN, isnan
 from libc.errno cimport errno, EAGAIN, EINTR, EBADF, EINVAL, EIO, ENOPROTOOPT
 from posix.unistd cimport close
 
-from cmq._errors import ProtocolError
+from cmq._errors import Closed, ProtocolError
 
 cdef extern from "<sys/socket.h>" nogil:
     ctypedef unsigned int socklen_t
@@ -676,6 +676,9 @@ cdef class EndpointState:
 
     cdef public bint _closed, _big_reads, _io_delivered
     cdef public double _app_read_at, _rel_at, _rcvtimeo, _rcv_lo, _rcv_hi
+    # The non-blocking poll's state (Queue._poll; DirectReader.poll).
+    cdef public Py_ssize_t _empty_polls, _pause_after
+    cdef public long long _got_at_poll
 
     def __cinit__(self):
         self._closed = True
@@ -2616,6 +2619,10 @@ cdef class DatagramIO:
         Raises:
             OSError: the system call failed.
         """
+        return self._read(limit)
+
+    cdef unsigned int _read(self, unsigned int limit) except? 0xFFFFFFFF:
+        # read(), callable from C (DirectReader.poll).
         cdef unsigned int count = self.slots if limit == 0 or limit > self.slots else limit
         self.unread = 0
         cdef int got = self._read_many(count, False)
@@ -3005,6 +3012,12 @@ cdef class DirectReader:
     # cmq.wire.receiver.EMPTY, and the queue's compiled message_of.
     cdef object empty
     cdef MessageOf message_of
+    # The poll's constants (cmq.net.queue, cmq.net._base) and helpers (cmq.net._sock).
+    cdef Py_ssize_t drain_batch, queue_sample
+    cdef unsigned int mmsg_slots, v2_slow
+    # The modules whose queue_delay and yield_cpu it calls, looked up at
+    # each call (as the pure methods do: a test may replace them).
+    cdef dict base_globals, queue_globals
     # The policy's constants (cmq.net._reader).
     cdef double short_wait, timer_slack, spin_floor
     cdef Py_ssize_t big_datagram
@@ -3045,6 +3058,17 @@ cdef class DirectReader:
         small = getattr(queue, "_recv_small", None)
         self.io_recv = (self.io is not None and getattr(small, "__self__", None) is self.io
                         and getattr(small, "__name__", "") == "recv1")
+        from cmq.net import _base
+        from cmq.net import queue as queue_module
+        from cmq.net.queue import _DRAIN_BATCH, _MMSG_SLOTS
+        from cmq.wire.receiver import _V2_SLOW
+
+        self.drain_batch = _DRAIN_BATCH
+        self.mmsg_slots = _MMSG_SLOTS
+        self.queue_sample = _base._QUEUE_SAMPLE
+        self.v2_slow = _V2_SLOW
+        self.base_globals = vars(_base)
+        self.queue_globals = vars(queue_module)
         self.short_wait = R.SHORT_WAIT
         self.timer_slack = R.TIMER_SLACK
         self.spin_floor = R.SPIN_FLOOR
@@ -3127,6 +3151,122 @@ cdef class DirectReader:
         """The latency path of a blocking read: ``(item or None, the timeout left)``
         (see :meth:`cmq.net._reader.DirectReader.read`)."""
         return self._read(timeout, mailbox)
+
+    def pop_many(self, Py_ssize_t limit=1 << 30, mailbox=0):
+        """:meth:`cmq.Queue.pop_many` of the compiled core, which a queue
+        with compiled reads takes as its own: the same steps as
+        ``Endpoint.pop_many`` and ``_filled_mailbox``, without their frames.
+
+        Raises:
+            Closed: the queue was closed and nothing is left.
+        """
+        mb = self.mailboxes.get(mailbox)
+        if mb is None or not mb.available():
+            self.poll_once()
+            mb = self.mailboxes.get(mailbox)
+            if mb is None or not mb.available():
+                if self.queue._closed:
+                    raise Closed("queue is closed")
+                return []
+        return mb.take(limit)
+
+    def poll_once(self):
+        """``Queue._poll`` of a queue with compiled reads, which it takes as
+        its own: drain what the kernel holds without blocking, unless
+        another thread is reading (``Queue._drain_many``'s loop, here in
+        C), then count the polls that found nothing and yield the CPU after
+        ``_pause_after`` of them in a row (see ``Queue._poll``)."""
+        cdef EndpointState q = self.queue
+        cdef Py_ssize_t got = 0
+        cdef long long seen
+        q._app_read_at = _mono()
+        if not q._closed:
+            if self.rx_lock is not None:
+                if self.rx_lock.try_acquire():
+                    try:
+                        got = self._drain(self.drain_batch, q._backlog)
+                    finally:
+                        self.rx_lock.release_held()
+            elif self.rx_acquire(False):
+                try:
+                    got = self._drain(self.drain_batch, q._backlog)
+                finally:
+                    self.rx_release()
+        if got:
+            q._empty_polls = 0
+            return None
+        seen = q._got_at_poll
+        q._got_at_poll = self.receiver.messages_received
+        q._empty_polls = 1 if seen != q._got_at_poll else q._empty_polls + 1
+        if q._empty_polls > q._pause_after:
+            self.queue_globals["yield_cpu"]()
+        return None
+
+    cdef Py_ssize_t _queued(self) except -1:
+        # Receiver.queued: messages waiting in all mailboxes (an estimate).
+        cdef Py_ssize_t n = 0
+        for v in list(self.receiver.mailboxes.values()):
+            n += v.delivered - v.consumed
+        return n
+
+    cdef Py_ssize_t _drain(self, Py_ssize_t limit, Py_ssize_t backlog) except -1:
+        # Queue._drain_many(limit, backlog), the receive lock held: read up
+        # to limit datagrams, one per call once half the backlog waits, and
+        # stop at the backlog; then Endpoint._note_read and _after_read,
+        # which is skipped when it has nothing to do.
+        cdef EndpointState q = self.queue
+        cdef ReceiverState rx = self.receiver
+        cdef DatagramIO io = self.io
+        cdef Py_ssize_t half = backlog // 2, count = 0, queued
+        cdef unsigned int want, got
+        cdef double now
+        received = rx.datagram_received
+        general = rx._general
+        fast = rx._fast_v2 if rx._key is None else None
+        while count < limit:
+            queued = self._queued()
+            if queued >= half:
+                want = 1
+            else:
+                want = <unsigned int>(limit - count if limit - count < self.mmsg_slots else self.mmsg_slots)
+                if backlog - queued < want:
+                    want = <unsigned int>(backlog - queued)  # no more than the backlog has room for
+            try:
+                got = io._read(want)
+            except OSError:
+                if q._closed:
+                    break
+                continue  # e.g. an ICMP error reported on the socket: nothing to read
+            if got >= self.queue_sample:
+                rx.queue_delay = self.base_globals["queue_delay"](self.sock.fileno())
+            elif got:
+                rx.queue_delay = 0.0
+            if not got:
+                break
+            if self.state_lock is not None:
+                self.state_lock.acquire_wait()
+            else:
+                self.state_acquire()
+            try:
+                shut = io.deliver(rx, fast, received, general, self.v2_slow)
+            finally:
+                if self.state_lock is not None:
+                    self.state_lock.release_held()
+                else:
+                    self.state_release()
+            if shut:
+                break  # shut down by close()
+            count += got
+            if self._queued() >= backlog:
+                break
+            if got < want:
+                break  # the socket was empty (see Queue._drain_many)
+            if rx.status_urgent:
+                q._after_read(_mono())  # a STATUS owed now leaves with these datagrams
+        now = _mono()
+        if rx.replies or rx.controls or rx.status_urgent or rx.new_due or now >= q._rel_at:
+            q._after_read(now)
+        return count
 
     cdef tuple _read(self, object timeout, object mailbox):
         cdef EndpointState q = self.queue

@@ -280,6 +280,9 @@ def test_each_core_reads_through_its_own_reader_and_poll() -> None:
             else:
                 assert type(q._reader) is _impl.speedups.DirectReader  # type: ignore[union-attr]
                 assert q._reader.poll is _impl.speedups.spin_readable  # type: ignore[union-attr]
+                # The non-blocking read too: pop_many and the poll before it.
+                assert q._poll == q._reader.poll_once  # type: ignore[union-attr]
+                assert q.pop_many == q._reader.pop_many  # type: ignore[union-attr]
 
 
 @pytest.mark.usefixtures("core")

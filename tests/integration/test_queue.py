@@ -703,6 +703,61 @@ def test_a_read_of_several_datagrams_measures_how_long_the_last_one_waited(
             assert q._receiver.queue_delay == 0.0
 
 
+def _datagrams_for(make_queue: MakeQueue, n: int) -> list[bytes]:
+    """``n`` best-effort datagrams of one 153-byte message each (b"000...",
+    b"001...", ...), as a queue sends them, caught by a plain socket."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer:
+        peer.bind(("127.0.0.1", 0))
+        sender = make_queue(delivery="best-effort", max_datagram=256, max_message=4096)
+        for i in range(n):
+            sender.push(peer.getsockname(), b"%03d" % i + bytes(150))  # one datagram each
+        sender.flush()
+        peer.settimeout(5.0)
+        return [peer.recv(2048) for _ in range(n)]
+
+
+def _queued_in_kernel(q: cmq.Queue, datagrams: list[bytes]) -> None:
+    """``datagrams`` into ``q``'s socket, with q's I/O thread kept off it
+    until the application's next read (see ``Queue._io_loop``)."""
+    q._app_read_at = time.monotonic() + 60
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer:
+        for d in datagrams:
+            peer.sendto(d, dest(q))  # into q's socket before the call returns (loopback)
+
+
+def test_a_pop_that_reads_several_datagrams_measures_how_long_the_last_one_waited(
+    make_queue: MakeQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As the drain above, through the application's own non-blocking read.
+    import cmq.net._base as base_module
+
+    asked: list[int] = []
+    monkeypatch.setattr(base_module, "queue_delay", lambda fd: asked.append(fd) or 0.004)
+    q = make_queue()
+    datagrams = _datagrams_for(make_queue, 41)
+    _queued_in_kernel(q, datagrams[:40])
+    assert q.pop_many() == [b"%03d" % i + bytes(150) for i in range(40)]
+    assert asked and q._receiver.queue_delay == 0.004
+    _queued_in_kernel(q, datagrams[40:])
+    assert q.pop_many() == [b"040" + bytes(150)]
+    assert q._receiver.queue_delay == 0.0
+
+
+def test_pops_leave_what_the_mailbox_bound_has_no_room_for_in_the_kernel(make_queue: MakeQueue) -> None:
+    """A pop reads no more datagrams than half the mailbox bound
+    (``max_queued``) has room for: the rest waits in the socket's buffer,
+    none is dropped, and later pops take them in order."""
+    q = make_queue(max_queued=8)  # the backlog: 4 messages
+    _queued_in_kernel(q, _datagrams_for(make_queue, 30))
+    got = q.pop_many(1)
+    assert q._receiver.queued() <= 4
+    deadline = time.monotonic() + 5
+    while len(got) < 30 and time.monotonic() < deadline:
+        got += q.pop_many(3)
+    assert got == [b"%03d" % i + bytes(150) for i in range(30)]
+    assert not any(q.stats().dropped.values())
+
+
 def test_queue_delay_is_the_wait_of_the_last_datagram_read() -> None:
     from cmq.net._sock import queue_delay
 

@@ -199,6 +199,11 @@ class Queue(Endpoint):
         # mailbox bound, so a burst never overflows a mailbox that the
         # application is draining.
         self._backlog = max(self.config.max_queued // 2, 1)
+        if own_state and self._mmsg is not None:
+            # The non-blocking poll (and pop_many) without their Python
+            # frames: the same steps as _poll and _drain_many, in C.
+            self._poll = self._reader.poll_once  # type: ignore[method-assign]
+            self.pop_many = self._reader.pop_many  # type: ignore[method-assign]
         self._io_thread = threading.Thread(target=self._io_loop, name=f"cmq-io-{self.port}", daemon=True)
         self._io_thread.start()
 
@@ -519,7 +524,8 @@ class Queue(Endpoint):
         """:meth:`_drain` with many datagrams per system call (the compiled core's ``recvmmsg``).
 
         Near ``backlog`` it reads one datagram per call, so that what the
-        application has not taken yet waits in the kernel, not in the mailboxes.
+        application has not taken yet waits in the kernel, not in the
+        mailboxes; below it, never more datagrams than the backlog has room for.
         """
         receiver = self._receiver
         received = receiver.datagram_received
@@ -532,7 +538,10 @@ class Queue(Endpoint):
         half = None if backlog is None else backlog // 2
         count = 0
         while count < limit:
-            want = 1 if half is not None and receiver.queued() >= half else min(limit - count, _MMSG_SLOTS)
+            want = min(limit - count, _MMSG_SLOTS)
+            if backlog is not None:
+                queued = receiver.queued()
+                want = 1 if queued >= half else min(want, backlog - queued)
             try:
                 got = read(want)
             except OSError:
