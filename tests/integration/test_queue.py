@@ -671,38 +671,6 @@ def test_a_datagram_the_kernel_refuses_raises_and_is_counted(make_queue: MakeQue
         assert list(_data_seqs(peer, 0.3).values()) == [b"after"]
 
 
-def test_a_read_of_several_datagrams_measures_how_long_the_last_one_waited(
-    make_queue: MakeQueue, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The receiver's windows answer to how long datagrams wait in the
-    # socket (Receiver.queue_delay): after a read that found several
-    # queued, the driver asks the kernel about the last one; one read alone
-    # says the queue was about empty.
-    import cmq.net._base as base_module
-
-    asked: list[int] = []
-    monkeypatch.setattr(base_module, "queue_delay", lambda fd: asked.append(fd) or 0.004)
-    q = make_queue()
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer:
-        peer.bind(("127.0.0.1", 0))
-        sender = make_queue(delivery="best-effort", max_datagram=256, max_message=4096)
-        for i in range(40):
-            sender.push(peer.getsockname(), b"%03d" % i + bytes(150))  # one datagram each
-        sender.flush()
-        datagrams = []
-        peer.settimeout(5.0)
-        while len(datagrams) < 40:
-            datagrams.append(peer.recv(2048))
-        with q._rx_lock:  # the I/O thread reads nothing meanwhile
-            for d in datagrams:
-                peer.sendto(d, dest(q))  # into q's socket before the call returns (loopback)
-            assert q._drain(64) == 40
-            assert asked and q._receiver.queue_delay == 0.004
-            peer.sendto(datagrams[0], dest(q))
-            assert q._drain(64) == 1
-            assert q._receiver.queue_delay == 0.0
-
-
 def _datagrams_for(make_queue: MakeQueue, n: int) -> list[bytes]:
     """``n`` best-effort datagrams of one 153-byte message each (b"000...",
     b"001...", ...), as a queue sends them, caught by a plain socket."""
@@ -723,6 +691,30 @@ def _queued_in_kernel(q: cmq.Queue, datagrams: list[bytes]) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer:
         for d in datagrams:
             peer.sendto(d, dest(q))  # into q's socket before the call returns (loopback)
+
+
+def test_a_read_of_several_datagrams_measures_how_long_the_last_one_waited(
+    make_queue: MakeQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The receiver's windows answer to how long datagrams wait in the
+    # socket (Receiver.queue_delay): after a read that found several
+    # queued, the driver asks the kernel about the last one; one read alone
+    # says the queue was about empty.
+    import cmq.net._base as base_module
+
+    asked: list[int] = []
+    monkeypatch.setattr(base_module, "queue_delay", lambda fd: asked.append(fd) or 0.004)
+    q = make_queue()
+    datagrams = _datagrams_for(make_queue, 40)
+    # q's receive lock held: the I/O thread reads nothing meanwhile.
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer, q._rx_lock:
+        for d in datagrams:
+            peer.sendto(d, dest(q))  # into q's socket before the call returns (loopback)
+        assert q._drain(64) == 40
+        assert asked and q._receiver.queue_delay == 0.004
+        peer.sendto(datagrams[0], dest(q))
+        assert q._drain(64) == 1
+        assert q._receiver.queue_delay == 0.0
 
 
 def test_a_pop_that_reads_several_datagrams_measures_how_long_the_last_one_waited(

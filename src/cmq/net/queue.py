@@ -535,13 +535,12 @@ class Queue(Endpoint):
         fast = receiver._fast_v2 if receiver._key is None else None
         read = self._mmsg.read
         deliver = self._mmsg.deliver
-        half = None if backlog is None else backlog // 2
         count = 0
         while count < limit:
             want = min(limit - count, _MMSG_SLOTS)
             if backlog is not None:
                 queued = receiver.queued()
-                want = 1 if queued >= half else min(want, backlog - queued)
+                want = 1 if queued >= backlog // 2 else min(want, backlog - queued)
             try:
                 got = read(want)
             except OSError:
