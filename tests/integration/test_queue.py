@@ -7,6 +7,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -212,6 +213,83 @@ def test_iteration_ends_when_closed(pair: tuple[cmq.Queue, cmq.Queue]) -> None:
     t.join(5)
     assert not t.is_alive()
     assert got == [b"1", b"2", b"3"]
+
+
+def _big(i: int, size: int = 20_000) -> bytes:
+    return b"%05d" % i + bytes(size - 5)
+
+
+def _read_one_by_one(a: cmq.Queue, b: cmq.Queue, messages: list[bytes], **push: Any) -> list[tuple[bytes, bool]]:
+    """Each of ``messages`` pushed from ``a`` once ``b``'s reader waits in
+    ``get`` (so that this read, not b's I/O thread, takes it): what each
+    ``get`` returned, and whether b then read in its large-datagram mode."""
+    got: list[tuple[bytes, bool]] = []
+
+    def reader() -> None:
+        for _ in messages:
+            m = b.get(timeout=5)
+            got.append((m, b._big_reads))
+
+    t = threading.Thread(target=reader)
+    t.start()
+    try:
+        for k, m in enumerate(messages):
+            assert wait_until(lambda: b._rx_lock.locked())  # the reader waits in its read
+            a.push(dest(b), m, **push)
+            a.flush()
+            assert wait_until(lambda k=k: len(got) > k)  # type: ignore[misc]
+    finally:
+        t.join(10)
+    return got
+
+
+@pytest.mark.parametrize("delivery", ["reliable", "best-effort"])
+def test_gets_of_large_messages_and_then_small_ones_come_whole_and_in_order(
+    make_queue: MakeQueue, delivery: str
+) -> None:
+    """A blocking read of a datagram of 8 KB or more reads the next ones
+    another way (the kernel fills a fresh object; the compiled core
+    delivers them where it read them, as a drain does); a small datagram
+    ends it. Messages of both kinds come whole and in order."""
+    a, b = make_queue(delivery=delivery), make_queue(delivery=delivery)
+    sent = [_big(i) for i in range(6)] + [b"small %d" % i for i in range(6)] + [_big(i) for i in range(6, 12)]
+    got = _read_one_by_one(a, b, sent)
+    assert [m for m, _ in got] == sent
+    assert [big for _, big in got] == [True] * 6 + [False] * 6 + [True] * 6
+
+
+def test_a_get_after_large_datagrams_times_out_and_reads_other_mailboxes_later(make_queue: MakeQueue) -> None:
+    a, b = make_queue(), make_queue()
+    assert _read_one_by_one(a, b, [_big(0)]) == [(_big(0), True)]
+    t0 = time.monotonic()
+    with pytest.raises(cmq.Timeout):
+        b.get(timeout=0.05)  # nothing comes: the wait ends in time
+    assert time.monotonic() - t0 < 2.0
+    assert b._big_reads
+    a.push(dest(b), _big(1), mailbox=1)  # for another mailbox: it waits there
+    a.flush()
+    assert _read_one_by_one(a, b, [_big(2)]) == [(_big(2), True)]
+    assert wait_until(lambda: b.pop(mailbox=1) == _big(1))
+
+
+def test_close_wakes_a_reader_blocked_after_large_datagrams(pair: tuple[cmq.Queue, cmq.Queue]) -> None:
+    a, b = pair
+    assert _read_one_by_one(a, b, [_big(0)]) == [(_big(0), True)]
+    errors: list[BaseException] = []
+
+    def reader() -> None:
+        try:
+            b.get()
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    t = threading.Thread(target=reader)
+    t.start()
+    assert wait_until(lambda: b._rx_lock.locked())
+    b.close()
+    t.join(5)
+    assert not t.is_alive()
+    assert isinstance(errors[0], cmq.Closed)
 
 
 def test_close_wakes_a_blocked_reader_and_later_calls_raise(pair: tuple[cmq.Queue, cmq.Queue]) -> None:
