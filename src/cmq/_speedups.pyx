@@ -2480,52 +2480,38 @@ cdef class DatagramIO:
         return self._recv1_within(seconds)
 
     cdef object _recv1_within(self, double seconds):
-        if self.fd < 0:
-            raise _os_error(EBADF)
-        if seconds > 0.0:
-            self.bounded_waits += 1
-            if not self._readable_within(True, seconds):
-                raise _os_error(EAGAIN)
-        return self._recv1(False)
-
-    cdef bint _readable_within(self, bint bounded, double seconds) except -1:
-        # Whether a datagram is there within seconds (unbounded: waits for
-        # one): a ppoll bounded to the nanosecond, with the GIL released.
         cdef pollfd p
         cdef timespec ts
-        cdef double end = 0.0, left = seconds
+        cdef double end, left
         cdef int r = 0, err = 0
         cdef int fd = self.fd
         if fd < 0:
             raise _os_error(EBADF)
-        if bounded:
-            if seconds <= 0.0:
-                left = 0.0
-            end = _mono() + left
-        while True:
-            p.fd = fd
-            p.events = POLLIN
-            p.revents = 0
-            ts.tv_sec = <long>left
-            ts.tv_nsec = <long>((left - <double>ts.tv_sec) * 1e9)
-            with nogil:
-                r = ppoll(&p, 1, &ts if bounded else NULL, NULL)
-                if r < 0:
-                    err = errno
-            if r >= 0:
-                break
-            if err != EINTR:
-                raise _os_error(err)
-            PyErr_CheckSignals()  # as the socket module: a handler may raise
-            if bounded:
+        if seconds > 0.0:
+            self.bounded_waits += 1
+            end = _mono() + seconds
+            left = seconds
+            while True:
+                p.fd = fd
+                p.events = POLLIN
+                p.revents = 0
+                ts.tv_sec = <long>left
+                ts.tv_nsec = <long>((left - <double>ts.tv_sec) * 1e9)
+                with nogil:
+                    r = ppoll(&p, 1, &ts, NULL)
+                    if r < 0:
+                        err = errno
+                if r >= 0:
+                    break
+                if err != EINTR:
+                    raise _os_error(err)
+                PyErr_CheckSignals()  # as the socket module: a handler may raise
                 left = end - _mono()
                 if left <= 0.0:
                     break
-        return r > 0
-
-    cdef bint _last_under(self, size_t size) noexcept:
-        # Whether the last datagram of the last read is under size bytes.
-        return self.unread == 0 or self.msgs[self.unread - 1].msg_len < size
+            if r <= 0:
+                raise _os_error(EAGAIN)
+        return self._recv1(False)
 
     def recv(self, unsigned int limit=0, bint wait=False):
         """Up to ``limit`` (at most ``slots``) reads as ``[(bytes, addr), ...]``, one item per datagram sent.
@@ -3216,25 +3202,6 @@ cdef class DirectReader:
             self.queue_globals["yield_cpu"]()
         return None
 
-    cdef bint _deliver_read(self) except -1:
-        # The datagrams of the io's last read to the receiver, under the
-        # state lock, as Queue._drain_many hands them over (reliable ones of
-        # wire format v2 to its compiled fast path where they lie); whether
-        # the socket was shut down.
-        rx = self.receiver
-        fast = rx._fast_v2 if rx._key is None else None
-        if self.state_lock is not None:
-            self.state_lock.acquire_wait()
-        else:
-            self.state_acquire()
-        try:
-            return bool(self.io.deliver(rx, fast, rx.datagram_received, rx._general, self.v2_slow))
-        finally:
-            if self.state_lock is not None:
-                self.state_lock.release_held()
-            else:
-                self.state_release()
-
     cdef Py_ssize_t _queued(self) except -1:
         # Receiver.queued: messages waiting in all mailboxes (an estimate).
         cdef Py_ssize_t n = 0
@@ -3253,6 +3220,9 @@ cdef class DirectReader:
         cdef Py_ssize_t half = backlog // 2, count = 0, queued
         cdef unsigned int want, got
         cdef double now
+        received = rx.datagram_received
+        general = rx._general
+        fast = rx._fast_v2 if rx._key is None else None
         while count < limit:
             queued = self._queued()
             if queued >= half:
@@ -3273,7 +3243,18 @@ cdef class DirectReader:
                 rx.queue_delay = 0.0
             if not got:
                 break
-            if self._deliver_read():
+            if self.state_lock is not None:
+                self.state_lock.acquire_wait()
+            else:
+                self.state_acquire()
+            try:
+                shut = io.deliver(rx, fast, received, general, self.v2_slow)
+            finally:
+                if self.state_lock is not None:
+                    self.state_lock.release_held()
+                else:
+                    self.state_release()
+            if shut:
                 break  # shut down by close()
             count += got
             if self._queued() >= backlog:
@@ -3292,7 +3273,7 @@ cdef class DirectReader:
         cdef ReceiverState rx
         cdef double start, now, deadline = 0.0, left = 0.0, wait = 0.0, rel_at, rleft
         cdef bint bounded = timeout is not None
-        cdef bint has_wait, awaits, polls, found, read_some
+        cdef bint has_wait, awaits, polls, found
         cdef long i
         if self.heap:
             return None, timeout
@@ -3335,39 +3316,6 @@ cdef class DirectReader:
                         found = polls = self._trial_poll(has_wait, wait)
                     else:
                         found = polls = self._poll_first(has_wait, wait)
-                if q._big_reads and self.io is not None:
-                    # Datagrams of BIG_DATAGRAM bytes or more (a stream of
-                    # large messages): read into the io's buffers and handed
-                    # over where they lie, as a drain does, not as bytes
-                    # through Queue._recv_within and the receiver's general
-                    # path; what this read waits for is then taken from its
-                    # mailbox. A datagram under that size ends it, as
-                    # Queue._recv does.
-                    try:
-                        read_some = self.io._readable_within(has_wait, wait) and self.io._read(self.mmsg_slots) > 0
-                    except OSError:
-                        read_some = False  # closed, or an ICMP error
-                    if read_some:
-                        now = _mono()
-                        q._app_read_at = now
-                        self.batcher.waited_at = now
-                        if self.io._last_under(self.big_datagram):
-                            q._big_reads = False
-                        if self._deliver_read():
-                            break  # shut down by close()
-                        mb = self.mailboxes.get(mailbox)
-                        item = mb.pop_item() if mb is not None and mb.chunks else None
-                        if item is not None:
-                            rx = self.receiver
-                            if rx.status_urgent or rx.new_due or rx.replies or rx.controls:
-                                q._after_read(now, False)
-                            return item, timeout
-                        q._after_read(now)
-                        continue
-                    now = _mono()
-                    if now < q._rel_at:
-                        break  # timed out, closed, or an ICMP error: the general path decides
-                    continue
                 try:
                     if q._big_reads or (
                         not found

@@ -248,9 +248,8 @@ def test_gets_of_large_messages_and_then_small_ones_come_whole_and_in_order(
     make_queue: MakeQueue, delivery: str
 ) -> None:
     """A blocking read of a datagram of 8 KB or more reads the next ones
-    another way (the kernel fills a fresh object; the compiled core
-    delivers them where it read them, as a drain does); a small datagram
-    ends it. Messages of both kinds come whole and in order."""
+    another way (the kernel fills a fresh object, saving a copy); a small
+    datagram ends it. Messages of both kinds come whole and in order."""
     a, b = make_queue(delivery=delivery), make_queue(delivery=delivery)
     sent = [_big(i) for i in range(6)] + [b"small %d" % i for i in range(6)] + [_big(i) for i in range(6, 12)]
     got = _read_one_by_one(a, b, sent)
