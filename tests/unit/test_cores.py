@@ -261,7 +261,8 @@ def _reliable_deliveries(
     STATUS due, ``(2, k)`` takes ``k`` messages, ``(4, k)`` reads the one
     after the last delivered as a reader waiting on a mailbox does, once
     it took all of mailbox 2 and the STATUS owed (``receive_one``: mailbox
-    2, or 0 when ``k`` is a multiple of 3)."""
+    2, or 0 when ``k`` is a multiple of 3), ``(5, _)`` the same without
+    taking anything first."""
     with _impl.using(core):
         rx = Receiver(QueueConfig(max_queued=12, max_buffered_bytes=budget, max_datagram=2000), sender_id=1)
     rx.set_kernel_budget(budget)
@@ -273,7 +274,14 @@ def _reliable_deliveries(
         if op in (0, 3):
             last = arg % len(datagrams) if op == 0 else (last + 1) % len(datagrams)
             got = rx.datagram_received(datagrams[last], ("127.0.0.1", 4000), now)
-            seen.append(("got", got, rx.status_urgent, rx.new_due))
+            # With the budget's running count: a path that took a datagram
+            # near the budget without measuring it leaves another count.
+            seen.append(("got", got, rx.status_urgent, rx.new_due, rx._unchecked, rx._free))
+        elif op == 5:
+            # A reader waiting on mailbox 2 that took nothing (the budget may be full).
+            last = (last + 1) % len(datagrams)
+            one = rx.receive_one(datagrams[last], ("127.0.0.1", 4000), now, 2)
+            seen.append(("one", one, rx.datagrams_received, rx._unchecked, rx._free, rx.new_due))
         elif op == 4:
             # A reader that took everything, so that credit is open, then waits.
             seen.append(("took", rx.mailbox(2).take(1 << 20), rx.take_status(now, all_owed=True)))
@@ -356,6 +364,39 @@ def test_receivers_of_both_cores_take_what_comes_past_a_gap_alike(
     assert _reliable_deliveries("compiled", datagrams, ops, budget) == _reliable_deliveries(
         "python", datagrams, ops, budget
     )
+
+
+@pytest.mark.parametrize("way", ["past a gap", "in order", "to a waiting reader"])
+@pytest.mark.parametrize("ordered", [True, False])
+def test_receivers_of_both_cores_refuse_alike_what_credit_allows_and_the_budget_cannot_hold(
+    ordered: bool, way: str
+) -> None:
+    """Credit counts datagrams of the size the stream's datagrams had so far:
+    after small ones, larger ones within credit can be more than the
+    receive budget holds. Past a gap (held, or delivered and noted as
+    seen), in order, or to a reader waiting on the mailbox, both cores take
+    and refuse the same ones, with the same running count of the budget
+    (the compiled fast paths hand a datagram near the budget to the general
+    path, which measures the budget exactly)."""
+    ops: list[tuple[int, int]] = []
+    if way == "past a gap":
+        # Three small datagrams, then big ones past a gap at datagram 3
+        # (six messages each), then the gap filled and all again.
+        n, big = 3, [[bytes(120)] * 6] * 12
+        ops = [(0, 0), (0, 1), (0, 2), (1, 0), *[(0, i) for i in range(4, 15)], (1, 0), (0, 3)]
+    else:
+        # Small datagrams taken as they come, so that credit grows (a STATUS
+        # every three), then big ones (one message each: the mailbox holds
+        # 12, so that the budget, not the mailbox, is full first), none taken.
+        n, big = 24, [[bytes(720)]] * 12
+        for i in range(n):
+            ops += [(0, i), (2, 30), (1, 0)] if i % 3 == 2 else [(0, i)]
+        ops += [(0, i) for i in range(n, n + 12)] if way == "in order" else [(5, 0)] * 12
+    datagrams = _stream([[b"a"]] * n + big, 1, 0, [], ordered=ordered)  # big ones: about 750 bytes each
+    ops += [(1, 0), (2, 30), *[(0, i) for i in range(n, n + 12)]]
+    compiled = _reliable_deliveries("compiled", datagrams, ops, 3000)
+    assert compiled == _reliable_deliveries("python", datagrams, ops, 3000)
+    assert any(step[0] == "got" and step[1] == 0 for step in compiled[0])  # some were refused
 
 
 def _drained(datagrams: list[bytes], ops: list[tuple[int, int]], *, through_io: bool) -> list[object]:
