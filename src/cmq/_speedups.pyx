@@ -676,7 +676,7 @@ cdef class EndpointState:
 
     cdef public bint _closed, _big_reads, _io_delivered
     cdef public double _app_read_at, _rel_at, _rcvtimeo, _rcv_lo, _rcv_hi
-    # The non-blocking poll's state (Queue._poll; DirectReader.poll).
+    # The non-blocking poll's state (Queue._poll; DirectReader.poll_once).
     cdef public Py_ssize_t _empty_polls, _pause_after
     cdef public long long _got_at_poll
 
@@ -2622,7 +2622,7 @@ cdef class DatagramIO:
         return self._read(limit)
 
     cdef unsigned int _read(self, unsigned int limit) except? 0xFFFFFFFF:
-        # read(), callable from C (DirectReader.poll).
+        # read(), callable from C (DirectReader.poll_once).
         cdef unsigned int count = self.slots if limit == 0 or limit > self.slots else limit
         self.unread = 0
         cdef int got = self._read_many(count, False)
@@ -2967,7 +2967,10 @@ cdef class MessageOf:
 cdef class DirectReader:
     """The twin of :class:`cmq.net._reader.DirectReader`: a queue's blocking
     read when nothing it waits for is queued, and the polling policy before
-    it, with the policy's state in C members and the read's loop in C.
+    it, with the policy's state in C members and the read's loop in C; and
+    the queue's non-blocking read (:meth:`poll_once`, :meth:`pop_many`: the
+    steps of ``Queue._poll`` and ``Queue._drain_many``, which have no pure
+    twin in this class).
 
     It reads and writes the queue's attributes that change (``_closed``,
     ``_rel_at``, the SO_RCVTIMEO setting) as the pure one does, and calls
@@ -3012,7 +3015,7 @@ cdef class DirectReader:
     # cmq.wire.receiver.EMPTY, and the queue's compiled message_of.
     cdef object empty
     cdef MessageOf message_of
-    # The poll's constants (cmq.net.queue, cmq.net._base) and helpers (cmq.net._sock).
+    # The poll's constants (cmq.net.queue, cmq.net._base, cmq.wire.receiver).
     cdef Py_ssize_t drain_batch, queue_sample
     cdef unsigned int mmsg_slots, v2_slow
     # The modules whose queue_delay and yield_cpu it calls, looked up at
