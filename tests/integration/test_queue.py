@@ -271,9 +271,9 @@ def test_a_get_after_large_datagrams_times_out_and_reads_other_mailboxes_later(m
     assert wait_until(lambda: b.pop(mailbox=1) == _big(1))
 
 
-def test_close_wakes_a_reader_blocked_after_large_datagrams(pair: tuple[cmq.Queue, cmq.Queue]) -> None:
-    a, b = pair
-    assert _read_one_by_one(a, b, [_big(0)]) == [(_big(0), True)]
+def _closed_while_reading(b: cmq.Queue) -> BaseException:
+    """What a ``get`` blocked in another thread raises when ``b`` is closed
+    under it (the thread must end within 5 s)."""
     errors: list[BaseException] = []
 
     def reader() -> None:
@@ -288,26 +288,18 @@ def test_close_wakes_a_reader_blocked_after_large_datagrams(pair: tuple[cmq.Queu
     b.close()
     t.join(5)
     assert not t.is_alive()
-    assert isinstance(errors[0], cmq.Closed)
+    return errors[0]
+
+
+def test_close_wakes_a_reader_blocked_after_large_datagrams(pair: tuple[cmq.Queue, cmq.Queue]) -> None:
+    a, b = pair
+    assert _read_one_by_one(a, b, [_big(0)]) == [(_big(0), True)]
+    assert isinstance(_closed_while_reading(b), cmq.Closed)
 
 
 def test_close_wakes_a_blocked_reader_and_later_calls_raise(pair: tuple[cmq.Queue, cmq.Queue]) -> None:
     a, b = pair
-    errors: list[BaseException] = []
-
-    def reader() -> None:
-        try:
-            b.get()
-        except BaseException as exc:  # noqa: BLE001
-            errors.append(exc)
-
-    t = threading.Thread(target=reader)
-    t.start()
-    assert wait_until(lambda: b._rx_lock.locked())
-    b.close()
-    t.join(5)
-    assert not t.is_alive()
-    assert isinstance(errors[0], cmq.Closed)
+    assert isinstance(_closed_while_reading(b), cmq.Closed)
     with pytest.raises(cmq.Closed):
         b.push(dest(a), b"x")
     with pytest.raises(cmq.Closed):
