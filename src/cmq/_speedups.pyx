@@ -1355,6 +1355,12 @@ cdef inline bint _arrived(RecvState rs, unsigned long seq, Py_ssize_t size, doub
 cdef object _NO_ROOM = object()
 
 
+cdef inline bint _room(ReceiverState rx, object mb, Py_ssize_t n) except -1:
+    # Receiver._reliable's room check: n more messages fit in mailbox mb
+    # (None: not made yet), or Receiver._fits lets the datagram in whole.
+    return mb is None or mb.delivered - mb.consumed + n <= rx._max_queued or rx._fits(mb, n)
+
+
 cdef object _frames(ReceiverState rx, const unsigned char *b, Py_ssize_t size):
     # A reliable v2 datagram's frames; None when it is malformed (counted,
     # as the general path's parser counts it).
@@ -1456,7 +1462,7 @@ cdef class ReceiveV2:
         if mb is None:
             mb = rx.mailbox(mailbox)
         cdef Py_ssize_t n = PyList_GET_SIZE(payloads)
-        if mb.delivered - mb.consumed + n > rx._max_queued and not rx._fits(mb, n):
+        if not _room(rx, mb, n):
             return <Py_ssize_t>rx._overrun(rs, now)
         if flags:
             payloads = rx._decode_all(payloads)
@@ -1536,10 +1542,8 @@ cdef class ReceiveV2:
                     rx._unchecked += held_size
                 else:
                     rx._full(held_size)
-                mb = rx.mailboxes.get(mailbox)
                 got = PyList_GET_SIZE(body)
-                if (mb is not None and mb.delivered - mb.consumed + got > rx._max_queued
-                        and not rx._fits(mb, got)):
+                if not _room(rx, rx.mailboxes.get(mailbox), got):
                     got = -1
                 else:
                     got = self.deliver(rx, body, h.flags, addr, sender, mailbox, nxt, held_size)
@@ -3095,6 +3099,21 @@ cdef class DirectReader:
         self.sent_seen = 0
         self.got_seen = 0
 
+    cdef inline int _lock_state(self) except -1:
+        # The queue's state lock (see Endpoint._state_lock), in C when it is this module's.
+        if self.state_lock is not None:
+            self.state_lock.acquire_wait()
+        else:
+            self.state_acquire()
+        return 0
+
+    cdef inline int _unlock_state(self) except -1:
+        if self.state_lock is not None:
+            self.state_lock.release_held()
+        else:
+            self.state_release()
+        return 0
+
     cdef int _poll(self, double seconds) except? -2:
         cdef int fd = self.sock.fileno()
         cdef int r
@@ -3205,13 +3224,6 @@ cdef class DirectReader:
             self.queue_globals["yield_cpu"]()
         return None
 
-    cdef Py_ssize_t _queued(self) except -1:
-        # Receiver.queued: messages waiting in all mailboxes (an estimate).
-        cdef Py_ssize_t n = 0
-        for v in list(self.receiver.mailboxes.values()):
-            n += v.delivered - v.consumed
-        return n
-
     cdef Py_ssize_t _drain(self, Py_ssize_t limit, Py_ssize_t backlog) except -1:
         # Queue._drain_many(limit, backlog), the receive lock held: read up
         # to limit datagrams, one per call once half the backlog waits, and
@@ -3227,7 +3239,7 @@ cdef class DirectReader:
         general = rx._general
         fast = rx._fast_v2 if rx._key is None else None
         while count < limit:
-            queued = self._queued()
+            queued = rx.queued()
             if queued >= half:
                 want = 1
             else:
@@ -3246,21 +3258,15 @@ cdef class DirectReader:
                 rx.queue_delay = 0.0
             if not got:
                 break
-            if self.state_lock is not None:
-                self.state_lock.acquire_wait()
-            else:
-                self.state_acquire()
+            self._lock_state()
             try:
                 shut = io.deliver(rx, fast, received, general, self.v2_slow)
             finally:
-                if self.state_lock is not None:
-                    self.state_lock.release_held()
-                else:
-                    self.state_release()
+                self._unlock_state()
             if shut:
                 break  # shut down by close()
             count += got
-            if self._queued() >= backlog:
+            if rx.queued() >= backlog:
                 break
             if got < want:
                 break  # the socket was empty (see Queue._drain_many)
@@ -3351,10 +3357,7 @@ cdef class DirectReader:
                     now = _mono()
                     q._app_read_at = now
                     self.batcher.waited_at = now
-                    if self.state_lock is not None:
-                        self.state_lock.acquire_wait()
-                    else:
-                        self.state_acquire()
+                    self._lock_state()
                     try:
                         if self.fast_one is not None:
                             # Receiver.receive_one's first case, without its Python frame.
@@ -3367,10 +3370,7 @@ cdef class DirectReader:
                         else:
                             item = self.receiver.receive_one(data, addr, now, mailbox)
                     finally:
-                        if self.state_lock is not None:
-                            self.state_lock.release_held()
-                        else:
-                            self.state_release()
+                        self._unlock_state()
                     if item is not None:
                         # The timers due wait for this thread's next read.
                         # Endpoint._after_read(now, fire=False) has nothing

@@ -762,6 +762,16 @@ def _queued_in_kernel(q: cmq.Queue, datagrams: list[bytes]) -> None:
             peer.sendto(d, dest(q))  # into q's socket before the call returns (loopback)
 
 
+def _kernel_asked(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The sockets the driver asks how long their last datagram waited
+    (``queue_delay``, answered 4 ms from now on), in the order it asks."""
+    import cmq.net._base as base_module
+
+    asked: list[int] = []
+    monkeypatch.setattr(base_module, "queue_delay", lambda fd: asked.append(fd) or 0.004)
+    return asked
+
+
 def test_a_read_of_several_datagrams_measures_how_long_the_last_one_waited(
     make_queue: MakeQueue, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -769,10 +779,7 @@ def test_a_read_of_several_datagrams_measures_how_long_the_last_one_waited(
     # socket (Receiver.queue_delay): after a read that found several
     # queued, the driver asks the kernel about the last one; one read alone
     # says the queue was about empty.
-    import cmq.net._base as base_module
-
-    asked: list[int] = []
-    monkeypatch.setattr(base_module, "queue_delay", lambda fd: asked.append(fd) or 0.004)
+    asked = _kernel_asked(monkeypatch)
     q = make_queue()
     datagrams = _datagrams_for(make_queue, 40)
     # q's receive lock held: the I/O thread reads nothing meanwhile.
@@ -790,10 +797,7 @@ def test_a_pop_that_reads_several_datagrams_measures_how_long_the_last_one_waite
     make_queue: MakeQueue, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # As the drain above, through the application's own non-blocking read.
-    import cmq.net._base as base_module
-
-    asked: list[int] = []
-    monkeypatch.setattr(base_module, "queue_delay", lambda fd: asked.append(fd) or 0.004)
+    asked = _kernel_asked(monkeypatch)
     q = make_queue()
     datagrams = _datagrams_for(make_queue, 41)
     _queued_in_kernel(q, datagrams[:40])
