@@ -3224,6 +3224,14 @@ cdef class DirectReader:
             self.queue_globals["yield_cpu"]()
         return None
 
+    cdef Py_ssize_t _queued(self) except -1:
+        # Receiver.queued's loop, in C: calling the method instead made an
+        # empty pop_many about 200 ns slower (1,050 against 1,260 ns here).
+        cdef Py_ssize_t n = 0
+        for v in list(self.receiver.mailboxes.values()):
+            n += v.delivered - v.consumed
+        return n
+
     cdef Py_ssize_t _drain(self, Py_ssize_t limit, Py_ssize_t backlog) except -1:
         # Queue._drain_many(limit, backlog), the receive lock held: read up
         # to limit datagrams, one per call once half the backlog waits, and
@@ -3239,7 +3247,7 @@ cdef class DirectReader:
         general = rx._general
         fast = rx._fast_v2 if rx._key is None else None
         while count < limit:
-            queued = rx.queued()
+            queued = self._queued()
             if queued >= half:
                 want = 1
             else:
@@ -3266,7 +3274,7 @@ cdef class DirectReader:
             if shut:
                 break  # shut down by close()
             count += got
-            if rx.queued() >= backlog:
+            if self._queued() >= backlog:
                 break
             if got < want:
                 break  # the socket was empty (see Queue._drain_many)
